@@ -1,0 +1,3 @@
+//! The chunk codec (being written).
+mod dtype;
+pub use dtype::DType;

@@ -1,0 +1,1 @@
+//! Checkpoint file formats (placeholder: being written).

@@ -1,0 +1,31 @@
+//! # ckvc: version control for training checkpoints
+//!
+//! ckvc keeps the checkpoints of a training run the way git keeps source:
+//! each checkpoint directory is a commit, every tensor is cut into
+//! content-addressed chunks (blake3 of the raw bytes) and each chunk is stored
+//! once, encoded by a lossless codec built for floating-point tensors.
+//!
+//! The crate is layered; imports point down only:
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`codec`] | the chunk codec: bytes in, bytes out, no I/O |
+//! | [`format`] | checkpoint files <-> tensors and opaque byte segments |
+//! | [`bench`] | side-by-side measurements of the codec against its peers |
+//!
+//! The command-line interface lives only in the binary (`src/main.rs`,
+//! `src/cli/`): the library never prints.
+//!
+//! ```
+//! use ckvc::codec::{decode, encode, DType, Options};
+//! let weights: Vec<u8> = (0..1000u32)
+//!     .flat_map(|i| half::bf16::from_f32((i as f32 * 0.37).sin() * 0.02).to_le_bytes())
+//!     .collect();
+//! let frame = encode(&weights, None, DType::BF16, &Options::default());
+//! assert!(frame.len() < weights.len());
+//! assert_eq!(decode(&frame, None).unwrap(), weights);
+//! ```
+
+pub mod bench;
+pub mod codec;
+pub mod format;
