@@ -1,1 +1,309 @@
-//! Checkpoint file formats (placeholder: being written).
+//! Checkpoint files: turning one file into a [`Layout`] of tensor and opaque
+//! byte segments.
+//!
+//! This module owns the knowledge of on-disk checkpoint formats:
+//! safetensors, PyTorch `torch.save` zip archives (`.pt`, `.pth`, `.bin`;
+//! the pickle `data.pkl` inside is *read*, never executed) and numpy `.npy`.
+//! Any other file is one opaque segment. A layout covers its file exactly:
+//! concatenating the bytes of its segments, in order, reproduces the file.
+//!
+//! Parsers read headers through `Read + Seek` and return byte ranges; they
+//! never need the whole file in memory, never panic on any input and never
+//! allocate more than a bound derived from the file length (every length is
+//! checked before it is used). The rule for what is an error and what is
+//! merely opaque is in `docs/format/checkpoint-files.md`: a file whose name
+//! promises a format and whose content breaks it is an error; a file that is
+//! well-formed but outside what ckvc understands is opaque.
+//!
+//! This module must not touch the store, the repository or codec internals: it
+//! only uses [`DType`], and it does not read tensor data.
+
+use std::io::{Read, Seek, SeekFrom};
+
+pub use crate::codec::DType;
+
+mod npy;
+mod pickle;
+mod safetensors;
+mod torchzip;
+mod zip;
+
+pub use npy::parse_npy;
+pub use safetensors::parse_safetensors;
+pub use torchzip::parse_torch_zip;
+
+/// Which parser produced a layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FileKind {
+    Safetensors,
+    TorchZip,
+    Npy,
+    /// Not a format ckvc understands: the layout is one opaque segment (or
+    /// none for an empty file).
+    Opaque,
+}
+
+/// A file split into segments: contiguous, in file order, covering `0..len`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub kind: FileKind,
+    pub len: u64,
+    pub segments: Vec<Segment>,
+}
+
+/// One byte range of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    /// The raw little-endian elements of one tensor (or torch storage).
+    Tensor(TensorInfo),
+    /// Bytes ckvc keeps as they are: headers, zip records, pickles, padding.
+    Opaque { offset: u64, len: u64 },
+}
+
+/// Where a tensor's data sits in its file and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Unique within the layout and stable across checkpoints of one run.
+    pub name: String,
+    pub dtype: DType,
+    /// Row-major (C order) dimensions; `[]` for a 0-d tensor.
+    pub shape: Vec<u64>,
+    pub offset: u64,
+    /// Always `numel(shape) * dtype.width()`.
+    pub len: u64,
+}
+
+impl Segment {
+    /// First byte of the segment in the file.
+    pub fn offset(&self) -> u64 {
+        match self {
+            Segment::Tensor(t) => t.offset,
+            Segment::Opaque { offset, .. } => *offset,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Segment::Tensor(t) => t.len,
+            Segment::Opaque { len, .. } => *len,
+        }
+    }
+
+    /// True for a zero-length segment (only a tensor with no elements).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why a file could not be split into a layout. The caller adds the path.
+///
+/// Offsets are byte offsets in the file being parsed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// The file ends before a structure it announces.
+    #[error("truncated {what}: needs bytes up to {need}, file has {have}")]
+    Truncated {
+        what: &'static str,
+        need: u64,
+        have: u64,
+    },
+    /// A structure is inconsistent (bad magic, offsets that lie, overlaps,
+    /// sizes that disagree).
+    #[error("corrupt at byte {offset}: {reason}")]
+    Corrupt { offset: u64, reason: String },
+    /// A header or index is larger than ckvc is willing to hold in memory.
+    #[error("{what} of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    /// `data.pkl` uses a pickle opcode the reader does not implement.
+    #[error("unsupported pickle opcode 0x{opcode:02x} at byte {offset}")]
+    UnsupportedPickle { opcode: u8, offset: u64 },
+    /// A layout breaks the coverage invariant (reported by [`Layout::validate`]).
+    #[error("invalid layout at segment {index}: {reason}")]
+    InvalidLayout { index: usize, reason: &'static str },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl FormatError {
+    pub(crate) fn corrupt(offset: u64, reason: impl Into<String>) -> Self {
+        FormatError::Corrupt {
+            offset,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Splits a file into a layout, choosing the parser by the file name's
+/// extension: `.safetensors`, `.npy`, and `.pt`/`.pth`/`.bin` when the file
+/// starts like a zip archive. Everything else is one opaque segment.
+///
+/// `len` is the file's length; `r` is positioned anywhere.
+pub fn parse<R: Read + Seek>(file_name: &str, r: &mut R, len: u64) -> Result<Layout, FormatError> {
+    let lower = file_name.to_ascii_lowercase();
+    let ext = lower.rsplit_once('.').map(|(_, e)| e).unwrap_or("");
+    match ext {
+        "safetensors" => parse_safetensors(r, len),
+        "npy" => parse_npy(r, len),
+        // A legacy (pre-1.6) torch pickle or any other binary blob behind
+        // these extensions is opaque; a zip must be a sound zip.
+        "pt" | "pth" | "bin" if zip::looks_like_zip(r, len)? => parse_torch_zip(r, len),
+        _ => Ok(Layout::opaque(len)),
+    }
+}
+
+impl Layout {
+    /// The layout of a file ckvc keeps as a single opaque blob.
+    pub fn opaque(len: u64) -> Layout {
+        let segments = if len == 0 {
+            Vec::new()
+        } else {
+            vec![Segment::Opaque { offset: 0, len }]
+        };
+        Layout {
+            kind: FileKind::Opaque,
+            len,
+            segments,
+        }
+    }
+
+    /// Checks the coverage invariant: segments start at 0, each starts where
+    /// the previous ended, they end at `len`, opaque segments are non-empty
+    /// and every tensor's length is `numel * width`.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        let mut pos = 0u64;
+        for (index, seg) in self.segments.iter().enumerate() {
+            let bad = |reason| Err(FormatError::InvalidLayout { index, reason });
+            if seg.offset() != pos {
+                return bad("segment does not start where the previous one ended");
+            }
+            match seg {
+                Segment::Opaque { len, .. } if *len == 0 => return bad("empty opaque segment"),
+                Segment::Tensor(t) if tensor_bytes(&t.shape, t.dtype) != Some(t.len) => {
+                    return bad("tensor length is not numel * width")
+                }
+                _ => {}
+            }
+            pos = match pos.checked_add(seg.len()) {
+                Some(p) => p,
+                None => return bad("segment end overflows"),
+            };
+        }
+        if pos != self.len {
+            return Err(FormatError::InvalidLayout {
+                index: self.segments.len(),
+                reason: "segments do not end at the file length",
+            });
+        }
+        Ok(())
+    }
+
+    /// The tensor segments, in file order.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Tensor(t) => Some(t),
+            Segment::Opaque { .. } => None,
+        })
+    }
+
+    /// Builds a layout from tensor byte ranges: sorts them, rejects ranges
+    /// beyond `len` or overlapping each other, and fills every gap with one
+    /// opaque segment (so no two opaque segments are adjacent).
+    pub(crate) fn from_tensors(
+        kind: FileKind,
+        len: u64,
+        mut tensors: Vec<TensorInfo>,
+    ) -> Result<Layout, FormatError> {
+        tensors.sort_by_key(|t| (t.offset, t.len));
+        let mut segments = Vec::with_capacity(tensors.len() * 2 + 1);
+        let mut pos = 0u64;
+        for t in tensors {
+            let end = t.offset.checked_add(t.len).filter(|&e| e <= len).ok_or(
+                FormatError::Truncated {
+                    what: "tensor data",
+                    need: t.offset.saturating_add(t.len),
+                    have: len,
+                },
+            )?;
+            if t.offset < pos {
+                return Err(FormatError::corrupt(
+                    t.offset,
+                    format!("tensor {:?} overlaps the previous tensor", t.name),
+                ));
+            }
+            if t.offset > pos {
+                segments.push(Segment::Opaque {
+                    offset: pos,
+                    len: t.offset - pos,
+                });
+            }
+            pos = end;
+            segments.push(Segment::Tensor(t));
+        }
+        if len > pos {
+            segments.push(Segment::Opaque {
+                offset: pos,
+                len: len - pos,
+            });
+        }
+        Ok(Layout {
+            kind,
+            len,
+            segments,
+        })
+    }
+}
+
+/// `numel(shape) * width`, or `None` on overflow.
+pub(crate) fn tensor_bytes(shape: &[u64], dtype: DType) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))?
+        .checked_mul(dtype.width() as u64)
+}
+
+/// Reads `n` bytes at `offset`, after checking they lie within `len` and
+/// `n <= limit`, so a lying header can never make us allocate more than the
+/// file (or the limit) holds.
+pub(crate) fn read_at<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+    offset: u64,
+    n: u64,
+    limit: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, FormatError> {
+    if n > limit {
+        return Err(FormatError::TooLarge {
+            what,
+            size: n,
+            limit,
+        });
+    }
+    let end = offset.checked_add(n).filter(|&e| e <= len);
+    if end.is_none() {
+        return Err(FormatError::Truncated {
+            what,
+            need: offset.saturating_add(n),
+            have: len,
+        });
+    }
+    let n = usize::try_from(n).map_err(|_| FormatError::TooLarge {
+        what,
+        size: n,
+        limit: usize::MAX as u64,
+    })?;
+    let mut buf = vec![0u8; n];
+    r.seek(SeekFrom::Start(offset))?;
+    r.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests;

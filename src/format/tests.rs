@@ -1,0 +1,354 @@
+//! Tests on the real corpus and robustness properties of [`parse`].
+
+use std::io::{Cursor, Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// The developer corpus (`../shared/corpus/gpt-small` next to the
+/// repository, or `$CKVC_CORPUS`). `None` when it is not there.
+fn corpus() -> Option<PathBuf> {
+    let dir = std::env::var_os("CKVC_CORPUS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/corpus/gpt-small"
+            ))
+        });
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        eprintln!("corpus {} not found; skipping", dir.display());
+        None
+    }
+}
+
+fn parse_file(path: &std::path::Path) -> (Layout, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let mut f = std::fs::File::open(path).unwrap();
+    let layout = parse(name, &mut f, bytes.len() as u64)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (layout, bytes)
+}
+
+fn step(dir: &std::path::Path, n: u32, file: &str) -> Layout {
+    parse_file(&dir.join(format!("step-{n}")).join(file)).0
+}
+
+#[test]
+fn every_corpus_file_parses_and_reassembles() {
+    let Some(dir) = corpus() else { return };
+    let mut files = 0;
+    for step in std::fs::read_dir(&dir).unwrap() {
+        let step = step.unwrap().path();
+        if !step.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&step).unwrap() {
+            let path = file.unwrap().path();
+            let (layout, bytes) = parse_file(&path);
+            layout.validate().unwrap();
+            assert_eq!(layout.len, bytes.len() as u64);
+            let mut joined = Vec::with_capacity(bytes.len());
+            for s in &layout.segments {
+                joined.extend_from_slice(
+                    &bytes[s.offset() as usize..(s.offset() + s.len()) as usize],
+                );
+            }
+            assert!(joined == bytes, "{}", path.display());
+            let expected = match path.extension().and_then(|e| e.to_str()) {
+                Some("safetensors") => FileKind::Safetensors,
+                Some("pt") => FileKind::TorchZip,
+                _ => FileKind::Opaque,
+            };
+            assert_eq!(layout.kind, expected, "{}", path.display());
+            files += 1;
+        }
+    }
+    assert_eq!(files, 44);
+}
+
+#[test]
+fn corpus_safetensors_hold_52_tensors() {
+    let Some(dir) = corpus() else { return };
+    for n in [0, 300, 600] {
+        let fp32 = step(&dir, n, "model.safetensors");
+        let bf16 = step(&dir, n, "model.bf16.safetensors");
+        assert_eq!(fp32.tensors().filter(|t| t.dtype == DType::F32).count(), 52);
+        assert_eq!(
+            bf16.tensors().filter(|t| t.dtype == DType::BF16).count(),
+            52
+        );
+        assert_eq!(fp32.tensors().count(), 52);
+        let shapes = |l: &Layout| {
+            l.tensors()
+                .map(|t| (t.name.clone(), t.shape.clone()))
+                .collect::<Vec<_>>()
+        };
+        let mut a = shapes(&fp32);
+        let mut b = shapes(&bf16);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        assert_eq!(
+            fp32.tensors()
+                .map(|t| t.shape.iter().product::<u64>())
+                .sum::<u64>(),
+            842_496
+        );
+    }
+}
+
+#[test]
+fn corpus_optimizer_storages_are_named_by_state_path() {
+    let Some(dir) = corpus() else { return };
+    let opt60 = step(&dir, 60, "optimizer.pt");
+    let moments: Vec<_> = opt60
+        .tensors()
+        .filter(|t| t.name.ends_with(".exp_avg") || t.name.ends_with(".exp_avg_sq"))
+        .collect();
+    assert_eq!(moments.len(), 104);
+    assert!(moments.iter().all(|t| t.dtype == DType::F32));
+    assert!(opt60
+        .tensors()
+        .any(|t| t.name == "state.0.exp_avg" && t.len == 131_072));
+    assert!(moments.iter().any(|t| t.len == 65_536));
+    assert!(moments.iter().any(|t| t.len == 512));
+    let steps: Vec<_> = opt60
+        .tensors()
+        .filter(|t| t.name.ends_with(".step"))
+        .collect();
+    assert_eq!(steps.len(), 52);
+    assert!(steps
+        .iter()
+        .all(|t| t.shape.is_empty() && t.dtype == DType::F32 && t.len == 4));
+    assert_eq!(opt60.tensors().count(), 156);
+
+    // exp_avg has the shape of its parameter.
+    let model = step(&dir, 60, "model.safetensors");
+    let mut param_shapes: Vec<_> = model.tensors().map(|t| t.shape.clone()).collect();
+    let mut avg_shapes: Vec<_> = opt60
+        .tensors()
+        .filter(|t| t.name.ends_with(".exp_avg"))
+        .map(|t| t.shape.clone())
+        .collect();
+    param_shapes.sort();
+    avg_shapes.sort();
+    assert_eq!(param_shapes, avg_shapes);
+
+    // Names, dtypes and shapes are the same at every step (they key deltas).
+    let sig = |l: &Layout| {
+        l.tensors()
+            .map(|t| (t.name.clone(), t.dtype, t.shape.clone()))
+            .collect::<Vec<_>>()
+    };
+    for n in (120..=600).step_by(60) {
+        assert_eq!(sig(&step(&dir, n, "optimizer.pt")), sig(&opt60), "step {n}");
+    }
+}
+
+#[test]
+fn corpus_step0_optimizer_has_no_tensors() {
+    let Some(dir) = corpus() else { return };
+    let l = step(&dir, 0, "optimizer.pt");
+    assert_eq!(l.kind, FileKind::TorchZip);
+    assert_eq!(l.tensors().count(), 0);
+    assert_eq!(l.segments.len(), 1);
+}
+
+#[test]
+fn unknown_extensions_and_empty_files_are_opaque() {
+    let f = b"{\"global_step\": 3}";
+    let l = parse("trainer_state.json", &mut Cursor::new(f), f.len() as u64).unwrap();
+    assert_eq!(l, Layout::opaque(f.len() as u64));
+    let l = parse("x.bin", &mut Cursor::new(b""), 0).unwrap();
+    assert!(l.segments.is_empty());
+    l.validate().unwrap();
+    // A .bin that is no zip at all: opaque. A .safetensors that is empty: error.
+    let l = parse("rng_state.pth", &mut Cursor::new(b"\x80\x02}q\x00."), 6).unwrap();
+    assert_eq!(l.kind, FileKind::Opaque);
+    assert!(parse("model.SafeTensors", &mut Cursor::new(b""), 0).is_err());
+    assert!(parse("a.npy", &mut Cursor::new(b"abc"), 3).is_err());
+}
+
+#[test]
+fn validate_rejects_broken_layouts() {
+    let t = |offset, len| {
+        Segment::Tensor(TensorInfo {
+            name: "t".into(),
+            dtype: DType::F32,
+            shape: vec![len / 4],
+            offset,
+            len,
+        })
+    };
+    let layout = |segments| Layout {
+        kind: FileKind::Opaque,
+        len: 12,
+        segments,
+    };
+    layout(vec![Segment::Opaque { offset: 0, len: 4 }, t(4, 8)])
+        .validate()
+        .unwrap();
+    for segs in [
+        vec![t(0, 8)],
+        vec![Segment::Opaque { offset: 0, len: 4 }, t(5, 8)],
+        vec![
+            Segment::Opaque { offset: 0, len: 4 },
+            t(4, 8),
+            Segment::Opaque { offset: 12, len: 0 },
+        ],
+        vec![
+            Segment::Opaque { offset: 0, len: 4 },
+            t(4, 4),
+            t(8, 4),
+            Segment::Opaque { offset: 12, len: 1 },
+        ],
+    ] {
+        assert!(matches!(
+            layout(segs).validate(),
+            Err(FormatError::InvalidLayout { .. })
+        ));
+    }
+    let mut bad = layout(vec![Segment::Opaque { offset: 0, len: 4 }, t(4, 8)]);
+    if let Segment::Tensor(ti) = &mut bad.segments[1] {
+        ti.shape = vec![3];
+    }
+    assert!(bad.validate().is_err());
+}
+
+/// A reader over `data` that ends at `len` and flips `mask` into byte `at`,
+/// so large real files can be mutated without copying them.
+struct Mutated<'a> {
+    data: &'a [u8],
+    len: usize,
+    at: usize,
+    mask: u8,
+    pos: u64,
+}
+
+impl Read for Mutated<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let start = (self.pos as usize).min(self.len);
+        let n = buf.len().min(self.len - start);
+        buf[..n].copy_from_slice(&self.data[start..start + n]);
+        if (start..start + n).contains(&self.at) {
+            buf[self.at - start] ^= self.mask;
+        }
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for Mutated<'_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let base = match to {
+            SeekFrom::Start(o) => Some(o),
+            SeekFrom::End(d) => (self.len as u64).checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = base.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before 0")
+        })?;
+        Ok(self.pos)
+    }
+}
+
+/// Sample files, each with the name that selects its parser.
+fn samples() -> &'static [(&'static str, Vec<u8>)] {
+    static SAMPLES: OnceLock<Vec<(&'static str, Vec<u8>)>> = OnceLock::new();
+    SAMPLES.get_or_init(|| {
+        let mut v = vec![
+            ("small.pt", include_bytes!("../../tests/fixtures/format/small.pt").to_vec()),
+            ("legacy.bin", include_bytes!("../../tests/fixtures/format/legacy.bin").to_vec()),
+            (
+                "x.safetensors",
+                safetensors_file(r#"{"__metadata__":{"a":"b"},"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#, 12),
+            ),
+            ("x.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", 12)),
+        ];
+        if let Some(dir) = corpus() {
+            for (name, rel) in [
+                ("optimizer.pt", "step-0/optimizer.pt"),
+                ("optimizer.pt", "step-60/optimizer.pt"),
+                ("model.bf16.safetensors", "step-60/model.bf16.safetensors"),
+            ] {
+                v.push((name, std::fs::read(dir.join(rel)).unwrap()));
+            }
+        }
+        v
+    })
+}
+
+fn safetensors_file(header: &str, data: usize) -> Vec<u8> {
+    let mut f = (header.len() as u64).to_le_bytes().to_vec();
+    f.extend_from_slice(header.as_bytes());
+    f.resize(f.len() + data, 0x3f);
+    f
+}
+
+fn npy_file(dict: &str, data: usize) -> Vec<u8> {
+    let mut f = b"\x93NUMPY\x01\x00".to_vec();
+    f.extend_from_slice(&(dict.len() as u16 + 1).to_le_bytes());
+    f.extend_from_slice(dict.as_bytes());
+    f.push(b'\n');
+    f.resize(f.len() + data, 1);
+    f
+}
+
+/// Whatever `parse` returns must be a valid layout of the (mutated) file.
+fn check(name: &str, r: &mut Mutated<'_>) {
+    let len = r.len as u64;
+    if let Ok(l) = parse(name, r, len) {
+        assert_valid(&l, len);
+    }
+}
+
+fn assert_valid(l: &Layout, len: u64) {
+    assert_eq!(l.len, len);
+    l.validate().expect("parse returned an invalid layout");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..600),
+        ext in prop::sample::select(vec!["x.safetensors", "x.pt", "x.bin", "x.npy", "x.json"]),
+        prefix in prop::sample::select(vec![&b""[..], b"PK\x03\x04", b"PK\x05\x06", b"\x93NUMPY\x01\x00", b"\x10\x00\x00\x00\x00\x00\x00\x00{"]),
+    ) {
+        let mut f = prefix.to_vec();
+        f.extend_from_slice(&bytes);
+        let mut r = Mutated { data: &f, len: f.len(), at: usize::MAX, mask: 0, pos: 0 };
+        check(ext, &mut r);
+    }
+
+    #[test]
+    fn truncated_and_bit_flipped_files_never_panic(
+        which in any::<prop::sample::Index>(),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+        region in 0u8..3,
+        at in any::<prop::sample::Index>(),
+        mask in 1u8..=255,
+    ) {
+        let (name, data) = &samples()[which.index(samples().len())];
+        let n = data.len();
+        let len = if truncate { cut.index(n + 1) } else { n };
+        // Headers live at both ends of these files: aim there most of the time.
+        let window = n.min(16 << 10);
+        let at = match region {
+            0 => at.index(window),
+            1 => n - window + at.index(window),
+            _ => at.index(n),
+        };
+        let mut r = Mutated { data, len, at, mask, pos: 0 };
+        check(name, &mut r);
+    }
+}

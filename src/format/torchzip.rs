@@ -1,0 +1,663 @@
+//! PyTorch `torch.save` archives: a zip whose entries all sit under one
+//! top-level folder `<archive>/`: `data.pkl` (the pickled object, tensors
+//! as persistent ids), `data/<key>` (one raw storage each), `byteorder`,
+//! `version`, `.data/serialization_id`, ...
+//!
+//! Each STORED `data/<key>` entry whose dtype is known becomes one tensor
+//! segment covering exactly its data bytes; local headers, other entries,
+//! data descriptors, the central directory and the end records are opaque.
+//! See `docs/format/checkpoint-files.md` for the naming rule.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read, Seek};
+
+use super::pickle::{self, Node, Object, Pickle, Value};
+use super::zip::{self, Entry};
+use super::{read_at, DType, FileKind, FormatError, Layout, TensorInfo};
+
+/// The largest `data.pkl` read into memory. Real ones are kilobytes to a few
+/// MiB (about 150 bytes per tensor).
+pub const MAX_PICKLE: u64 = 32 << 20;
+
+/// Nesting depth followed when naming storages; deeper tensors get the
+/// fallback name.
+const MAX_NAME_DEPTH: usize = 64;
+
+/// Parses a `torch.save` zip archive.
+///
+/// A sound zip that is not a torch archive (no `<archive>/data.pkl`) is one
+/// opaque segment. A torch archive whose `data.pkl` is compressed, or whose
+/// `byteorder` is `big`, keeps every storage opaque.
+pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
+    let archive = zip::read_archive(r, len)?;
+    let Some(prefix) = archive
+        .entries
+        .first()
+        .and_then(|e| e.name.split_once('/'))
+        .map(|(p, _)| format!("{p}/"))
+    else {
+        return Ok(Layout::opaque(len));
+    };
+    let find = |suffix: &str| {
+        archive
+            .entries
+            .iter()
+            .find(|e| e.name.strip_prefix(&prefix) == Some(suffix))
+    };
+    let Some(pkl) = find("data.pkl") else {
+        return Ok(Layout::opaque(len));
+    };
+    let all_opaque = Layout::from_tensors(FileKind::TorchZip, len, Vec::new());
+    if !pkl.is_plain() {
+        return all_opaque;
+    }
+    if let Some(bo) = find("byteorder") {
+        if !bo.is_plain() {
+            return all_opaque;
+        }
+        match read_at(r, len, bo.data_offset, bo.size, 16, "torch byteorder")?.as_slice() {
+            b"little" => {}
+            b"big" => return all_opaque,
+            _ => {
+                return Err(FormatError::corrupt(
+                    bo.data_offset,
+                    "byteorder is neither little nor big",
+                ))
+            }
+        }
+    }
+    let bytes = read_at(
+        r,
+        len,
+        pkl.data_offset,
+        pkl.size,
+        MAX_PICKLE,
+        "torch data.pkl",
+    )?;
+    let tree = pickle::read(&bytes, pkl.data_offset)?;
+    let storages = storages(&tree, pkl.data_offset)?;
+
+    // Every data entry must be referenced, every reference must have an entry.
+    let data_prefix = format!("{prefix}data/");
+    let mut entries: BTreeMap<&str, &Entry> = BTreeMap::new();
+    for e in &archive.entries {
+        if let Some(key) = e.name.strip_prefix(&data_prefix) {
+            if entries.insert(key, e).is_some() {
+                return Err(FormatError::corrupt(
+                    e.header_offset,
+                    format!("duplicate entry {:?}", e.name),
+                ));
+            }
+            if !storages.contains_key(key) {
+                return Err(FormatError::corrupt(
+                    e.header_offset,
+                    format!("storage {:?} is not referenced by data.pkl", e.name),
+                ));
+            }
+        }
+    }
+    if let Some(key) = storages.keys().find(|k| !entries.contains_key(k.as_str())) {
+        return Err(FormatError::corrupt(
+            pkl.data_offset,
+            format!("data.pkl references storage {key:?}, which has no entry"),
+        ));
+    }
+
+    let names = Namer::new(&tree).name_all(&storages);
+    let mut tensors = Vec::with_capacity(storages.len());
+    for (key, s) in &storages {
+        let (Some(e), Some(dtype)) = (entries.get(key.as_str()), s.dtype) else {
+            continue; // no dtype: the entry stays opaque
+        };
+        if s.numel.checked_mul(dtype.width() as u64) != Some(e.size) {
+            return Err(FormatError::corrupt(
+                e.header_offset,
+                format!(
+                    "storage {key:?} holds {} bytes, data.pkl says {} x {dtype}",
+                    e.size, s.numel
+                ),
+            ));
+        }
+        if !e.is_plain() {
+            continue;
+        }
+        let (name, shape) = names
+            .get(key.as_str())
+            .cloned()
+            .unwrap_or_else(|| (format!("data/{key}"), None));
+        tensors.push(TensorInfo {
+            name,
+            dtype,
+            shape: shape.unwrap_or_else(|| vec![s.numel]),
+            offset: e.data_offset,
+            len: e.size,
+        });
+    }
+    Layout::from_tensors(FileKind::TorchZip, len, tensors)
+}
+
+/// One storage as described by its persistent id.
+#[derive(Debug)]
+struct Storage {
+    /// `None` for a storage class ckvc has no dtype for (complex, ...).
+    dtype: Option<DType>,
+    /// `torch.UntypedStorage`: kept as bytes (`U8`, `numel` counts bytes),
+    /// so the shape of a tensor built on it never describes it.
+    untyped: bool,
+    numel: u64,
+}
+
+/// Collects the storages named by the persistent ids:
+/// `('storage', torch.<Class>, key, location, numel)`.
+fn storages(tree: &Pickle, base: u64) -> Result<BTreeMap<String, Storage>, FormatError> {
+    let mut out: BTreeMap<String, Storage> = BTreeMap::new();
+    let bad = |reason: String| FormatError::corrupt(base, format!("data.pkl: {reason}"));
+    for &id in &tree.persistent {
+        let Some(Node::Persistent(pid)) = tree.nodes.get(id as usize) else {
+            continue;
+        };
+        let items = tree
+            .items(*pid)
+            .ok_or_else(|| bad("persistent id is not a tuple".into()))?;
+        let [tag, class, key, _location, numel] = items else {
+            return Err(bad(format!(
+                "persistent id has {} fields, not 5",
+                items.len()
+            )));
+        };
+        if tree.str(*tag) != Some("storage") {
+            return Err(bad("persistent id is not a storage".into()));
+        }
+        let (module, class) = tree
+            .global(*class)
+            .ok_or_else(|| bad("storage class is not a global".into()))?;
+        let key = match (tree.str(*key), *key) {
+            (Some(s), _) => s.to_string(),
+            (None, Value::Int(i)) => i.to_string(),
+            _ => return Err(bad("storage key is not a string".into())),
+        };
+        let numel = match *numel {
+            Value::Int(n) if n >= 0 => n as u64,
+            _ => return Err(bad(format!("storage {key:?} has no valid element count"))),
+        };
+        let untyped = class == "UntypedStorage";
+        let dtype = if module == "torch" {
+            storage_dtype(class)
+        } else {
+            None
+        };
+        let s = Storage {
+            dtype,
+            untyped,
+            numel,
+        };
+        if let Some(prev) = out.get(&key) {
+            if prev.dtype != s.dtype || prev.numel != s.numel {
+                return Err(bad(format!(
+                    "storage {key:?} is described twice, differently"
+                )));
+            }
+        } else {
+            out.insert(key, s);
+        }
+    }
+    Ok(out)
+}
+
+/// The dtype of a `torch.<Class>` storage; untyped storages are bytes.
+fn storage_dtype(class: &str) -> Option<DType> {
+    Some(match class {
+        "FloatStorage" => DType::F32,
+        "DoubleStorage" => DType::F64,
+        "HalfStorage" => DType::F16,
+        "BFloat16Storage" => DType::BF16,
+        "LongStorage" => DType::I64,
+        "IntStorage" => DType::I32,
+        "ShortStorage" => DType::I16,
+        "CharStorage" | "QInt8Storage" => DType::I8,
+        "ByteStorage" | "QUInt8Storage" | "UntypedStorage" => DType::U8,
+        "BoolStorage" => DType::Bool,
+        "UInt16Storage" => DType::U16,
+        "UInt32Storage" => DType::U32,
+        "UInt64Storage" => DType::U64,
+        "QInt32Storage" => DType::I32,
+        "Float8_e4m3fnStorage" => DType::F8E4M3,
+        "Float8_e5m2Storage" => DType::F8E5M2,
+        _ => return None,
+    })
+}
+
+/// A tensor found in the tree: where it sits and how it views its storage.
+#[derive(Debug)]
+struct TensorRef {
+    path: String,
+    key: String,
+    view: View,
+}
+
+/// `storage_offset`, `size` and `stride` of a rebuilt tensor, when readable.
+#[derive(Debug, Default)]
+struct View {
+    offset: Option<u64>,
+    size: Option<Vec<u64>>,
+    stride: Option<Vec<u64>>,
+}
+
+/// Walks the unpickled tree (dicts by key, lists and tuples by index, each
+/// node once, first path wins) to name every storage.
+struct Namer<'a> {
+    tree: &'a Pickle,
+    visited: HashSet<u32>,
+    path: Vec<String>,
+    refs: Vec<TensorRef>,
+}
+
+type Names = HashMap<String, (String, Option<Vec<u64>>)>;
+
+impl<'a> Namer<'a> {
+    fn new(tree: &'a Pickle) -> Self {
+        Namer {
+            tree,
+            visited: HashSet::new(),
+            path: Vec::new(),
+            refs: Vec::new(),
+        }
+    }
+
+    /// Name and shape of every storage: the path of the first tensor built
+    /// on it (`data/<key>` when there is none or it is the root), made
+    /// unique with `#<key>`; the tensor's shape if that tensor alone covers
+    /// the storage contiguously, else `None` (the caller uses `[numel]`).
+    fn name_all(mut self, storages: &BTreeMap<String, Storage>) -> Names {
+        self.walk(self.tree.root, 0);
+        let mut by_key: HashMap<&str, Vec<&TensorRef>> = HashMap::new();
+        let mut order: Vec<&str> = Vec::new();
+        for r in &self.refs {
+            if storages.contains_key(&r.key) {
+                let v = by_key.entry(&r.key).or_default();
+                if v.is_empty() {
+                    order.push(&r.key);
+                }
+                v.push(r);
+            }
+        }
+        order.extend(
+            storages
+                .keys()
+                .map(String::as_str)
+                .filter(|k| !by_key.contains_key(k)),
+        );
+        let mut used = HashSet::new();
+        let mut names = Names::new();
+        for key in order {
+            let refs = by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
+            let mut name = match refs.first() {
+                Some(r) if !r.path.is_empty() => r.path.clone(),
+                _ => format!("data/{key}"),
+            };
+            if used.contains(&name) {
+                name = format!("{name}#{key}");
+            }
+            used.insert(name.clone());
+            let shape = match refs {
+                [only] => storages.get(key).and_then(|s| covering_shape(only, s)),
+                _ => None,
+            };
+            names.insert(key.to_string(), (name, shape));
+        }
+        names
+    }
+
+    fn walk(&mut self, v: Value, depth: usize) {
+        let Value::Ref(id) = v else { return };
+        if depth > MAX_NAME_DEPTH || !self.visited.insert(id) {
+            return;
+        }
+        let tree = self.tree;
+        match tree.node(v) {
+            Some(Node::Dict(items)) => self.walk_items(items, depth),
+            Some(Node::List(items) | Node::Tuple(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.path.push(i.to_string());
+                    self.walk(*item, depth + 1);
+                    self.path.pop();
+                }
+            }
+            Some(Node::Persistent(pid)) => {
+                // A storage saved as itself (torch.save(storage)).
+                if let Some(key) = self.pid_key(*pid) {
+                    self.push_ref(key, View::default());
+                }
+            }
+            Some(Node::Object(o)) => self.walk_object(o, depth),
+            _ => {}
+        }
+    }
+
+    fn walk_items(&mut self, items: &[(Value, Value)], depth: usize) {
+        for (k, item) in items {
+            self.path.push(self.key_name(*k));
+            self.walk(*item, depth + 1);
+            self.path.pop();
+        }
+    }
+
+    fn walk_object(&mut self, o: &Object, depth: usize) {
+        let tree = self.tree;
+        let args = tree.items(o.args).unwrap_or(&[]);
+        match tree.global(o.callable) {
+            Some((
+                "torch._utils",
+                "_rebuild_tensor" | "_rebuild_tensor_v2" | "_rebuild_tensor_v3",
+            )) => {
+                self.tensor(args);
+                return;
+            }
+            Some(("torch._tensor", "_rebuild_from_type_v2")) => {
+                // (func, type, args, state): func rebuilds the tensor from args.
+                if let [func, _, inner, ..] = args {
+                    if matches!(tree.global(*func), Some(("torch._utils", _))) {
+                        self.tensor(tree.items(*inner).unwrap_or(&[]));
+                        return;
+                    }
+                }
+            }
+            Some(("torch._utils", "_rebuild_parameter" | "_rebuild_parameter_with_state")) => {
+                if let Some(data) = args.first() {
+                    self.walk(*data, depth + 1);
+                }
+                return;
+            }
+            _ => {}
+        }
+        // Anything else (an OrderedDict, a custom class): its items, then its
+        // arguments and state, under the same path.
+        self.walk_items(&o.items, depth);
+        for (i, item) in o.list.iter().enumerate() {
+            self.path.push(i.to_string());
+            self.walk(*item, depth + 1);
+            self.path.pop();
+        }
+        for a in args {
+            self.walk(*a, depth + 1);
+        }
+        if let Some(s) = o.state {
+            self.walk(s, depth + 1);
+        }
+    }
+
+    /// `(storage, storage_offset, size, stride, ...)`.
+    fn tensor(&mut self, args: &[Value]) {
+        let tree = self.tree;
+        let Some(Node::Persistent(pid)) = args.first().and_then(|a| tree.node(*a)) else {
+            return;
+        };
+        let Some(key) = self.pid_key(*pid) else {
+            return;
+        };
+        let offset = match args.get(1) {
+            Some(Value::Int(o)) if *o >= 0 => Some(*o as u64),
+            _ => None,
+        };
+        let dims = |i: usize| -> Option<Vec<u64>> {
+            tree.items(*args.get(i)?)?
+                .iter()
+                .map(|d| match d {
+                    Value::Int(n) if *n >= 0 => Some(*n as u64),
+                    _ => None,
+                })
+                .collect()
+        };
+        let view = View {
+            offset,
+            size: dims(2),
+            stride: dims(3),
+        };
+        self.push_ref(key, view);
+    }
+
+    fn push_ref(&mut self, key: String, view: View) {
+        self.refs.push(TensorRef {
+            path: self.path.join("."),
+            key,
+            view,
+        });
+    }
+
+    fn pid_key(&self, pid: Value) -> Option<String> {
+        let items = self.tree.items(pid)?;
+        match items.get(2)? {
+            Value::Int(i) => Some(i.to_string()),
+            k => self.tree.str(*k).map(str::to_string),
+        }
+    }
+
+    /// A dict key as a path component.
+    fn key_name(&self, k: Value) -> String {
+        match k {
+            Value::None => "None".into(),
+            Value::Bool(b) => if b { "True" } else { "False" }.into(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => f.to_string(),
+            Value::Ref(_) => match (self.tree.str(k), self.tree.items(k)) {
+                (Some(s), _) => s.to_string(),
+                (None, Some(items)) => items
+                    .iter()
+                    .map(|i| self.key_name(*i))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                _ => "?".into(),
+            },
+        }
+    }
+}
+
+/// The tensor's shape when it is the whole storage in C order.
+fn covering_shape(r: &TensorRef, s: &Storage) -> Option<Vec<u64>> {
+    if s.untyped || r.view.offset != Some(0) {
+        return None;
+    }
+    let (size, stride) = (r.view.size.as_ref()?, r.view.stride.as_ref()?);
+    if size.len() != stride.len() {
+        return None;
+    }
+    let mut expect = 1u64;
+    for (&d, &st) in size.iter().zip(stride).rev() {
+        if d != 1 && st != expect {
+            return None;
+        }
+        expect = expect.checked_mul(d)?;
+    }
+    (expect == s.numel).then(|| size.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::*;
+    use crate::format::Segment;
+
+    const SMALL: &[u8] = include_bytes!("../../tests/fixtures/format/small.pt");
+
+    fn parse(f: &[u8]) -> Result<Layout, FormatError> {
+        parse_torch_zip(&mut Cursor::new(f), f.len() as u64)
+    }
+
+    fn tensor<'a>(l: &'a Layout, name: &str) -> &'a TensorInfo {
+        l.tensors()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tensor {name}"))
+    }
+
+    #[test]
+    fn small_fixture_names_dtypes_and_shapes() {
+        let l = parse(SMALL).unwrap();
+        l.validate().unwrap();
+        assert_eq!(l.kind, FileKind::TorchZip);
+        let mut names: Vec<_> = l.tensors().map(|t| t.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "brain",
+                "empty",
+                "half",
+                "ids",
+                "layer.weight",
+                "mask",
+                "nested.0",
+                "nested.1.deep",
+                "scalar",
+                "transposed",
+                "view"
+            ]
+        );
+        let check = |name: &str, dtype: DType, shape: &[u64]| {
+            let t = tensor(&l, name);
+            assert_eq!((t.dtype, t.shape.as_slice()), (dtype, shape), "{name}");
+            assert_eq!(t.len, shape.iter().product::<u64>() * dtype.width() as u64);
+        };
+        check("layer.weight", DType::F32, &[2, 3]);
+        check("half", DType::F16, &[3]);
+        check("brain", DType::BF16, &[4]);
+        check("ids", DType::I64, &[2]);
+        check("mask", DType::Bool, &[3]);
+        check("scalar", DType::F32, &[]);
+        check("nested.0", DType::I32, &[2]);
+        check("nested.1.deep", DType::F64, &[1, 2]);
+        check("empty", DType::F32, &[0]);
+        // A view saves its whole storage; a transposed tensor is not C order.
+        check("view", DType::F32, &[12]);
+        check("transposed", DType::I16, &[6]);
+        // Tensor bytes are the storage bytes.
+        let t = tensor(&l, "half");
+        let data = &SMALL[t.offset as usize..(t.offset + t.len) as usize];
+        assert!(data.chunks(2).all(|c| c != [0, 0]));
+    }
+
+    #[test]
+    fn legacy_pickle_bin_is_opaque() {
+        let f = include_bytes!("../../tests/fixtures/format/legacy.bin");
+        let l =
+            crate::format::parse("pytorch_model.bin", &mut Cursor::new(f), f.len() as u64).unwrap();
+        assert_eq!(l, Layout::opaque(f.len() as u64));
+    }
+
+    /// The offset of the central directory and of the end record.
+    fn ends(f: &[u8]) -> (usize, usize) {
+        let eocd = f.len() - 22;
+        assert_eq!(&f[eocd..eocd + 4], b"PK\x05\x06");
+        (
+            u32::from_le_bytes(f[eocd + 16..eocd + 20].try_into().unwrap()) as usize,
+            eocd,
+        )
+    }
+
+    #[test]
+    fn damaged_end_record_is_corrupt() {
+        let (_, eocd) = ends(SMALL);
+        let mut f = SMALL.to_vec();
+        f[eocd] = b'X';
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+        let mut f = SMALL.to_vec();
+        f[eocd + 12] ^= 1; // central directory size
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+        let mut f = SMALL.to_vec();
+        f[eocd - 20] = b'X'; // zip64 locator gone: bytes between directory and EOCD
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn damaged_central_directory_is_corrupt() {
+        let (cd, _) = ends(SMALL);
+        for (at, flip) in [
+            (0, 0x01),
+            (20, 0x01),
+            (24, 0x40),
+            (28, 0x01),
+            (42, 0x80),
+            (46, 0x02),
+        ] {
+            let mut f = SMALL.to_vec();
+            f[cd + at] ^= flip;
+            assert!(
+                matches!(parse(&f), Err(FormatError::Corrupt { .. })),
+                "byte {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn damaged_local_header_is_corrupt() {
+        let mut f = SMALL.to_vec();
+        let at = SMALL.windows(4).rposition(|w| w == b"PK\x03\x04").unwrap();
+        f[at + 35] ^= 0x20; // a byte of the name
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn truncated_zip_is_an_error() {
+        for cut in [
+            SMALL.len() - 1,
+            SMALL.len() - 30,
+            SMALL.len() / 2,
+            100,
+            10,
+            0,
+        ] {
+            assert!(parse(&SMALL[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    /// Replaces `from` by `to` (same length) in a STORED data.pkl.
+    fn patch(from: &[u8], to: &[u8]) -> Vec<u8> {
+        let mut f = SMALL.to_vec();
+        let at = f.windows(from.len()).position(|w| w == from).unwrap();
+        f[at..at + to.len()].copy_from_slice(to);
+        f
+    }
+
+    #[test]
+    fn unknown_pickle_opcode_is_reported() {
+        // The BINUNICODE of the first key becomes protocol-0 `I`.
+        let f = patch(b"X\x0c\x00\x00\x00layer.weight", b"I");
+        assert!(matches!(
+            parse(&f),
+            Err(FormatError::UnsupportedPickle { opcode: b'I', .. })
+        ));
+    }
+
+    #[test]
+    fn storage_without_reference_or_entry_is_corrupt() {
+        // Persistent id key '1' renamed to '9': entry data/1 is unreferenced.
+        let f = patch(b"X\x01\x00\x00\x001q", b"X\x01\x00\x00\x009q");
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+        // Entry data/1 renamed (in both headers) to data/9.
+        let mut f = SMALL.to_vec();
+        for _ in 0..2 {
+            let at = f.windows(12).position(|w| w == b"small/data/1").unwrap();
+            f[at + 11] = b'9';
+        }
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn storage_size_mismatch_is_corrupt() {
+        // HalfStorage numel 3 -> 4
+        let from = b"torch\nHalfStorage\nq\x10X\x01\x00\x00\x001q\x11h\x07K\x03";
+        let mut to = *from;
+        to[to.len() - 1] = 4;
+        let f = patch(from, &to);
+        assert!(matches!(parse(&f), Err(FormatError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn non_torch_zip_is_opaque() {
+        // A zip with one STORED entry `hello.txt` (Python zipfile).
+        let f = b"PK\x03\x04\x14\x00\x00\x00\x00\x00\x00\x00!\x00\x86\xa6\x106\x05\x00\x00\x00\x05\x00\x00\x00\t\x00\x00\x00hello.txthelloPK\x01\x02\x14\x03\x14\x00\x00\x00\x00\x00\x00\x00!\x00\x86\xa6\x106\x05\x00\x00\x00\x05\x00\x00\x00\t\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\x01\x00\x00\x00\x00hello.txtPK\x05\x06\x00\x00\x00\x00\x01\x00\x01\x007\x00\x00\x00,\x00\x00\x00\x00\x00";
+        let l = parse(f).unwrap();
+        assert_eq!(l, Layout::opaque(f.len() as u64));
+        assert!(matches!(l.segments[0], Segment::Opaque { .. }));
+    }
+}

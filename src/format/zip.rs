@@ -1,0 +1,404 @@
+//! A minimal zip reader: end of central directory (with zip64), central
+//! directory entries, local headers. It locates entries' data; it does not
+//! inflate or check CRCs (the repository hashes every byte anyway).
+//!
+//! The central directory is trusted only after it has been cross-checked
+//! against every local header (signature, name, method, and sizes when the
+//! local header carries them), so a damaged directory is an error rather than
+//! a layout with wrong tensor boundaries.
+
+use std::io::{Read, Seek};
+
+use super::{read_at, FormatError};
+
+const LOCAL_SIG: u32 = 0x0403_4b50;
+const CENTRAL_SIG: u32 = 0x0201_4b50;
+const EOCD_SIG: u32 = 0x0605_4b50;
+const ZIP64_LOCATOR_SIG: u32 = 0x0706_4b50;
+const ZIP64_EOCD_SIG: u32 = 0x0606_4b50;
+const DESCRIPTOR_SIG: u32 = 0x0807_4b50;
+
+const EOCD_LEN: u64 = 22;
+const ZIP64_LOCATOR_LEN: u64 = 20;
+const ZIP64_EOCD_LEN: u64 = 56;
+const CENTRAL_LEN: usize = 46;
+const LOCAL_LEN: u64 = 30;
+/// The largest central directory held in memory (about two million entries).
+const MAX_CENTRAL_DIR: u64 = 256 << 20;
+
+/// Compression method of a STORED entry.
+pub const STORED: u16 = 0;
+
+/// One entry, after cross-checking its central and local headers.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub name: String,
+    pub method: u16,
+    /// General purpose flags (bit 0: encrypted).
+    pub flags: u16,
+    /// Offset of the local header.
+    pub header_offset: u64,
+    /// Offset of the first data byte (after the local header).
+    pub data_offset: u64,
+    pub compressed_size: u64,
+    pub size: u64,
+    pub crc: u32,
+}
+
+impl Entry {
+    /// True when the data bytes in the file are the entry's content.
+    pub fn is_plain(&self) -> bool {
+        self.method == STORED && self.flags & 1 == 0 && self.compressed_size == self.size
+    }
+}
+
+/// A parsed archive: its entries in central-directory order.
+#[derive(Debug)]
+pub struct Archive {
+    pub entries: Vec<Entry>,
+}
+
+/// True when the file starts with a local header or an empty archive's end
+/// record, i.e. it claims to be a zip.
+pub fn looks_like_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<bool, FormatError> {
+    if len < 4 {
+        return Ok(false);
+    }
+    let sig = le32(&read_at(r, len, 0, 4, 4, "zip signature")?, 0);
+    Ok(sig == LOCAL_SIG || sig == EOCD_SIG)
+}
+
+fn le16(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Where the central directory is, from the end records.
+struct End {
+    entries: u64,
+    cd_size: u64,
+    cd_offset: u64,
+    /// First byte of the end records (zip64 record if any, else EOCD).
+    records_start: u64,
+}
+
+fn find_end<R: Read + Seek>(r: &mut R, len: u64) -> Result<End, FormatError> {
+    if len < EOCD_LEN {
+        return Err(FormatError::Truncated {
+            what: "zip end of central directory",
+            need: EOCD_LEN,
+            have: len,
+        });
+    }
+    let tail_len = len.min(EOCD_LEN + u64::from(u16::MAX));
+    let tail_start = len - tail_len;
+    let tail = read_at(r, len, tail_start, tail_len, tail_len, "zip tail")?;
+    // The last signature whose comment length reaches exactly the file end.
+    let eocd_at = (0..=tail.len() - EOCD_LEN as usize)
+        .rev()
+        .find(|&i| {
+            le32(&tail, i) == EOCD_SIG
+                && i + EOCD_LEN as usize + le16(&tail, i + 20) as usize == tail.len()
+        })
+        .ok_or_else(|| FormatError::corrupt(len, "no zip end of central directory record"))?;
+    let e = &tail[eocd_at..];
+    let eocd_pos = tail_start + eocd_at as u64;
+    if le16(e, 4) != 0 || le16(e, 6) != 0 {
+        return Err(FormatError::corrupt(
+            eocd_pos,
+            "multi-disk zip archives are not supported",
+        ));
+    }
+    let mut end = End {
+        entries: u64::from(le16(e, 10)),
+        cd_size: u64::from(le32(e, 12)),
+        cd_offset: u64::from(le32(e, 16)),
+        records_start: eocd_pos,
+    };
+    if le16(e, 8) != le16(e, 10) {
+        return Err(FormatError::corrupt(eocd_pos, "entry counts disagree"));
+    }
+    // torch always writes zip64 records; other writers only when a field
+    // overflows. Use the locator whenever it is there.
+    let has_locator = eocd_at >= ZIP64_LOCATOR_LEN as usize
+        && le32(&tail, eocd_at - ZIP64_LOCATOR_LEN as usize) == ZIP64_LOCATOR_SIG;
+    let overflow =
+        end.entries == 0xFFFF || end.cd_size == 0xFFFF_FFFF || end.cd_offset == 0xFFFF_FFFF;
+    if has_locator {
+        let loc_pos = eocd_pos - ZIP64_LOCATOR_LEN;
+        let loc = &tail[eocd_at - ZIP64_LOCATOR_LEN as usize..eocd_at];
+        let rec_pos = le64(loc, 8);
+        if rec_pos
+            .checked_add(ZIP64_EOCD_LEN)
+            .map_or(true, |e| e > loc_pos)
+        {
+            return Err(FormatError::corrupt(
+                loc_pos,
+                "zip64 locator points past itself",
+            ));
+        }
+        let rec = read_at(
+            r,
+            len,
+            rec_pos,
+            ZIP64_EOCD_LEN,
+            ZIP64_EOCD_LEN,
+            "zip64 end record",
+        )?;
+        if le32(&rec, 0) != ZIP64_EOCD_SIG {
+            return Err(FormatError::corrupt(
+                rec_pos,
+                "bad zip64 end record signature",
+            ));
+        }
+        let z = End {
+            entries: le64(&rec, 32),
+            cd_size: le64(&rec, 40),
+            cd_offset: le64(&rec, 48),
+            records_start: rec_pos,
+        };
+        if le64(&rec, 24) != z.entries {
+            return Err(FormatError::corrupt(rec_pos, "zip64 entry counts disagree"));
+        }
+        let agrees = |small: u64, big: u64, sentinel: u64| small == sentinel || small == big;
+        if !agrees(end.entries, z.entries, 0xFFFF)
+            || !agrees(end.cd_size, z.cd_size, 0xFFFF_FFFF)
+            || !agrees(end.cd_offset, z.cd_offset, 0xFFFF_FFFF)
+        {
+            return Err(FormatError::corrupt(
+                rec_pos,
+                "zip64 end record disagrees with the end record",
+            ));
+        }
+        end = z;
+    } else if overflow {
+        return Err(FormatError::corrupt(eocd_pos, "zip64 end record missing"));
+    }
+    if end.cd_offset.checked_add(end.cd_size) != Some(end.records_start) {
+        return Err(FormatError::corrupt(
+            end.records_start,
+            format!(
+                "central directory ({} bytes at {}) does not end where the end records start",
+                end.cd_size, end.cd_offset
+            ),
+        ));
+    }
+    Ok(end)
+}
+
+/// Reads the central directory and every local header.
+pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, FormatError> {
+    let end = find_end(r, len)?;
+    if end.entries > end.cd_size / CENTRAL_LEN as u64 {
+        return Err(FormatError::corrupt(
+            end.cd_offset,
+            format!(
+                "{} entries cannot fit in {} bytes",
+                end.entries, end.cd_size
+            ),
+        ));
+    }
+    let cd = read_at(
+        r,
+        len,
+        end.cd_offset,
+        end.cd_size,
+        MAX_CENTRAL_DIR,
+        "zip central directory",
+    )?;
+    let mut entries = Vec::with_capacity(end.entries as usize);
+    let mut pos = 0usize;
+    for _ in 0..end.entries {
+        let at = end.cd_offset + pos as u64;
+        let bad = |reason: &str| FormatError::corrupt(at, format!("central directory: {reason}"));
+        let h = cd
+            .get(pos..pos + CENTRAL_LEN)
+            .ok_or_else(|| bad("entry runs past its end"))?;
+        if le32(h, 0) != CENTRAL_SIG {
+            return Err(bad("bad entry signature"));
+        }
+        let (n, x, c) = (
+            le16(h, 28) as usize,
+            le16(h, 30) as usize,
+            le16(h, 32) as usize,
+        );
+        let var = cd
+            .get(pos + CENTRAL_LEN..pos + CENTRAL_LEN + n + x + c)
+            .ok_or_else(|| bad("entry runs past its end"))?;
+        let name_bytes = &var[..n];
+        let extra = &var[n..n + x];
+        let mut size = u64::from(le32(h, 24));
+        let mut csize = u64::from(le32(h, 20));
+        let mut header_offset = u64::from(le32(h, 42));
+        apply_zip64(extra, &mut size, &mut csize, Some(&mut header_offset)).map_err(&bad)?;
+        let name = String::from_utf8_lossy(name_bytes).into_owned();
+        let method = le16(h, 10);
+        if method == STORED && csize != size {
+            return Err(bad(
+                "STORED entry with different compressed and plain sizes",
+            ));
+        }
+        let entry = check_local(
+            r,
+            len,
+            end.cd_offset,
+            name_bytes,
+            Entry {
+                name,
+                method,
+                flags: le16(h, 8),
+                header_offset,
+                data_offset: 0,
+                compressed_size: csize,
+                size,
+                crc: le32(h, 16),
+            },
+        )?;
+        entries.push(entry);
+        pos += CENTRAL_LEN + n + x + c;
+    }
+    if pos as u64 != end.cd_size {
+        return Err(FormatError::corrupt(
+            end.cd_offset + pos as u64,
+            "central directory has bytes after its last entry",
+        ));
+    }
+    // Entries may not share bytes: a layout cannot cut one byte range twice.
+    let mut by_offset: Vec<&Entry> = entries.iter().collect();
+    by_offset.sort_by_key(|e| e.header_offset);
+    for w in by_offset.windows(2) {
+        if w[0].data_offset + w[0].compressed_size > w[1].header_offset {
+            return Err(FormatError::corrupt(
+                w[1].header_offset,
+                format!("zip entries {:?} and {:?} overlap", w[0].name, w[1].name),
+            ));
+        }
+    }
+    Ok(Archive { entries })
+}
+
+/// Replaces 0xFFFFFFFF fields by their values from a zip64 extra field
+/// (id 1; values in the order size, compressed size, header offset, present
+/// only for the fields that overflowed).
+fn apply_zip64(
+    mut extra: &[u8],
+    size: &mut u64,
+    csize: &mut u64,
+    header_offset: Option<&mut u64>,
+) -> Result<(), &'static str> {
+    let mut wanted: Vec<&mut u64> = Vec::with_capacity(3);
+    if *size == 0xFFFF_FFFF {
+        wanted.push(size);
+    }
+    if *csize == 0xFFFF_FFFF {
+        wanted.push(csize);
+    }
+    if let Some(o) = header_offset.filter(|o| **o == 0xFFFF_FFFF) {
+        wanted.push(o);
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    while extra.len() >= 4 {
+        let (id, n) = (le16(extra, 0), le16(extra, 2) as usize);
+        let body = extra.get(4..4 + n).ok_or("extra field runs past its end")?;
+        if id == 1 {
+            if body.len() < 8 * wanted.len() {
+                return Err("zip64 extra field too short");
+            }
+            for (i, w) in wanted.into_iter().enumerate() {
+                *w = le64(body, 8 * i);
+            }
+            return Ok(());
+        }
+        extra = &extra[4 + n..];
+    }
+    Err("zip64 extra field missing")
+}
+
+/// Reads the local header of `e`, checks it against the central directory
+/// and fills in the data offset.
+fn check_local<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+    cd_offset: u64,
+    cd_name: &[u8],
+    mut e: Entry,
+) -> Result<Entry, FormatError> {
+    let at = e.header_offset;
+    let bad =
+        |reason: &str| FormatError::corrupt(at, format!("local header of {:?}: {reason}", e.name));
+    if at.saturating_add(LOCAL_LEN) > cd_offset {
+        return Err(bad("lies inside the central directory"));
+    }
+    let h = read_at(r, len, at, LOCAL_LEN, LOCAL_LEN, "zip local header")?;
+    if le32(&h, 0) != LOCAL_SIG {
+        return Err(bad("bad signature"));
+    }
+    let (n, x) = (u64::from(le16(&h, 26)), u64::from(le16(&h, 28)));
+    let var = read_at(r, len, at + LOCAL_LEN, n + x, n + x, "zip local header")?;
+    if &var[..n as usize] != cd_name {
+        return Err(bad("name differs from the central directory"));
+    }
+    if le16(&h, 8) != e.method {
+        return Err(bad("compression method differs from the central directory"));
+    }
+    let mut size = u64::from(le32(&h, 22));
+    let mut csize = u64::from(le32(&h, 18));
+    // With a data descriptor (flag bit 3) the local CRC and sizes may be
+    // zero; the descriptor after the data carries them.
+    let has_descriptor = le16(&h, 6) & 0x8 != 0;
+    let deferred = has_descriptor && size == 0 && csize == 0;
+    if !deferred {
+        apply_zip64(&var[n as usize..], &mut size, &mut csize, None).map_err(&bad)?;
+        if size != e.size || csize != e.compressed_size {
+            return Err(bad("sizes differ from the central directory"));
+        }
+        if le32(&h, 14) != e.crc && !(has_descriptor && le32(&h, 14) == 0) {
+            return Err(bad("CRC differs from the central directory"));
+        }
+    }
+    e.data_offset = at + LOCAL_LEN + n + x;
+    let data_end = e
+        .data_offset
+        .checked_add(e.compressed_size)
+        .filter(|&end| end <= cd_offset);
+    let Some(data_end) = data_end else {
+        return Err(bad("data runs into the central directory"));
+    };
+    if has_descriptor {
+        let n = (cd_offset - data_end).min(24);
+        let d = read_at(r, len, data_end, n, 24, "zip data descriptor")?;
+        if !descriptor_matches(&d, &e) {
+            return Err(FormatError::corrupt(
+                data_end,
+                format!(
+                    "data descriptor of {:?} differs from the central directory",
+                    e.name
+                ),
+            ));
+        }
+    }
+    Ok(e)
+}
+
+/// A data descriptor: optional signature, CRC, then compressed and plain
+/// sizes (4 bytes each, or 8 in zip64 archives).
+fn descriptor_matches(mut d: &[u8], e: &Entry) -> bool {
+    if d.len() >= 4 && le32(d, 0) == DESCRIPTOR_SIG {
+        d = &d[4..];
+    }
+    if d.len() < 12 || le32(d, 0) != e.crc {
+        return false;
+    }
+    let small = u64::from(le32(d, 4)) == e.compressed_size && u64::from(le32(d, 8)) == e.size;
+    let big = d.len() >= 20 && le64(d, 4) == e.compressed_size && le64(d, 12) == e.size;
+    small || big
+}
