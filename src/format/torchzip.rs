@@ -106,10 +106,19 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
     let names = Namer::new(&tree).name_all(&storages);
     let mut tensors = Vec::with_capacity(storages.len());
     for (key, s) in &storages {
-        let (Some(e), Some(dtype)) = (entries.get(key.as_str()), s.dtype) else {
+        let (Some(e), Some(n)) = (entries.get(key.as_str()), names.get(key.as_str())) else {
+            continue;
+        };
+        let Some(dtype) = n.dtype else {
             continue; // no dtype: the entry stays opaque
         };
-        if s.numel.checked_mul(dtype.width() as u64) != Some(e.size) {
+        // An untyped storage counts bytes; typed ones count elements.
+        let bytes = if s.untyped {
+            Some(s.numel)
+        } else {
+            s.numel.checked_mul(dtype.width() as u64)
+        };
+        if bytes != Some(e.size) {
             return Err(FormatError::corrupt(
                 e.header_offset,
                 format!(
@@ -121,14 +130,10 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
         if !e.is_plain() {
             continue;
         }
-        let (name, shape) = names
-            .get(key.as_str())
-            .cloned()
-            .unwrap_or_else(|| (format!("data/{key}"), None));
         tensors.push(TensorInfo {
-            name,
+            name: n.name.clone(),
             dtype,
-            shape: shape.unwrap_or_else(|| vec![s.numel]),
+            shape: n.shape.clone().unwrap_or_else(|| vec![n.elements]),
             offset: e.data_offset,
             len: e.size,
         });
@@ -141,8 +146,9 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
 struct Storage {
     /// `None` for a storage class ckvc has no dtype for (complex, ...).
     dtype: Option<DType>,
-    /// `torch.UntypedStorage`: kept as bytes (`U8`, `numel` counts bytes),
-    /// so the shape of a tensor built on it never describes it.
+    /// `torch.UntypedStorage`: `numel` counts bytes and the dtype comes
+    /// from the `_rebuild_tensor_v3` calls built on it (bytes if they
+    /// disagree or there are none).
     untyped: bool,
     numel: u64,
 }
@@ -181,10 +187,9 @@ fn storages(tree: &Pickle, base: u64) -> Result<BTreeMap<String, Storage>, Forma
             _ => return Err(bad(format!("storage {key:?} has no valid element count"))),
         };
         let untyped = class == "UntypedStorage";
-        let dtype = if module == "torch" {
-            storage_dtype(class)
-        } else {
-            None
+        let dtype = match module {
+            "torch" | "torch.storage" => storage_dtype(class),
+            _ => None,
         };
         let s = Storage {
             dtype,
@@ -227,12 +232,36 @@ fn storage_dtype(class: &str) -> Option<DType> {
     })
 }
 
+/// A `torch.<dtype>` global, as `_rebuild_tensor_v3` names it.
+fn torch_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "float32" | "float" => DType::F32,
+        "float64" | "double" => DType::F64,
+        "float16" | "half" => DType::F16,
+        "bfloat16" => DType::BF16,
+        "int64" | "long" => DType::I64,
+        "int32" | "int" => DType::I32,
+        "int16" | "short" => DType::I16,
+        "int8" => DType::I8,
+        "uint8" => DType::U8,
+        "bool" => DType::Bool,
+        "uint16" => DType::U16,
+        "uint32" => DType::U32,
+        "uint64" => DType::U64,
+        "float8_e4m3fn" => DType::F8E4M3,
+        "float8_e5m2" => DType::F8E5M2,
+        _ => return None,
+    })
+}
+
 /// A tensor found in the tree: where it sits and how it views its storage.
 #[derive(Debug)]
 struct TensorRef {
     path: String,
     key: String,
     view: View,
+    /// The dtype argument of `_rebuild_tensor_v3`.
+    dtype: Option<DType>,
 }
 
 /// `storage_offset`, `size` and `stride` of a rebuilt tensor, when readable.
@@ -252,7 +281,18 @@ struct Namer<'a> {
     refs: Vec<TensorRef>,
 }
 
-type Names = HashMap<String, (String, Option<Vec<u64>>)>;
+/// What the walk decided for one storage.
+#[derive(Debug)]
+struct Naming {
+    name: String,
+    dtype: Option<DType>,
+    /// Elements of `dtype` in the storage.
+    elements: u64,
+    /// The shape of the one tensor covering the storage, if there is one.
+    shape: Option<Vec<u64>>,
+}
+
+type Names = HashMap<String, Naming>;
 
 impl<'a> Namer<'a> {
     fn new(tree: &'a Pickle) -> Self {
@@ -264,10 +304,10 @@ impl<'a> Namer<'a> {
         }
     }
 
-    /// Name and shape of every storage: the path of the first tensor built
-    /// on it (`data/<key>` when there is none or it is the root), made
+    /// Name, dtype and shape of every storage: the path of the first tensor
+    /// built on it (`data/<key>` when there is none or it is the root), made
     /// unique with `#<key>`; the tensor's shape if that tensor alone covers
-    /// the storage contiguously, else `None` (the caller uses `[numel]`).
+    /// the storage contiguously, else `None` (the caller uses `[elements]`).
     fn name_all(mut self, storages: &BTreeMap<String, Storage>) -> Names {
         self.walk(self.tree.root, 0);
         let mut by_key: HashMap<&str, Vec<&TensorRef>> = HashMap::new();
@@ -291,19 +331,44 @@ impl<'a> Namer<'a> {
         let mut names = Names::new();
         for key in order {
             let refs = by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
+            let Some(storage) = storages.get(key) else {
+                continue;
+            };
             let mut name = match refs.first() {
                 Some(r) if !r.path.is_empty() => r.path.clone(),
                 _ => format!("data/{key}"),
             };
-            if used.contains(&name) {
+            while used.contains(&name) {
                 name = format!("{name}#{key}");
             }
             used.insert(name.clone());
+            let (dtype, elements) = if storage.untyped {
+                let dtype = match refs.first().and_then(|r| r.dtype) {
+                    Some(d)
+                        if refs.iter().all(|r| r.dtype == Some(d))
+                            && storage.numel % d.width() as u64 == 0 =>
+                    {
+                        d
+                    }
+                    _ => DType::U8,
+                };
+                (Some(dtype), storage.numel / dtype.width() as u64)
+            } else {
+                (storage.dtype, storage.numel)
+            };
             let shape = match refs {
-                [only] => storages.get(key).and_then(|s| covering_shape(only, s)),
+                [only] => covering_shape(only, elements),
                 _ => None,
             };
-            names.insert(key.to_string(), (name, shape));
+            names.insert(
+                key.to_string(),
+                Naming {
+                    name,
+                    dtype,
+                    elements,
+                    shape,
+                },
+            );
         }
         names
     }
@@ -326,7 +391,7 @@ impl<'a> Namer<'a> {
             Some(Node::Persistent(pid)) => {
                 // A storage saved as itself (torch.save(storage)).
                 if let Some(key) = self.pid_key(*pid) {
-                    self.push_ref(key, View::default());
+                    self.push_ref(key, View::default(), None);
                 }
             }
             Some(Node::Object(o)) => self.walk_object(o, depth),
@@ -413,14 +478,21 @@ impl<'a> Namer<'a> {
             size: dims(2),
             stride: dims(3),
         };
-        self.push_ref(key, view);
+        // _rebuild_tensor_v3(storage, offset, size, stride, requires_grad,
+        // backward_hooks, dtype, ...) on an untyped storage.
+        let dtype = match args.get(6).and_then(|d| tree.global(*d)) {
+            Some(("torch", name)) => torch_dtype(name),
+            _ => None,
+        };
+        self.push_ref(key, view, dtype);
     }
 
-    fn push_ref(&mut self, key: String, view: View) {
+    fn push_ref(&mut self, key: String, view: View, dtype: Option<DType>) {
         self.refs.push(TensorRef {
             path: self.path.join("."),
             key,
             view,
+            dtype,
         });
     }
 
@@ -452,9 +524,10 @@ impl<'a> Namer<'a> {
     }
 }
 
-/// The tensor's shape when it is the whole storage in C order.
-fn covering_shape(r: &TensorRef, s: &Storage) -> Option<Vec<u64>> {
-    if s.untyped || r.view.offset != Some(0) {
+/// The tensor's shape when it is the whole storage (of `elements`) in C
+/// order.
+fn covering_shape(r: &TensorRef, elements: u64) -> Option<Vec<u64>> {
+    if r.view.offset != Some(0) {
         return None;
     }
     let (size, stride) = (r.view.size.as_ref()?, r.view.stride.as_ref()?);
@@ -468,7 +541,7 @@ fn covering_shape(r: &TensorRef, s: &Storage) -> Option<Vec<u64>> {
         }
         expect = expect.checked_mul(d)?;
     }
-    (expect == s.numel).then(|| size.clone())
+    (expect == elements).then(|| size.clone())
 }
 
 #[cfg(test)]
@@ -502,14 +575,17 @@ mod tests {
             [
                 "brain",
                 "empty",
+                "f8",
                 "half",
                 "ids",
                 "layer.weight",
                 "mask",
                 "nested.0",
                 "nested.1.deep",
+                "param",
                 "scalar",
                 "transposed",
+                "u16",
                 "view"
             ]
         );
@@ -527,6 +603,11 @@ mod tests {
         check("nested.0", DType::I32, &[2]);
         check("nested.1.deep", DType::F64, &[1, 2]);
         check("empty", DType::F32, &[0]);
+        check("param", DType::F32, &[2, 2]);
+        check("u16", DType::U16, &[2]);
+        check("f8", DType::F8E4M3, &[3]);
+        // complex64 has no DType: its storage stays opaque.
+        assert_eq!(l.tensors().count(), 14);
         // A view saves its whole storage; a transposed tensor is not C order.
         check("view", DType::F32, &[12]);
         check("transposed", DType::I16, &[6]);
