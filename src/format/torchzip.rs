@@ -23,6 +23,11 @@ pub const MAX_PICKLE: u64 = 32 << 20;
 /// fallback name.
 const MAX_NAME_DEPTH: usize = 64;
 
+/// The longest storage name (and dict key used in one) taken from the
+/// pickle; longer ones fall back to `data/<key>` (or `?` for a key), which
+/// keeps naming linear in the size of the pickle.
+const MAX_NAME_LEN: usize = 1024;
+
 /// Parses a `torch.save` zip archive.
 ///
 /// A sound zip that is not a torch archive (no `<archive>/data.pkl`) is one
@@ -262,6 +267,10 @@ struct TensorRef {
     view: View,
     /// The dtype argument of `_rebuild_tensor_v3`.
     dtype: Option<DType>,
+    /// How many tensors use this storage (only the first is kept).
+    count: usize,
+    /// Whether all of them gave the same `dtype`.
+    dtype_agrees: bool,
 }
 
 /// `storage_offset`, `size` and `stride` of a rebuilt tensor, when readable.
@@ -278,7 +287,9 @@ struct Namer<'a> {
     tree: &'a Pickle,
     visited: HashSet<u32>,
     path: Vec<String>,
+    /// The first tensor found on each storage, in walk order.
     refs: Vec<TensorRef>,
+    ref_index: HashMap<String, usize>,
 }
 
 /// What the walk decided for one storage.
@@ -301,6 +312,7 @@ impl<'a> Namer<'a> {
             visited: HashSet::new(),
             path: Vec::new(),
             refs: Vec::new(),
+            ref_index: HashMap::new(),
         }
     }
 
@@ -310,31 +322,25 @@ impl<'a> Namer<'a> {
     /// the storage contiguously, else `None` (the caller uses `[elements]`).
     fn name_all(mut self, storages: &BTreeMap<String, Storage>) -> Names {
         self.walk(self.tree.root, 0);
-        let mut by_key: HashMap<&str, Vec<&TensorRef>> = HashMap::new();
-        let mut order: Vec<&str> = Vec::new();
-        for r in &self.refs {
-            if storages.contains_key(&r.key) {
-                let v = by_key.entry(&r.key).or_default();
-                if v.is_empty() {
-                    order.push(&r.key);
-                }
-                v.push(r);
-            }
-        }
+        let mut order: Vec<(&str, Option<&TensorRef>)> = self
+            .refs
+            .iter()
+            .filter(|r| storages.contains_key(&r.key))
+            .map(|r| (r.key.as_str(), Some(r)))
+            .collect();
         order.extend(
             storages
                 .keys()
-                .map(String::as_str)
-                .filter(|k| !by_key.contains_key(k)),
+                .filter(|k| !self.ref_index.contains_key(*k))
+                .map(|k| (k.as_str(), None)),
         );
         let mut used = HashSet::new();
         let mut names = Names::new();
-        for key in order {
-            let refs = by_key.get(key).map(Vec::as_slice).unwrap_or(&[]);
+        for (key, first) in order {
             let Some(storage) = storages.get(key) else {
                 continue;
             };
-            let mut name = match refs.first() {
+            let mut name = match first {
                 Some(r) if !r.path.is_empty() => r.path.clone(),
                 _ => format!("data/{key}"),
             };
@@ -343,21 +349,16 @@ impl<'a> Namer<'a> {
             }
             used.insert(name.clone());
             let (dtype, elements) = if storage.untyped {
-                let dtype = match refs.first().and_then(|r| r.dtype) {
-                    Some(d)
-                        if refs.iter().all(|r| r.dtype == Some(d))
-                            && storage.numel % d.width() as u64 == 0 =>
-                    {
-                        d
-                    }
+                let dtype = match first.filter(|r| r.dtype_agrees).and_then(|r| r.dtype) {
+                    Some(d) if storage.numel % d.width() as u64 == 0 => d,
                     _ => DType::U8,
                 };
                 (Some(dtype), storage.numel / dtype.width() as u64)
             } else {
                 (storage.dtype, storage.numel)
             };
-            let shape = match refs {
-                [only] => covering_shape(only, elements),
+            let shape = match first {
+                Some(only) if only.count == 1 => covering_shape(only, elements),
                 _ => None,
             };
             names.insert(
@@ -401,7 +402,7 @@ impl<'a> Namer<'a> {
 
     fn walk_items(&mut self, items: &[(Value, Value)], depth: usize) {
         for (k, item) in items {
-            self.path.push(self.key_name(*k));
+            self.path.push(self.key_name(*k, true));
             self.walk(*item, depth + 1);
             self.path.pop();
         }
@@ -488,11 +489,23 @@ impl<'a> Namer<'a> {
     }
 
     fn push_ref(&mut self, key: String, view: View, dtype: Option<DType>) {
+        if let Some(r) = self.ref_index.get(&key).and_then(|&i| self.refs.get_mut(i)) {
+            r.count += 1;
+            r.dtype_agrees &= r.dtype == dtype;
+            return;
+        }
+        let mut path = self.path.join(".");
+        if path.len() > MAX_NAME_LEN {
+            path.clear(); // falls back to data/<key>
+        }
+        self.ref_index.insert(key.clone(), self.refs.len());
         self.refs.push(TensorRef {
-            path: self.path.join("."),
+            path,
             key,
             view,
             dtype,
+            count: 1,
+            dtype_agrees: true,
         });
     }
 
@@ -505,17 +518,22 @@ impl<'a> Namer<'a> {
     }
 
     /// A dict key as a path component.
-    fn key_name(&self, k: Value) -> String {
+    ///
+    /// A tuple key is spelled out only when it is short and flat: keys can be
+    /// shared and self-referential, and a path must stay cheap to build.
+    fn key_name(&self, k: Value, outer: bool) -> String {
+        const MAX_TUPLE_KEY: usize = 8;
         match k {
             Value::None => "None".into(),
             Value::Bool(b) => if b { "True" } else { "False" }.into(),
             Value::Int(i) => i.to_string(),
             Value::Float(f) => f.to_string(),
             Value::Ref(_) => match (self.tree.str(k), self.tree.items(k)) {
-                (Some(s), _) => s.to_string(),
-                (None, Some(items)) => items
+                (Some(s), _) if s.len() <= MAX_NAME_LEN => s.to_string(),
+                (Some(_), _) => "?".into(),
+                (None, Some(items)) if outer && items.len() <= MAX_TUPLE_KEY => items
                     .iter()
-                    .map(|i| self.key_name(*i))
+                    .map(|i| self.key_name(*i, false))
                     .collect::<Vec<_>>()
                     .join(","),
                 _ => "?".into(),
@@ -615,6 +633,51 @@ mod tests {
         let t = tensor(&l, "half");
         let data = &SMALL[t.offset as usize..(t.offset + t.len) as usize];
         assert!(data.chunks(2).all(|c| c != [0, 0]));
+    }
+
+    #[test]
+    fn naming_handles_odd_keys_depth_cycles_and_collisions() {
+        // tests/fixtures/format/names.pkl: a protocol-2 pickle of
+        // {(1,'a'): t0, 'x'*2000: t1, 'deep': [[...[t2]...]] (100 levels),
+        //  'self': l (l = [l]), ((1,2),3): t3, 'again': t3' (a second view of
+        //  storage 3), 'data/2': t5}
+        let p = include_bytes!("../../tests/fixtures/format/names.pkl");
+        let tree = pickle::read(p, 0).unwrap();
+        let storages = storages(&tree, 0).unwrap();
+        assert_eq!(storages.len(), 5);
+        let names = Namer::new(&tree).name_all(&storages);
+        let name = |k: &str| names[k].name.as_str();
+        assert_eq!(name("0"), "1,a");
+        assert_eq!(name("1"), "?"); // key longer than MAX_NAME_LEN
+        assert_eq!(name("3"), "?,3"); // nested tuple keys are not spelled out
+        assert_eq!(names["3"].shape, None); // two tensors share it
+        assert_eq!(names["0"].shape, Some(vec![2]));
+        assert_eq!(name("5"), "data/2");
+        assert_eq!(name("2"), "data/2#2"); // beyond MAX_NAME_DEPTH, then deduplicated
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        /// Reading and naming any mutation of a real pickle never panics.
+        #[test]
+        fn mutated_pickles_never_panic(
+            flips in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), 1u8..=255), 1..4),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let mut p = include_bytes!("../../tests/fixtures/format/names.pkl").to_vec();
+            for (at, mask) in flips {
+                let i = at.index(p.len());
+                p[i] ^= mask;
+            }
+            p.truncate(cut.index(p.len() + 1));
+            if let Ok(tree) = pickle::read(&p, 0) {
+                if let Ok(storages) = storages(&tree, 0) {
+                    let names = Namer::new(&tree).name_all(&storages);
+                    proptest::prop_assert_eq!(names.len(), storages.len());
+                }
+            }
+        }
     }
 
     #[test]
