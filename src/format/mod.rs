@@ -145,6 +145,26 @@ impl FormatError {
 /// starts like a zip archive. Everything else is one opaque segment.
 ///
 /// `len` is the file's length; `r` is positioned anywhere.
+///
+/// ```
+/// use std::io::Cursor;
+/// use ckvc::format::{parse, DType, FileKind, Segment};
+///
+/// // A safetensors file with one 2x2 bf16 tensor.
+/// let header = br#"{"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}"#;
+/// let mut file = (header.len() as u64).to_le_bytes().to_vec();
+/// file.extend_from_slice(header);
+/// file.extend_from_slice(&[0x80, 0x3f, 0, 0x40, 0x40, 0x40, 0x80, 0x40]);
+///
+/// let layout = parse("model.safetensors", &mut Cursor::new(&file), file.len() as u64).unwrap();
+/// layout.validate().unwrap();
+/// assert_eq!(layout.kind, FileKind::Safetensors);
+/// let t = layout.tensors().next().unwrap();
+/// assert_eq!((t.name.as_str(), t.dtype, t.shape.as_slice()), ("w", DType::BF16, &[2, 2][..]));
+/// // The header is one opaque segment, the tensor covers the rest.
+/// assert_eq!(layout.segments[0], Segment::Opaque { offset: 0, len: 8 + header.len() as u64 });
+/// assert_eq!((t.offset, t.len), (8 + header.len() as u64, 8));
+/// ```
 pub fn parse<R: Read + Seek>(file_name: &str, r: &mut R, len: u64) -> Result<Layout, FormatError> {
     let lower = file_name.to_ascii_lowercase();
     let ext = lower.rsplit_once('.').map(|(_, e)| e).unwrap_or("");

@@ -266,6 +266,7 @@ fn samples() -> &'static [(&'static str, Vec<u8>)] {
         let mut v = vec![
             ("small.pt", include_bytes!("../../tests/fixtures/format/small.pt").to_vec()),
             ("legacy.bin", include_bytes!("../../tests/fixtures/format/legacy.bin").to_vec()),
+            ("rezipped.pt", include_bytes!("../../tests/fixtures/format/rezipped.pt").to_vec()),
             (
                 "x.safetensors",
                 safetensors_file(r#"{"__metadata__":{"a":"b"},"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#, 12),
