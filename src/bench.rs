@@ -1,1 +1,470 @@
-//! bench placeholder
+//! Side-by-side measurements of the chunk codec on a real training run.
+//!
+//! Owns `ckvc debug codec-bench`: it walks the checkpoint directories of one
+//! run in step order, reads every tensor through [`crate::format`], and
+//! measures on the very same bytes the ckvc codec, plain LMC (the same
+//! code with rotation, rANS and the delta search switched off), zstd -3 and
+//! -19 on byte-grouped bytes, and the order-0 entropy of the byte-grouped
+//! streams per 64 KiB block. The library only returns rows; printing is the
+//! CLI's business.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{self, layout, DType, Options, Scratch};
+use crate::format;
+
+/// One line of the benchmark table (also the `--json` schema).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// "FULL" (each checkpoint alone) or "DELTA" (against the previous one).
+    pub mode: String,
+    pub dtype: String,
+    /// "weights", "optimizer" or "all".
+    pub group: String,
+    /// "ckvc", "lmc", "zstd-3", "zstd-19", "entropy" (or a peer's name).
+    pub codec: String,
+    pub threads: usize,
+    pub bytes_in: u64,
+    /// Compressed size / original size.
+    pub ratio: f64,
+    pub compress_mib_s: Option<f64>,
+    pub decompress_mib_s: Option<f64>,
+}
+
+/// Benchmark knobs.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Threads for the all-cores ckvc row (0 = all available).
+    pub threads: usize,
+    /// Timed passes per measurement; the fastest counts (noise only slows).
+    pub repeat: usize,
+    /// Chunk size the tensors are cut into, as the repository does.
+    pub chunk_bytes: usize,
+    /// Also run zstd -19 (slow: minutes on a large run).
+    pub zstd19: bool,
+    /// Tensors with fewer elements are skipped (0-d optimizer step counters).
+    pub min_elements: u64,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            threads: 0,
+            repeat: 3,
+            chunk_bytes: 4 << 20,
+            zstd19: true,
+            min_elements: 16,
+        }
+    }
+}
+
+/// Why the benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    #[error("reading {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {source}")]
+    Format {
+        path: PathBuf,
+        source: format::FormatError,
+    },
+    #[error("{path}: no checkpoint directories with tensors found")]
+    Empty { path: PathBuf },
+    #[error("round trip failed for {tensor}: the codec returned different bytes")]
+    Mismatch { tensor: String },
+}
+
+/// One tensor of one checkpoint.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// `file/name`, the key that matches it across checkpoints.
+    pub key: String,
+    pub dtype: DType,
+    pub group: &'static str,
+    pub data: Vec<u8>,
+}
+
+/// A checkpoint directory of the run with its tensors.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub step: u64,
+    pub tensors: Vec<Tensor>,
+}
+
+/// The step number in a checkpoint directory name (`step-500`,
+/// `checkpoint-500`, `iter_0000500`): the trailing digits.
+pub fn step_of_dir_name(name: &str) -> Option<u64> {
+    let digits: String = name
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().ok()
+}
+
+/// Load the checkpoints of a run directory in step order. Files that are
+/// not tensor formats are skipped; a corrupt tensor file is an error.
+pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, BenchError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BenchError::Io { path, source }
+    };
+    let mut dirs = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io(dir))? {
+        let e = e.map_err(io(dir))?;
+        if e.file_type().map_err(io(&e.path()))?.is_dir() {
+            if let Some(step) = step_of_dir_name(&e.file_name().to_string_lossy()) {
+                dirs.push((step, e.path()));
+            }
+        }
+    }
+    dirs.sort();
+    let mut out = Vec::new();
+    for (step, d) in dirs {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&d)
+            .map_err(io(&d))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        let mut tensors = Vec::new();
+        for f in files {
+            let name = f
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let bytes = std::fs::read(&f).map_err(io(&f))?;
+            let layout =
+                format::parse(&name, &mut std::io::Cursor::new(&bytes), bytes.len() as u64)
+                    .map_err(|source| BenchError::Format {
+                        path: f.clone(),
+                        source,
+                    })?;
+            let group = if name.contains("optim") {
+                "optimizer"
+            } else {
+                "weights"
+            };
+            for t in layout.tensors() {
+                if t.len / t.dtype.width() as u64 >= opts.min_elements.max(1) {
+                    let (a, b) = (t.offset as usize, (t.offset + t.len) as usize);
+                    tensors.push(Tensor {
+                        key: format!("{name}/{}", t.name),
+                        dtype: t.dtype,
+                        group,
+                        data: bytes[a..b].to_vec(),
+                    });
+                }
+            }
+        }
+        if !tensors.is_empty() {
+            out.push(Checkpoint {
+                dir: d,
+                step,
+                tensors,
+            });
+        }
+    }
+    if out.is_empty() {
+        return Err(BenchError::Empty {
+            path: dir.to_path_buf(),
+        });
+    }
+    Ok(out)
+}
+
+/// One unit of work: a chunk and, in DELTA mode, its base.
+struct Job<'a> {
+    key: &'a str,
+    dtype: DType,
+    raw: &'a [u8],
+    base: Option<&'a [u8]>,
+}
+
+/// Run the whole benchmark on a run directory.
+pub fn codec_bench(dir: &Path, opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
+    let run = load_run(dir, opts)?;
+    bench_checkpoints(&run, opts)
+}
+
+/// The benchmark on checkpoints already in memory.
+pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        opts.threads
+    };
+    let mut rows = Vec::new();
+    for mode in ["FULL", "DELTA"] {
+        let mut jobs: Vec<Job> = Vec::new();
+        for (i, ck) in run.iter().enumerate() {
+            for t in &ck.tensors {
+                let base = if mode == "FULL" {
+                    None
+                } else {
+                    let Some(prev) = i.checked_sub(1).map(|p| &run[p]) else {
+                        continue;
+                    };
+                    match prev.tensors.iter().find(|p| {
+                        p.key == t.key && p.dtype == t.dtype && p.data.len() == t.data.len()
+                    }) {
+                        Some(p) => Some(p.data.as_slice()),
+                        None => continue,
+                    }
+                };
+                let cb = opts.chunk_bytes / t.dtype.width() * t.dtype.width();
+                for (c, raw) in t.data.chunks(cb.max(t.dtype.width())).enumerate() {
+                    jobs.push(Job {
+                        key: &t.key,
+                        dtype: t.dtype,
+                        raw,
+                        base: base.map(|b| &b[c * cb..c * cb + raw.len()]),
+                    });
+                }
+            }
+        }
+        let mut groups: Vec<(DType, &'static str)> = Vec::new();
+        for ck in run {
+            for t in &ck.tensors {
+                for g in [t.group, "all"] {
+                    if !groups.contains(&(t.dtype, g)) {
+                        groups.push((t.dtype, g));
+                    }
+                }
+            }
+        }
+        groups.sort_by_key(|&(d, g)| (d, g == "all", g));
+        for (dtype, group) in groups {
+            let sel: Vec<&Job> = jobs
+                .iter()
+                .filter(|j| {
+                    j.dtype == dtype
+                        && (group == "all"
+                            || run.iter().any(|ck| {
+                                ck.tensors
+                                    .iter()
+                                    .any(|t| t.key == j.key && t.group == group)
+                            }))
+                })
+                .collect();
+            if sel.is_empty() {
+                continue;
+            }
+            // "all" equal to the only group adds nothing.
+            let distinct_groups = run
+                .iter()
+                .flat_map(|ck| ck.tensors.iter())
+                .filter(|t| t.dtype == dtype)
+                .map(|t| t.group)
+                .collect::<std::collections::BTreeSet<_>>();
+            if group == "all" && distinct_groups.len() < 2 {
+                continue;
+            }
+            let mk = |codec: &str,
+                      threads: usize,
+                      bytes_in: u64,
+                      out: u64,
+                      c: Option<f64>,
+                      d: Option<f64>| Row {
+                mode: mode.to_string(),
+                dtype: dtype.short_name().to_string(),
+                group: group.to_string(),
+                codec: codec.to_string(),
+                threads,
+                bytes_in,
+                ratio: out as f64 / bytes_in.max(1) as f64,
+                compress_mib_s: c,
+                decompress_mib_s: d,
+            };
+            let bytes_in: u64 = sel.iter().map(|j| j.raw.len() as u64).sum();
+            for (name, o) in [("ckvc", Options::default()), ("lmc", Options::lmc())] {
+                let (out, c, d) = time_codec(&sel, &o, opts.repeat, 1)?;
+                rows.push(mk(name, 1, bytes_in, out, Some(c), Some(d)));
+                if name == "ckvc" && threads > 1 {
+                    let (out, c, d) = time_codec(&sel, &o, opts.repeat, threads)?;
+                    rows.push(mk(name, threads, bytes_in, out, Some(c), Some(d)));
+                }
+            }
+            for level in [3, 19] {
+                if level == 19 && !opts.zstd19 {
+                    continue;
+                }
+                let reps = if level == 19 { 1 } else { opts.repeat };
+                let (out, c, d) = time_zstd(&sel, level, reps)?;
+                rows.push(mk(
+                    &format!("zstd-{level}"),
+                    1,
+                    bytes_in,
+                    out,
+                    Some(c),
+                    Some(d),
+                ));
+            }
+            let bits: f64 = sel.iter().map(|j| grouped_entropy_bits(j)).sum();
+            rows.push(mk(
+                "entropy",
+                1,
+                bytes_in,
+                (bits / 8.0).ceil() as u64,
+                None,
+                None,
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+fn mib_s(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
+}
+
+/// Encode then decode every job, `repeat` times; the fastest pass counts.
+/// Returns (compressed bytes, compress MiB/s, decompress MiB/s).
+fn time_codec(
+    jobs: &[&Job],
+    o: &Options,
+    repeat: usize,
+    threads: usize,
+) -> Result<(u64, f64, f64), BenchError> {
+    let bytes_in: u64 = jobs.iter().map(|j| j.raw.len() as u64).sum();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool of a few threads");
+    let mut frames: Vec<Vec<u8>> = jobs.iter().map(|_| Vec::new()).collect();
+    let (mut best_c, mut best_d) = (f64::MAX, f64::MAX);
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        if threads == 1 {
+            let mut s = Scratch::default();
+            for (j, f) in jobs.iter().zip(frames.iter_mut()) {
+                codec::encode_into(j.raw, j.base, j.dtype, o, f, &mut s);
+            }
+        } else {
+            pool.install(|| {
+                jobs.par_iter()
+                    .zip(frames.par_iter_mut())
+                    .for_each_init(Scratch::default, |s, (j, f)| {
+                        codec::encode_into(j.raw, j.base, j.dtype, o, f, s)
+                    })
+            });
+        }
+        best_c = best_c.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let ok = if threads == 1 {
+            let mut s = Scratch::default();
+            let mut out = Vec::new();
+            let mut ok = true;
+            for (j, f) in jobs.iter().zip(&frames) {
+                ok &= codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, &mut out, &mut s)
+                    .is_ok()
+                    && out == j.raw;
+            }
+            ok
+        } else {
+            pool.install(|| {
+                jobs.par_iter()
+                    .zip(frames.par_iter())
+                    .all(|(j, f)| codec::decode(f, j.base).is_ok_and(|o| o == j.raw))
+            })
+        };
+        best_d = best_d.min(t.elapsed().as_secs_f64());
+        if !ok {
+            let bad = jobs
+                .iter()
+                .zip(&frames)
+                .find(|(j, f)| codec::decode(f, j.base).ok().as_deref() != Some(j.raw))
+                .map_or("?".to_string(), |(j, _)| j.key.to_string());
+            return Err(BenchError::Mismatch { tensor: bad });
+        }
+    }
+    let out: u64 = frames.iter().map(|f| f.len() as u64).sum();
+    Ok((out, mib_s(bytes_in, best_c), mib_s(bytes_in, best_d)))
+}
+
+/// The byte-grouped (not rotated) bytes of a job, XORed with the grouped
+/// base in DELTA mode: what zstd and the entropy bound see.
+fn grouped_input(j: &Job) -> Vec<Vec<u8>> {
+    let w = j.dtype.width();
+    let n = j.raw.len() / w;
+    let mut s = vec![Vec::new(); w];
+    layout::group(&j.raw[..n * w], w, false, &mut s);
+    if let Some(b) = j.base {
+        let mut bs = vec![Vec::new(); w];
+        layout::group(&b[..n * w], w, false, &mut bs);
+        for k in 0..w {
+            layout::StreamOp::Xor.apply(&mut s[k], &bs[k]);
+        }
+    }
+    s[0].extend_from_slice(&j.raw[n * w..]);
+    s
+}
+
+fn time_zstd(jobs: &[&Job], level: i32, repeat: usize) -> Result<(u64, f64, f64), BenchError> {
+    let bytes_in: u64 = jobs.iter().map(|j| j.raw.len() as u64).sum();
+    let (mut best_c, mut best_d, mut out) = (f64::MAX, f64::MAX, 0);
+    let mut cctx = zstd::bulk::Compressor::new(level).expect("zstd level 3 or 19");
+    let mut dctx = zstd::bulk::Decompressor::new().expect("zstd decompressor");
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        let frames: Vec<Vec<u8>> = jobs
+            .iter()
+            .map(|j| {
+                let joined = grouped_input(j).concat();
+                cctx.compress(&joined).expect("zstd compresses any input")
+            })
+            .collect();
+        best_c = best_c.min(t.elapsed().as_secs_f64());
+        out = frames.iter().map(|f| f.len() as u64).sum();
+        let t = Instant::now();
+        for (j, f) in jobs.iter().zip(&frames) {
+            let d = dctx
+                .decompress(f, j.raw.len())
+                .map_err(|_| BenchError::Mismatch {
+                    tensor: j.key.to_string(),
+                })?;
+            if d.len() != j.raw.len() {
+                return Err(BenchError::Mismatch {
+                    tensor: j.key.to_string(),
+                });
+            }
+        }
+        best_d = best_d.min(t.elapsed().as_secs_f64());
+    }
+    Ok((out, mib_s(bytes_in, best_c), mib_s(bytes_in, best_d)))
+}
+
+/// Order-0 entropy of the byte-grouped streams, per 64 KiB block, in bits.
+fn grouped_entropy_bits(j: &Job) -> f64 {
+    let block = 1 << codec::BLOCK_LOG2;
+    grouped_input(j)
+        .iter()
+        .flat_map(|s| s.chunks(block))
+        .map(|b| codec::entropy_bits(&codec::histogram(b)))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_numbers_come_from_the_trailing_digits() {
+        assert_eq!(step_of_dir_name("step-500"), Some(500));
+        assert_eq!(step_of_dir_name("checkpoint-12000"), Some(12000));
+        assert_eq!(step_of_dir_name("iter_0000500"), Some(500));
+        assert_eq!(step_of_dir_name("final"), None);
+    }
+}

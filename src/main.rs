@@ -1,1 +1,7 @@
-fn main() {}
+//! The `ckvc` command: parses arguments, calls the library, prints.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

@@ -115,7 +115,10 @@ impl DType {
 
     /// Inverse of [`DType::safetensors_name`].
     pub fn from_safetensors_name(name: &str) -> Option<DType> {
-        DType::ALL.iter().copied().find(|d| d.safetensors_name() == name)
+        DType::ALL
+            .iter()
+            .copied()
+            .find(|d| d.safetensors_name() == name)
     }
 
     /// Short lower-case name for tables and JSON (`"bf16"`, `"fp32"`, ...).

@@ -1,3 +1,537 @@
-//! The chunk codec (being written).
+//! The chunk codec: lossless compression of one chunk of one tensor.
+//!
+//! Owns: sign-bit rotation and byte grouping ([`layout`]), the delta
+//! representations against a base chunk, and block-adaptive entropy coding
+//! (raw / constant / Huffman / rANS per 64 KiB block of each stream), framed
+//! as specified byte by byte in `docs/format/codec.md`.
+//!
+//! Must not: do I/O, compute chunk ids, or know about files, stores or
+//! commits. It is pure: bytes in, bytes out. Parallelism across chunks
+//! belongs to the caller (rayon); the codec itself is single-threaded.
+//!
+//! ```
+//! use ckvc::codec::{decode, encode, DType, Options};
+//! let old: Vec<u8> = (0..4096u32).flat_map(|i| ((i as f32).cos() * 0.1).to_le_bytes()).collect();
+//! let new: Vec<u8> = (0..4096u32).flat_map(|i| ((i as f32).cos() * 0.1 + 1e-5).to_le_bytes()).collect();
+//! let frame = encode(&new, Some(&old), DType::F32, &Options::default());
+//! assert_eq!(decode(&frame, Some(&old)).unwrap(), new);
+//! ```
+
+mod bits;
+mod block;
 mod dtype;
+pub mod huffman;
+pub mod layout;
+pub mod rans;
+
+pub use block::{entropy_bits, histogram, BlockMode};
 pub use dtype::DType;
+use layout::StreamOp;
+
+/// Frame magic, "CK".
+pub const MAGIC: [u8; 2] = *b"CK";
+/// The frame format version this build writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+/// Codec id of the grouped-entropy codec (the only one so far).
+pub const CODEC_GROUPED: u8 = 1;
+/// Block size of each stream: a fresh entropy code every 64 KiB.
+pub const BLOCK_LOG2: u8 = 16;
+/// No frame may declare more raw bytes than this, whatever the caller allows.
+pub const HARD_MAX_RAW_LEN: u64 = 1 << 30;
+const HEADER_LEN: usize = 16;
+
+/// Why a frame could not be decoded. Every variant means "this frame is
+/// not a valid encoding"; none of them is ever a panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    #[error("frame truncated: need {need} bytes, have {have}")]
+    Truncated { need: u64, have: u64 },
+    #[error("not a ckvc chunk frame (bad magic)")]
+    BadMagic,
+    #[error("frame format version {found} is newer than this build supports ({supported})")]
+    VersionTooNew { found: u8, supported: u8 },
+    #[error("unknown codec id {0}")]
+    UnknownCodec(u8),
+    #[error("unknown dtype code {0}")]
+    UnknownDType(u8),
+    #[error("frame declares {declared} raw bytes, above the limit of {limit}")]
+    TooLarge { declared: u64, limit: u64 },
+    #[error("frame is a delta and needs its base chunk")]
+    BaseRequired,
+    #[error("base chunk is {found} bytes, the frame needs {expected}")]
+    BaseLength { expected: u64, found: u64 },
+    #[error("corrupt frame at byte {offset}: {reason}")]
+    Corrupt { offset: u64, reason: &'static str },
+}
+
+/// Which delta representations the encoder may try when given a base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaSearch {
+    /// XOR every stream with the base (the LMC design), always.
+    Xor,
+    /// Per stream the smallest of keep / XOR / byte difference, or the
+    /// whole-element ULP difference, whichever the estimate favours; no
+    /// delta at all when the base does not help.
+    Best,
+}
+
+/// Encoder knobs. The decoder needs none of them: the frame says it all.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Rotate the sign bit of floats so one stream is exactly the exponent.
+    pub rotate: bool,
+    /// Allow the rANS coder for blocks where Huffman wastes space.
+    pub rans: bool,
+    /// Delta representations to consider when a base is given.
+    pub delta: DeltaSearch,
+    /// An entropy-coded block must save this fraction of its raw size, else
+    /// it is stored raw (decoding raw is a copy).
+    pub min_gain: f32,
+    /// rANS must save this fraction of the Huffman size to be chosen
+    /// (Huffman decodes faster).
+    pub rans_min_gain: f32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            rotate: true,
+            rans: true,
+            delta: DeltaSearch::Best,
+            min_gain: 0.005,
+            rans_min_gain: 0.02,
+        }
+    }
+}
+
+impl Options {
+    /// Plain LMC, the baseline the benchmark shows: byte grouping, XOR
+    /// delta, Huffman + constant runs + raw; no rotation, no rANS.
+    pub fn lmc() -> Self {
+        Options {
+            rotate: false,
+            rans: false,
+            delta: DeltaSearch::Xor,
+            min_gain: 0.0,
+            rans_min_gain: 0.0,
+        }
+    }
+}
+
+/// The delta representation recorded in a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delta {
+    None,
+    /// Each grouped stream combined with the base's stream by its op.
+    PerStream,
+    /// Zigzagged ordered-integer difference per element.
+    Ulp,
+}
+
+/// What a frame header says, without decoding the payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameInfo {
+    pub version: u8,
+    pub dtype: DType,
+    pub raw_len: u64,
+    pub delta: Delta,
+    pub rotated: bool,
+}
+
+impl FrameInfo {
+    /// True when decoding needs the base chunk.
+    pub fn needs_base(&self) -> bool {
+        self.delta != Delta::None
+    }
+
+    /// Parse and validate the fixed header.
+    pub fn parse(frame: &[u8]) -> Result<FrameInfo, DecodeError> {
+        if frame.len() < HEADER_LEN {
+            return Err(DecodeError::Truncated {
+                need: HEADER_LEN as u64,
+                have: frame.len() as u64,
+            });
+        }
+        if frame[0..2] != MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        if frame[2] > FORMAT_VERSION {
+            return Err(DecodeError::VersionTooNew {
+                found: frame[2],
+                supported: FORMAT_VERSION,
+            });
+        }
+        if frame[2] == 0 {
+            return Err(corrupt(2, "format version 0"));
+        }
+        if frame[3] != CODEC_GROUPED {
+            return Err(DecodeError::UnknownCodec(frame[3]));
+        }
+        let dtype = DType::from_code(frame[4]).ok_or(DecodeError::UnknownDType(frame[4]))?;
+        let t = frame[5];
+        if t & !0b111 != 0 {
+            return Err(corrupt(5, "reserved transform bits set"));
+        }
+        let delta = match t & 3 {
+            0 => Delta::None,
+            1 => Delta::PerStream,
+            2 => Delta::Ulp,
+            _ => return Err(corrupt(5, "unknown delta kind")),
+        };
+        if frame[6] != BLOCK_LOG2 {
+            return Err(corrupt(6, "unsupported block size"));
+        }
+        if frame[7] != 0 {
+            return Err(corrupt(7, "reserved byte set"));
+        }
+        let raw_len = u64::from_le_bytes(frame[8..16].try_into().expect("8 bytes"));
+        Ok(FrameInfo {
+            version: frame[2],
+            dtype,
+            raw_len,
+            delta,
+            rotated: t & 4 != 0,
+        })
+    }
+}
+
+fn corrupt(offset: usize, reason: &'static str) -> DecodeError {
+    DecodeError::Corrupt {
+        offset: offset as u64,
+        reason,
+    }
+}
+
+/// Reusable buffers for encoding and decoding; keep one per thread.
+#[derive(Default)]
+pub struct Scratch {
+    streams: Vec<Vec<u8>>,
+    base_streams: Vec<Vec<u8>>,
+    tmp: Vec<u8>,
+    payload: Vec<u8>,
+    table: Vec<u64>,
+}
+
+/// Encode one chunk. `base`, when given and of the same length, is the same
+/// tensor's chunk in the parent checkpoint; the encoder uses it only when
+/// that makes the frame smaller.
+pub fn encode(raw: &[u8], base: Option<&[u8]>, dtype: DType, opts: &Options) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_into(raw, base, dtype, opts, &mut out, &mut Scratch::default());
+    out
+}
+
+/// [`encode`] into `out` (cleared first), reusing `scratch`.
+pub fn encode_into(
+    raw: &[u8],
+    base: Option<&[u8]>,
+    dtype: DType,
+    opts: &Options,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) {
+    let w = dtype.width();
+    let n = raw.len() / w;
+    let (body, tail) = raw.split_at(n * w);
+    let rotate = opts.rotate && dtype.is_float();
+    let base = base.filter(|b| b.len() == raw.len()).map(|b| &b[..n * w]);
+    let Scratch {
+        streams,
+        base_streams,
+        tmp,
+        payload,
+        ..
+    } = scratch;
+    streams.resize_with(w, Vec::new);
+    let mut ops = vec![StreamOp::Keep; w];
+    let mut delta = Delta::None;
+    let mut rotated = rotate;
+    if let Some(base) = base {
+        delta = Delta::PerStream;
+        match opts.delta {
+            DeltaSearch::Xor => ops.fill(StreamOp::Xor),
+            DeltaSearch::Best => {
+                let choice = choose_delta(body, base, w, rotate, dtype.is_float());
+                match choice {
+                    Choice::PerStream(o) => {
+                        ops = o;
+                        if ops.iter().all(|&o| o == StreamOp::Keep) {
+                            delta = Delta::None;
+                        }
+                    }
+                    Choice::Ulp => delta = Delta::Ulp,
+                }
+            }
+        }
+        match delta {
+            Delta::None => group_into(body, w, rotate, streams),
+            Delta::PerStream => {
+                group_into(body, w, rotate, streams);
+                base_streams.resize_with(w, Vec::new);
+                layout::group(base, w, rotate, base_streams);
+                for k in 0..w {
+                    ops[k].apply(&mut streams[k], &base_streams[k]);
+                }
+            }
+            Delta::Ulp => {
+                layout::ulp_delta(body, base, w, dtype.is_float(), tmp);
+                layout::group(tmp, w, false, streams);
+                rotated = false;
+            }
+        }
+    } else {
+        group_into(body, w, rotate, streams);
+    }
+
+    out.clear();
+    out.extend_from_slice(&MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(CODEC_GROUPED);
+    out.push(dtype.code());
+    let kind = match delta {
+        Delta::None => 0,
+        Delta::PerStream => 1,
+        Delta::Ulp => 2,
+    };
+    out.push(kind | if rotated { 4 } else { 0 });
+    out.push(BLOCK_LOG2);
+    out.push(0);
+    out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
+    if delta == Delta::PerStream {
+        out.extend(ops.iter().map(|&o| o as u8));
+    }
+    out.extend_from_slice(tail);
+    payload.clear();
+    let block = 1usize << BLOCK_LOG2;
+    for s in streams.iter() {
+        for b in s.chunks(block) {
+            let start = payload.len();
+            let mode = block::encode(b, opts, payload);
+            out.push(mode as u8);
+            push_varint(out, (payload.len() - start) as u64);
+        }
+    }
+    out.extend_from_slice(payload);
+}
+
+fn group_into(body: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
+    layout::group(body, w, rotate, streams);
+}
+
+enum Choice {
+    PerStream(Vec<StreamOp>),
+    Ulp,
+}
+
+/// Pick the delta representation by the order-0 entropy of a sample: up to
+/// 16 evenly spaced runs of 2048 elements.
+fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -> Choice {
+    let n = body.len() / w;
+    const RUN: usize = 2048;
+    const RUNS: usize = 16;
+    let ranges: Vec<(usize, usize)> = if n <= RUN * RUNS {
+        vec![(0, n)]
+    } else {
+        let step = n / RUNS;
+        (0..RUNS).map(|i| (i * step, i * step + RUN)).collect()
+    };
+    let mut sample = Vec::new();
+    let mut sample_base = Vec::new();
+    for &(a, b) in &ranges {
+        sample.extend_from_slice(&body[a * w..b * w]);
+        sample_base.extend_from_slice(&base[a * w..b * w]);
+    }
+    let mut s = vec![Vec::new(); w];
+    let mut bs = vec![Vec::new(); w];
+    layout::group(&sample, w, rotate, &mut s);
+    layout::group(&sample_base, w, rotate, &mut bs);
+    let mut ops = Vec::with_capacity(w);
+    let mut per_stream_bits = 0.0;
+    let mut t = Vec::new();
+    for k in 0..w {
+        let mut best = (block_cost(&s[k]), StreamOp::Keep);
+        for op in [StreamOp::Xor, StreamOp::Sub] {
+            t.clear();
+            t.extend_from_slice(&s[k]);
+            op.apply(&mut t, &bs[k]);
+            let c = block_cost(&t);
+            // Prefer keeping the stream as is on a tie: decoding is cheaper.
+            if c < best.0 * 0.995 {
+                best = (c, op);
+            }
+        }
+        per_stream_bits += best.0;
+        ops.push(best.1);
+    }
+    let mut z = Vec::new();
+    layout::ulp_delta(&sample, &sample_base, w, float, &mut z);
+    let mut zs = vec![Vec::new(); w];
+    layout::group(&z, w, false, &mut zs);
+    let ulp_bits: f64 = zs.iter().map(|s| block_cost(s)).sum();
+    if ulp_bits < per_stream_bits * 0.99 {
+        Choice::Ulp
+    } else {
+        Choice::PerStream(ops)
+    }
+}
+
+/// Estimated coded bits of a sample stream: order-0 entropy, floored at
+/// what a constant block costs.
+fn block_cost(s: &[u8]) -> f64 {
+    entropy_bits(&histogram(s)).max(8.0)
+}
+
+fn push_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn read_varint(frame: &[u8], pos: &mut usize) -> Result<u64, DecodeError> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let b = *frame.get(*pos).ok_or(DecodeError::Truncated {
+            need: *pos as u64 + 1,
+            have: frame.len() as u64,
+        })?;
+        *pos += 1;
+        v |= ((b & 0x7f) as u64) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err(corrupt(*pos, "varint longer than 10 bytes"))
+}
+
+/// Decode a frame. `base` must be the chunk the frame was encoded against
+/// when [`FrameInfo::needs_base`] says so.
+pub fn decode(frame: &[u8], base: Option<&[u8]>) -> Result<Vec<u8>, DecodeError> {
+    let mut out = Vec::new();
+    decode_into(
+        frame,
+        base,
+        HARD_MAX_RAW_LEN,
+        &mut out,
+        &mut Scratch::default(),
+    )?;
+    Ok(out)
+}
+
+/// [`decode`] into `out` (resized to the raw length), reusing `scratch`.
+/// `max_raw_len` bounds the allocation (at most [`HARD_MAX_RAW_LEN`]).
+pub fn decode_into(
+    frame: &[u8],
+    base: Option<&[u8]>,
+    max_raw_len: u64,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) -> Result<(), DecodeError> {
+    let info = FrameInfo::parse(frame)?;
+    let limit = max_raw_len.min(HARD_MAX_RAW_LEN);
+    if info.raw_len > limit {
+        return Err(DecodeError::TooLarge {
+            declared: info.raw_len,
+            limit,
+        });
+    }
+    let raw_len = info.raw_len as usize;
+    let base = match (info.needs_base(), base) {
+        (false, _) => None,
+        (true, None) => return Err(DecodeError::BaseRequired),
+        (true, Some(b)) if b.len() != raw_len => {
+            return Err(DecodeError::BaseLength {
+                expected: info.raw_len,
+                found: b.len() as u64,
+            })
+        }
+        (true, Some(b)) => Some(b),
+    };
+    let w = info.dtype.width();
+    let n = raw_len / w;
+    let mut pos = HEADER_LEN;
+    let truncated = |need: usize| DecodeError::Truncated {
+        need: need as u64,
+        have: frame.len() as u64,
+    };
+    let mut ops = vec![StreamOp::Keep; w];
+    if info.delta == Delta::PerStream {
+        let b = frame.get(pos..pos + w).ok_or(truncated(pos + w))?;
+        for (k, &c) in b.iter().enumerate() {
+            ops[k] = StreamOp::from_code(c).ok_or(corrupt(pos + k, "unknown stream op"))?;
+        }
+        pos += w;
+    }
+    let tail_len = raw_len - n * w;
+    let tail = frame
+        .get(pos..pos + tail_len)
+        .ok_or(truncated(pos + tail_len))?;
+    pos += tail_len;
+
+    let block = 1usize << BLOCK_LOG2;
+    let nblocks = n.div_ceil(block);
+    let mut entries = Vec::with_capacity((w * nblocks).min(frame.len() / 2));
+    let mut total: u64 = 0;
+    for _ in 0..w * nblocks {
+        let m = *frame.get(pos).ok_or(truncated(pos + 1))?;
+        let mode = BlockMode::from_code(m).ok_or(corrupt(pos, "unknown block mode"))?;
+        pos += 1;
+        let len = read_varint(frame, &mut pos)?;
+        total = total.saturating_add(len);
+        entries.push((mode, len as usize));
+    }
+    if total != (frame.len() - pos) as u64 {
+        return Err(corrupt(pos, "block lengths do not add up to the frame"));
+    }
+
+    let Scratch {
+        streams,
+        base_streams,
+        table,
+        ..
+    } = scratch;
+    streams.resize_with(w, Vec::new);
+    let mut e = entries.iter();
+    for s in streams.iter_mut() {
+        s.clear();
+        s.resize(n, 0);
+        for dst in s.chunks_mut(block) {
+            let &(mode, len) = e.next().expect("w * nblocks entries");
+            block::decode(mode, frame, pos, len, dst, table)?;
+            pos += len;
+        }
+    }
+
+    out.clear();
+    out.resize(raw_len, 0);
+    let (body, out_tail) = out.split_at_mut(n * w);
+    out_tail.copy_from_slice(tail);
+    match info.delta {
+        Delta::None => {
+            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            layout::ungroup(&refs, w, info.rotated, body);
+        }
+        Delta::PerStream => {
+            let base = &base.expect("checked above")[..n * w];
+            base_streams.resize_with(w, Vec::new);
+            layout::group(base, w, info.rotated, base_streams);
+            for k in 0..w {
+                ops[k].undo(&mut streams[k], &base_streams[k]);
+            }
+            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            layout::ungroup(&refs, w, info.rotated, body);
+        }
+        Delta::Ulp => {
+            let base = &base.expect("checked above")[..n * w];
+            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+            layout::ungroup(&refs, w, info.rotated, body);
+            layout::ulp_undelta(body, base, w, info.dtype.is_float());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,83 @@
+//! Quick single-core speed probe of the codec on the corpus, for profiling:
+//! `cargo run --release --example codec_speed -- ../shared/corpus/gpt-small bf16 full 20`
+//! (dtype: bf16|fp32; mode: full|delta; passes). Prints MiB/s of encode and
+//! decode. The real benchmark is `ckvc debug codec-bench`.
+
+use std::time::Instant;
+
+use ckvc::bench::{load_run, BenchOptions};
+use ckvc::codec::{self, Options, Scratch};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let dir = args
+        .get(1)
+        .map_or("../shared/corpus/gpt-small", |s| s.as_str());
+    let dtype = args.get(2).map_or("bf16", |s| s.as_str());
+    let delta = args.get(3).is_some_and(|s| s == "delta");
+    let passes: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let run = load_run(dir.as_ref(), &BenchOptions::default()).expect("corpus loads");
+    let concat = std::env::var("CONCAT").is_ok();
+    let mut jobs = Vec::new();
+    for (i, ck) in run.iter().enumerate() {
+        for t in ck.tensors.iter().filter(|t| t.dtype.short_name() == dtype) {
+            let base = if delta {
+                match i
+                    .checked_sub(1)
+                    .and_then(|p| run[p].tensors.iter().find(|p| p.key == t.key))
+                {
+                    Some(p) => Some(p.data.as_slice()),
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            jobs.push((t.dtype, t.data.as_slice(), base));
+        }
+    }
+    let joined: Vec<u8>;
+    let joined_base: Vec<u8>;
+    if concat {
+        // One big chunk: the asymptotic speed without per-chunk overheads.
+        joined = jobs.iter().flat_map(|j| j.1.iter().copied()).collect();
+        joined_base = jobs
+            .iter()
+            .flat_map(|j| j.2.unwrap_or(j.1).iter().copied())
+            .collect();
+        let d = jobs[0].0;
+        jobs = vec![(
+            d,
+            joined.as_slice(),
+            delta.then_some(joined_base.as_slice()),
+        )];
+    }
+    let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
+    let o = Options::default();
+    let mut s = Scratch::default();
+    let mut frames: Vec<Vec<u8>> = vec![Vec::new(); jobs.len()];
+    let t = Instant::now();
+    for _ in 0..passes {
+        for (j, f) in jobs.iter().zip(frames.iter_mut()) {
+            codec::encode_into(j.1, j.2, j.0, &o, f, &mut s);
+        }
+    }
+    let enc = t.elapsed().as_secs_f64() / passes as f64;
+    let mut out = Vec::new();
+    let t = Instant::now();
+    for _ in 0..passes {
+        for (j, f) in jobs.iter().zip(&frames) {
+            codec::decode_into(f, j.2, codec::HARD_MAX_RAW_LEN, &mut out, &mut s).expect("decodes");
+        }
+    }
+    let dec = t.elapsed().as_secs_f64() / passes as f64;
+    let comp: usize = frames.iter().map(|f| f.len()).sum();
+    let mib = bytes as f64 / (1 << 20) as f64;
+    println!(
+        "{dtype} {} {:.1} MiB ratio {:.4} encode {:.0} MiB/s decode {:.0} MiB/s",
+        if delta { "DELTA" } else { "FULL" },
+        mib,
+        comp as f64 / bytes as f64,
+        mib / enc,
+        mib / dec
+    );
+}

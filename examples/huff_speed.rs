@@ -1,0 +1,64 @@
+//! Micro-probe: Huffman block encode/decode speed on the exponent stream of
+//! the corpus bf16 weights (`cargo run --release --example huff_speed`).
+
+use std::time::Instant;
+
+use ckvc::bench::{load_run, BenchOptions};
+use ckvc::codec::{histogram, huffman, layout};
+
+fn main() {
+    let run = load_run(
+        "../shared/corpus/gpt-small".as_ref(),
+        &BenchOptions::default(),
+    )
+    .expect("corpus");
+    let raw: Vec<u8> = run
+        .iter()
+        .flat_map(|c| c.tensors.iter())
+        .filter(|t| t.dtype.short_name() == "bf16")
+        .flat_map(|t| t.data.iter().copied())
+        .collect();
+    let mut s = vec![Vec::new(), Vec::new()];
+    let t = Instant::now();
+    for _ in 0..20 {
+        layout::group(&raw, 2, true, &mut s);
+    }
+    let g = t.elapsed().as_secs_f64() / 20.0;
+    let exp = &s[1];
+    let blocks: Vec<&[u8]> = exp.chunks(1 << 16).collect();
+    let mut frames = Vec::new();
+    let t = Instant::now();
+    for _ in 0..10 {
+        frames.clear();
+        for b in &blocks {
+            let h = histogram(b);
+            let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
+            let mut out = Vec::new();
+            huffman::encode(b, &lens, &mut out);
+            frames.push(out);
+        }
+    }
+    let e = t.elapsed().as_secs_f64() / 10.0;
+    let mut table = Vec::new();
+    let mut dst = vec![0u8; 1 << 16];
+    let t = Instant::now();
+    for _ in 0..20 {
+        for (b, f) in blocks.iter().zip(&frames) {
+            huffman::decode(f, 0, f.len(), &mut dst[..b.len()], &mut table).expect("decodes");
+        }
+    }
+    let d = t.elapsed().as_secs_f64() / 20.0;
+    let mut out = vec![0u8; raw.len()];
+    let t = Instant::now();
+    for _ in 0..20 {
+        layout::ungroup(&[&s[0], &s[1]], 2, true, &mut out);
+    }
+    let u = t.elapsed().as_secs_f64() / 20.0;
+    let n = exp.len() as f64;
+    let bits: usize = frames.iter().map(|f| f.len()).sum::<usize>() * 8;
+    println!("symbols {n}, {:.3} bits/sym", bits as f64 / n);
+    println!("group   {:.2} ns/elem", g * 1e9 / n);
+    println!("huff enc {:.2} ns/sym", e * 1e9 / n);
+    println!("huff dec {:.2} ns/sym", d * 1e9 / n);
+    println!("ungroup {:.2} ns/elem", u * 1e9 / n);
+}

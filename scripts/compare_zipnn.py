@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Measure ZipNN (the published peer compressor) on the ckvc codec-benchmark tensors.
+
+Usage:
+    python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small
+    python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small --json
+    python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small --threads 4
+
+Input is a directory holding the checkpoint directories of one training run
+(e.g. step-0 ... step-600, ordered by the number in the name). Each checkpoint
+may hold:
+  model.safetensors       fp32 weights        -> dtype fp32, group "weights"
+  model.bf16.safetensors  bf16 weights        -> dtype bf16, group "weights"
+  optimizer.pt            torch.save(AdamW state_dict); the fp32 state tensors
+                          (exp_avg, exp_avg_sq)  -> dtype fp32, group "optimizer"
+The fp32 "all" group is weights + optimizer combined. As in the Rust bench,
+a tensor with fewer than 16 elements is skipped (this drops the 0-d AdamW
+`step` tensors; no weight tensor of gpt-small is affected).
+
+Modes:
+  FULL   every tensor of every checkpoint compressed on its own.
+  DELTA  every tensor compressed against the same tensor (same name, same
+         byte length) of the previous checkpoint in step order, using ZipNN's
+         own delta mode: ZipNN(delta_compressed_type='byte') and
+         compress(data, delta_second_data=prev) / decompress(blob,
+         delta_second_data=prev). In zipnn 0.5.x that mode XORs the raw bytes
+         with the base (numpy) and then runs the normal ZipNN pipeline on the
+         XOR; the XOR is inside ZipNN's compress/decompress and therefore
+         inside the timed region. Tensors without a predecessor (the first
+         checkpoint; the optimizer state of the first checkpoint after an
+         empty step-0 optimizer) are not part of DELTA and are counted as
+         "no base" in the notes.
+
+ZipNN settings (the authors' defaults for raw byte input): method='AUTO'
+(per-chunk Huffman/zstd choice in zipnn_core), input_format='byte',
+bytearray_dtype='bfloat16' or 'float32' (selects byte grouping + sign-bit
+reordering for that dtype), compression_chunk=256 KiB, compression_threshold
+0.95, threads=--threads (default 1 = single-core numbers).
+
+Every tensor is round-tripped and checked byte-exact against the original
+bytes. time.perf_counter() wraps only the compress() / decompress() calls.
+ratio = compressed bytes / original bytes (summed over the group; ZipNN's
+32-byte per-blob header is included). MiB/s = original bytes / time.
+
+Note: zipnn 0.5.x bit-reorders a byte input *in place* during FULL-mode
+compress (even an immutable `bytes` object), so each call gets a fresh
+bytearray copy made outside the timed region and the round trip is compared
+with a pristine copy of the original bytes.
+
+Output: a human table, or with --json a JSON array of rows
+  {"mode": "FULL"|"DELTA", "dtype": "bf16"|"fp32",
+   "group": "weights"|"optimizer"|"all", "codec": "zipnn", "threads": N,
+   "bytes_in": N, "ratio": x, "compress_mib_s": x, "decompress_mib_s": x}
+on stdout (notes go to stderr).
+"""
+
+import argparse
+import json
+import os
+import re
+import struct
+import sys
+import time
+import warnings
+
+MIN_ELEMENTS = 16  # same rule as the Rust bench: fewer elements -> skipped
+ZIPNN_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+ST_DTYPE = {"bf16": "BF16", "fp32": "F32"}
+ELEM_SIZE = {"bf16": 2, "fp32": 4}
+MODEL_FILE = {"bf16": "model.bf16.safetensors", "fp32": "model.safetensors"}
+
+
+def import_zipnn():
+    try:
+        with warnings.catch_warnings():
+            # importing zipnn imports torch, which may emit deprecation noise
+            warnings.simplefilter("ignore")
+            import zipnn  # noqa: F401
+            from zipnn import ZipNN
+    except ImportError as exc:
+        sys.exit(
+            f"error: the ZipNN Python package is not installed ({exc}).\n"
+            "Install it with:  pip install zipnn"
+        )
+    try:
+        from importlib.metadata import version
+
+        ver = version("zipnn")
+    except Exception:  # pragma: no cover - metadata missing
+        ver = "unknown"
+    return ZipNN, ver
+
+
+def step_number(name):
+    nums = re.findall(r"\d+", name)
+    return int(nums[-1]) if nums else None
+
+
+def list_checkpoints(root):
+    if not os.path.isdir(root):
+        sys.exit(f"error: {root} is not a directory")
+    cps = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        n = step_number(name)
+        if os.path.isdir(path) and n is not None:
+            cps.append((n, name, path))
+    cps.sort()
+    if not cps:
+        sys.exit(f"error: no checkpoint directories (names with a step number) in {root}")
+    return cps
+
+
+def read_safetensors(path, want_dtype):
+    """Raw little-endian bytes of every tensor of dtype want_dtype, by name."""
+    out = {}
+    with open(path, "rb") as f:
+        blob = f.read()
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + hlen])
+    base = 8 + hlen
+    for name, meta in sorted(header.items()):
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] != want_dtype:
+            continue
+        numel = 1
+        for d in meta["shape"]:
+            numel *= d
+        if numel < MIN_ELEMENTS:
+            continue
+        start, end = meta["data_offsets"]
+        out[name] = blob[base + start : base + end]
+    return out
+
+
+def read_optimizer(path):
+    """Raw bytes of the fp32 AdamW state tensors (>= MIN_ELEMENTS elements)."""
+    import torch
+
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    out = {}
+    state = sd.get("state", {}) if isinstance(sd, dict) else {}
+    for pid in sorted(state, key=lambda k: (str(type(k)), k)):
+        for key in sorted(state[pid]):
+            t = state[pid][key]
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+                continue
+            if t.numel() < MIN_ELEMENTS:
+                continue
+            arr = t.detach().contiguous().numpy()
+            out[f"state.{pid}.{key}"] = arr.astype("<f4", copy=False).tobytes()
+    return out
+
+
+def load_checkpoint(path):
+    """{(dtype, group): {name: bytes}} for one checkpoint directory."""
+    groups = {}
+    for dtype in ("bf16", "fp32"):
+        p = os.path.join(path, MODEL_FILE[dtype])
+        if os.path.isfile(p):
+            groups[(dtype, "weights")] = read_safetensors(p, ST_DTYPE[dtype])
+    p = os.path.join(path, "optimizer.pt")
+    if os.path.isfile(p):
+        groups[("fp32", "optimizer")] = read_optimizer(p)
+    return groups
+
+
+class Acc:
+    def __init__(self):
+        self.tensors = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.t_comp = 0.0
+        self.t_decomp = 0.0
+
+    def add(self, other):
+        self.tensors += other.tensors
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+        self.t_comp += other.t_comp
+        self.t_decomp += other.t_decomp
+
+
+def run(root, threads):
+    ZipNN, ver = import_zipnn()
+    if sys.byteorder != "little":
+        sys.exit("error: this script assumes a little-endian host")
+
+    def make(dtype, delta):
+        kw = dict(
+            method="AUTO",
+            input_format="byte",
+            bytearray_dtype=ZIPNN_DTYPE[dtype],
+            threads=threads,
+        )
+        if delta:
+            kw["delta_compressed_type"] = "byte"
+        # separate instances for compression and decompression: ZipNN's
+        # decompress() overwrites instance fields from the blob header
+        return ZipNN(**kw), ZipNN(**kw)
+
+    codecs = {
+        (mode, dtype): make(dtype, mode == "DELTA")
+        for mode in ("FULL", "DELTA")
+        for dtype in ("bf16", "fp32")
+    }
+    keys = [("bf16", "weights"), ("fp32", "weights"), ("fp32", "optimizer")]
+    acc = {(m, d, g): Acc() for m in ("FULL", "DELTA") for d, g in keys}
+    no_base = {k: 0 for k in keys}
+
+    def measure(mode, dtype, group, data, base=None):
+        comp, decomp = codecs[(mode, dtype)]
+        buf = bytearray(data)  # zipnn mutates byte input in place (see docstring)
+        if base is None:
+            t0 = time.perf_counter()
+            blob = comp.compress(buf)
+            t1 = time.perf_counter()
+            out = decomp.decompress(blob)
+            t2 = time.perf_counter()
+        else:
+            t0 = time.perf_counter()
+            blob = comp.compress(buf, delta_second_data=base)
+            t1 = time.perf_counter()
+            out = decomp.decompress(blob, delta_second_data=base)
+            t2 = time.perf_counter()
+        if bytes(out) != data:
+            raise AssertionError(f"ZipNN {mode} round trip mismatch: {dtype}/{group}")
+        a = acc[(mode, dtype, group)]
+        a.tensors += 1
+        a.bytes_in += len(data)
+        a.bytes_out += len(blob)
+        a.t_comp += t1 - t0
+        a.t_decomp += t2 - t1
+
+    cps = list_checkpoints(root)
+    prev = None
+    for _, name, path in cps:
+        cur = load_checkpoint(path)
+        for dtype, group in keys:
+            tensors = cur.get((dtype, group), {})
+            base_set = prev.get((dtype, group), {}) if prev is not None else {}
+            for tname, data in tensors.items():
+                measure("FULL", dtype, group, data)
+                base = base_set.get(tname)
+                if base is not None and len(base) == len(data):
+                    measure("DELTA", dtype, group, data, base=base)
+                else:
+                    no_base[(dtype, group)] += 1
+        prev = cur
+
+    rows = []
+    for mode in ("FULL", "DELTA"):
+        for dtype, group in keys + [("fp32", "all")]:
+            if group == "all":
+                a = Acc()
+                a.add(acc[(mode, "fp32", "weights")])
+                a.add(acc[(mode, "fp32", "optimizer")])
+            else:
+                a = acc[(mode, dtype, group)]
+            if a.tensors == 0:
+                continue
+            mib = a.bytes_in / (1 << 20)
+            rows.append(
+                {
+                    "mode": mode,
+                    "dtype": dtype,
+                    "group": group,
+                    "codec": "zipnn",
+                    "threads": threads,
+                    "bytes_in": a.bytes_in,
+                    "ratio": a.bytes_out / a.bytes_in,
+                    "compress_mib_s": mib / a.t_comp if a.t_comp > 0 else float("inf"),
+                    "decompress_mib_s": mib / a.t_decomp if a.t_decomp > 0 else float("inf"),
+                    "_tensors": a.tensors,
+                }
+            )
+    notes = [
+        f"zipnn {ver}; ZipNN(method='AUTO', input_format='byte', "
+        f"bytearray_dtype='bfloat16'|'float32', threads={threads}), defaults otherwise "
+        "(compression_chunk=256KiB, compression_threshold=0.95)",
+        "FULL: compress(data) / decompress(blob)",
+        "DELTA: ZipNN native delta mode, ZipNN(..., delta_compressed_type='byte'); "
+        "compress(data, delta_second_data=prev) / decompress(blob, delta_second_data=prev) "
+        "(ZipNN XORs with the previous checkpoint's tensor, then compresses the XOR)",
+        f"{len(cps)} checkpoints: " + ", ".join(n for _, n, _ in cps),
+        "tensors without a base in the previous checkpoint (not in DELTA): "
+        + ", ".join(f"{d}/{g}={no_base[(d, g)]}" for d, g in keys),
+        f"tensors with < {MIN_ELEMENTS} elements skipped; all round trips byte-exact",
+    ]
+    return rows, notes
+
+
+def print_table(rows, notes):
+    hdr = ("mode", "dtype", "group", "tensors", "bytes_in", "ratio", "comp MiB/s", "decomp MiB/s")
+    lines = [
+        (
+            r["mode"],
+            r["dtype"],
+            r["group"],
+            str(r["_tensors"]),
+            str(r["bytes_in"]),
+            f"{r['ratio']:.4f}",
+            f"{r['compress_mib_s']:.1f}",
+            f"{r['decompress_mib_s']:.1f}",
+        )
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(hdr)]
+    left = {0, 1, 2}
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print(fmt(hdr))
+    print("  ".join("-" * w for w in widths))
+    for l in lines:
+        print(fmt(l))
+    print()
+    for n in notes:
+        print("# " + n)
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="ZipNN ratio/speed on the ckvc codec-benchmark tensors (FULL and DELTA)."
+    )
+    ap.add_argument("corpus", help="directory of checkpoint directories of one run (e.g. step-0 ... step-600)")
+    ap.add_argument("--threads", type=int, default=1, help="ZipNN threads (default 1 = single core)")
+    ap.add_argument("--json", action="store_true", help="print a JSON array of rows on stdout")
+    args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be >= 1 (ZipNN treats 0 as 'all cores')")
+
+    rows, notes = run(args.corpus, args.threads)
+    if args.json:
+        for r in rows:
+            del r["_tensors"]
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        for n in notes:
+            print("# " + n, file=sys.stderr)
+    else:
+        print_table(rows, notes)
+
+
+if __name__ == "__main__":
+    main()

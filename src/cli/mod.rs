@@ -1,0 +1,81 @@
+//! Command-line interface: clap parsing, human and `--json` output, exit
+//! codes. Only this layer prints; the library returns values and errors.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod debug;
+
+/// Exit codes, fixed so scripts can tell failures apart.
+pub mod exit {
+    pub const OK: u8 = 0;
+    /// Bad input or a failed operation the user can fix.
+    pub const USER: u8 = 1;
+    // 2: command-line usage error (clap exits with it on its own).
+    /// Stored or supplied data is corrupt.
+    pub const CORRUPT: u8 = 3;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "ckvc",
+    version,
+    about = "Version control for deep-learning training checkpoints"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Developer tools: benchmarks and inspection.
+    #[command(subcommand)]
+    Debug(debug::DebugCommand),
+}
+
+/// An error already rendered for the user, with its exit code.
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl Failure {
+    pub fn user(message: impl Into<String>) -> Self {
+        Failure {
+            code: exit::USER,
+            message: message.into(),
+            hint: None,
+        }
+    }
+}
+
+/// Write to stdout; a closed pipe (`ckvc ... | head`) is not an error.
+pub fn out(s: &str) -> Result<(), Failure> {
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::user(format!("writing output: {e}"))),
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Debug(cmd) => debug::run(cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            if let Some(h) = f.hint {
+                eprintln!("hint: {h}");
+            }
+            ExitCode::from(f.code)
+        }
+    }
+}

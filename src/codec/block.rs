@@ -1,0 +1,131 @@
+//! Per-block entropy coding: each 64 KiB block of a stream is stored as the
+//! smallest of raw, constant run, Huffman and rANS.
+
+use super::{huffman, rans, DecodeError, Options};
+
+/// How one block is stored. The discriminant is the on-disk mode byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BlockMode {
+    Raw = 0,
+    Const = 1,
+    Huffman = 2,
+    Rans = 3,
+}
+
+impl BlockMode {
+    pub fn from_code(c: u8) -> Option<BlockMode> {
+        match c {
+            0 => Some(BlockMode::Raw),
+            1 => Some(BlockMode::Const),
+            2 => Some(BlockMode::Huffman),
+            3 => Some(BlockMode::Rans),
+            _ => None,
+        }
+    }
+}
+
+/// Byte histogram, four interleaved tables to break store-to-load chains.
+pub fn histogram(s: &[u8]) -> [u32; 256] {
+    let mut h = [[0u32; 256]; 4];
+    let mut it = s.chunks_exact(4);
+    for c in &mut it {
+        h[0][c[0] as usize] += 1;
+        h[1][c[1] as usize] += 1;
+        h[2][c[2] as usize] += 1;
+        h[3][c[3] as usize] += 1;
+    }
+    for &b in it.remainder() {
+        h[0][b as usize] += 1;
+    }
+    let mut out = [0u32; 256];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = h[0][i] + h[1][i] + h[2][i] + h[3][i];
+    }
+    out
+}
+
+/// Order-0 entropy of a histogram, in bits (the whole block, not per symbol).
+pub fn entropy_bits(h: &[u32; 256]) -> f64 {
+    let n: u64 = h.iter().map(|&c| c as u64).sum();
+    if n == 0 {
+        return 0.0;
+    }
+    let ln = (n as f64).log2();
+    h.iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| c as f64 * (ln - (c as f64).log2()))
+        .sum()
+}
+
+/// Encode one block, appending its payload to `out`; returns its mode.
+pub fn encode(syms: &[u8], opts: &Options, out: &mut Vec<u8>) -> BlockMode {
+    let n = syms.len();
+    let h = histogram(syms);
+    let distinct = h.iter().filter(|&&c| c > 0).count();
+    if distinct <= 1 {
+        out.push(syms.first().copied().unwrap_or(0));
+        return BlockMode::Const;
+    }
+    let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
+    let ideal = entropy_bits(&h) / 8.0;
+    if ideal >= keep_raw_above {
+        out.extend_from_slice(syms);
+        return BlockMode::Raw;
+    }
+    let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
+    let huff =
+        (huffman::table_bytes(&lens) + 12 + 4) as f64 + huffman::coded_bits(&h, &lens) as f64 / 8.0;
+    let mut best = (huff, BlockMode::Huffman);
+    let mut freqs = None;
+    if opts.rans && huff - ideal > opts.rans_min_gain as f64 * huff {
+        let f = rans::normalize(&h);
+        let r = (rans::header_bytes(&f) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0;
+        if r < huff * (1.0 - opts.rans_min_gain as f64) {
+            best = (r, BlockMode::Rans);
+            freqs = Some(f);
+        }
+    }
+    if best.0 >= keep_raw_above {
+        out.extend_from_slice(syms);
+        return BlockMode::Raw;
+    }
+    match best.1 {
+        BlockMode::Rans => rans::encode(syms, &freqs.expect("set with Rans"), out),
+        _ => huffman::encode(syms, &lens, out),
+    }
+    best.1
+}
+
+/// Decode one block whose payload is `frame[start..start+len]` into `out`.
+pub fn decode(
+    mode: BlockMode,
+    frame: &[u8],
+    start: usize,
+    len: usize,
+    out: &mut [u8],
+    table: &mut Vec<u64>,
+) -> Result<(), DecodeError> {
+    let payload = &frame[start..start + len];
+    let corrupt = |reason| DecodeError::Corrupt {
+        offset: start as u64,
+        reason,
+    };
+    match mode {
+        BlockMode::Raw => {
+            if len != out.len() {
+                return Err(corrupt("raw block length differs from its symbol count"));
+            }
+            out.copy_from_slice(payload);
+        }
+        BlockMode::Const => {
+            if len != 1 {
+                return Err(corrupt("constant block is not one byte"));
+            }
+            out.fill(payload[0]);
+        }
+        BlockMode::Huffman => huffman::decode(frame, start, len, out, table)?,
+        BlockMode::Rans => rans::decode(payload, start as u64, out)?,
+    }
+    Ok(())
+}

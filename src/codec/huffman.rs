@@ -1,0 +1,460 @@
+//! Canonical, length-limited Huffman coding of one block (the LMC design),
+//! with a decoder that resolves up to four symbols per table lookup.
+//!
+//! Block payload (see docs/format/codec.md):
+//! `lo u8, hi u8, (hi-lo+1) code lengths as 4-bit nibbles (low nibble first),
+//! three u32 LE sizes of sub-streams 0..3, then the four bit streams`.
+//! The block's `n` symbols are split into four runs of `ceil(n/4)` (the last
+//! shorter), each its own LSB-first bit stream, so the decoder can interleave
+//! four independent dependency chains.
+
+use super::bits::{BitReader, BitWriter};
+use super::DecodeError;
+
+/// Longest code length; also the decode table's index width.
+pub const MAX_BITS: u32 = 11;
+const TABLE_SIZE: usize = 1 << MAX_BITS;
+
+/// Optimal Huffman code lengths for `hist`, limited to `max_bits`, forming a
+/// complete prefix code (Kraft sum exactly 1). Needs at least two symbols
+/// with a non-zero count; symbols with count 0 get length 0.
+pub fn code_lengths(hist: &[u32; 256], max_bits: u32) -> [u8; 256] {
+    let mut lens = [0u8; 256];
+    let mut syms: Vec<(u32, u8)> = (0..256)
+        .filter(|&s| hist[s] > 0)
+        .map(|s| (hist[s], s as u8))
+        .collect();
+    debug_assert!(syms.len() >= 2, "Huffman needs two symbols");
+    if syms.len() < 2 {
+        for &(_, s) in &syms {
+            lens[s as usize] = 1;
+        }
+        return lens;
+    }
+    syms.sort_unstable();
+    // Two-queue Huffman over sorted leaves: nodes 0..m are leaves, internal
+    // nodes are appended; `parent` records the tree, depths follow.
+    let m = syms.len();
+    let mut weight: Vec<u64> = syms.iter().map(|&(c, _)| c as u64).collect();
+    weight.reserve(m);
+    let mut parent = vec![0usize; 2 * m - 1];
+    let (mut leaf, mut node) = (0usize, m);
+    let pick = |weight: &Vec<u64>, leaf: &mut usize, node: &mut usize| -> usize {
+        if *leaf < m && (*node >= weight.len() || weight[*leaf] <= weight[*node]) {
+            *leaf += 1;
+            *leaf - 1
+        } else {
+            *node += 1;
+            *node - 1
+        }
+    };
+    for _ in 0..m - 1 {
+        let a = pick(&weight, &mut leaf, &mut node);
+        let b = pick(&weight, &mut leaf, &mut node);
+        let id = weight.len();
+        weight.push(weight[a] + weight[b]);
+        parent[a] = id;
+        parent[b] = id;
+    }
+    let root = 2 * m - 2;
+    let mut depth = vec![0u32; 2 * m - 1];
+    for i in (0..root).rev() {
+        depth[i] = depth[parent[i]] + 1;
+    }
+    // Limit lengths: clamp, then lengthen the cheapest symbols until the
+    // Kraft sum fits, then shorten the most frequent while it still fits,
+    // then fill any gap by shortening the longest codes (exact completion).
+    let cap: u64 = 1 << max_bits;
+    let mut len: Vec<u32> = (0..m).map(|i| depth[i].min(max_bits)).collect();
+    let mut kraft: u64 = len.iter().map(|&l| 1u64 << (max_bits - l)).sum();
+    while kraft > cap {
+        // syms is sorted by count ascending: the first with len < max is cheapest.
+        let i = (0..m)
+            .find(|&i| len[i] < max_bits)
+            .expect("kraft > cap implies a code shorter than max");
+        len[i] += 1;
+        kraft -= 1 << (max_bits - len[i]);
+    }
+    for i in (0..m).rev() {
+        while len[i] > 1 && kraft + (1u64 << (max_bits - len[i])) <= cap {
+            kraft += 1 << (max_bits - len[i]);
+            len[i] -= 1;
+        }
+    }
+    while kraft < cap {
+        let i = (0..m).max_by_key(|&i| (len[i], m - i)).expect("m >= 2");
+        kraft += 1 << (max_bits - len[i]);
+        len[i] -= 1;
+    }
+    for (i, &(_, s)) in syms.iter().enumerate() {
+        lens[s as usize] = len[i] as u8;
+    }
+    lens
+}
+
+/// Total coded bits of `hist` under `lens`.
+pub fn coded_bits(hist: &[u32; 256], lens: &[u8; 256]) -> u64 {
+    hist.iter()
+        .zip(lens)
+        .map(|(&c, &l)| c as u64 * l as u64)
+        .sum()
+}
+
+/// Bytes the code-length table takes in the payload.
+pub fn table_bytes(lens: &[u8; 256]) -> usize {
+    match symbol_range(lens) {
+        Some((lo, hi)) => 2 + (hi - lo + 1).div_ceil(2),
+        None => 2,
+    }
+}
+
+fn symbol_range(lens: &[u8; 256]) -> Option<(usize, usize)> {
+    let lo = lens.iter().position(|&l| l > 0)?;
+    let hi = 255 - lens.iter().rev().position(|&l| l > 0)?;
+    Some((lo, hi))
+}
+
+/// Canonical codes, bit-reversed for an LSB-first stream.
+fn canonical_codes(lens: &[u8; 256]) -> [u16; 256] {
+    let mut count = [0u32; MAX_BITS as usize + 2];
+    for &l in lens.iter() {
+        count[l as usize] += 1;
+    }
+    count[0] = 0;
+    let mut next = [0u32; MAX_BITS as usize + 2];
+    let mut code = 0u32;
+    for l in 1..=MAX_BITS as usize {
+        code = (code + count[l - 1]) << 1;
+        next[l] = code;
+    }
+    let mut codes = [0u16; 256];
+    for s in 0..256 {
+        let l = lens[s] as u32;
+        if l > 0 {
+            let c = next[l as usize];
+            next[l as usize] += 1;
+            codes[s] = (c.reverse_bits() >> (32 - l)) as u16;
+        }
+    }
+    codes
+}
+
+/// Split of `n` symbols into four sub-streams.
+fn quarter(n: usize) -> usize {
+    n.div_ceil(4)
+}
+
+/// Append the Huffman payload of `syms` under `lens` to `out`.
+pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
+    let (lo, hi) = symbol_range(lens).expect("at least two symbols");
+    out.push(lo as u8);
+    out.push(hi as u8);
+    for pair in lens[lo..=hi].chunks(2) {
+        out.push(pair[0] | (pair.get(1).copied().unwrap_or(0) << 4));
+    }
+    // Packed (code | len << 16) for a single lookup per symbol.
+    let codes = canonical_codes(lens);
+    let mut packed = [0u32; 256];
+    for s in 0..256 {
+        packed[s] = codes[s] as u32 | (lens[s] as u32) << 16;
+    }
+    let sizes_at = out.len();
+    out.extend_from_slice(&[0u8; 12]);
+    let q = quarter(syms.len());
+    for (j, part) in syms.chunks(q.max(1)).enumerate() {
+        let start = out.len();
+        let mut w = BitWriter::new(out, part.len() * MAX_BITS as usize / 8 + 16);
+        let mut it = part.chunks_exact(5);
+        for c in &mut it {
+            for &s in c {
+                let p = packed[s as usize];
+                w.put_unflushed(p & 0xffff, p >> 16);
+            }
+            w.flush();
+        }
+        for &s in it.remainder() {
+            let p = packed[s as usize];
+            w.put_unflushed(p & 0xffff, p >> 16);
+            w.flush();
+        }
+        w.finish();
+        let len = (out.len() - start) as u32;
+        if j < 3 {
+            out[sizes_at + 4 * j..sizes_at + 4 * j + 4].copy_from_slice(&len.to_le_bytes());
+        }
+    }
+}
+
+/// Decode `out.len()` symbols from the payload `frame[start..start+len]`.
+/// Bytes of `frame` after the payload may be read (never used) by the fast
+/// path; this avoids copying each block into a padded buffer.
+pub fn decode(
+    frame: &[u8],
+    start: usize,
+    len: usize,
+    out: &mut [u8],
+    table: &mut Vec<u64>,
+) -> Result<(), DecodeError> {
+    let payload = &frame[start..start + len];
+    let corrupt = |reason: &'static str| DecodeError::Corrupt {
+        offset: start as u64,
+        reason,
+    };
+    if payload.len() < 2 {
+        return Err(corrupt("huffman block shorter than its header"));
+    }
+    let (lo, hi) = (payload[0] as usize, payload[1] as usize);
+    if lo > hi {
+        return Err(corrupt("huffman symbol range is empty"));
+    }
+    let nl = hi - lo + 1;
+    let tb = 2 + nl.div_ceil(2);
+    if payload.len() < tb + 12 {
+        return Err(corrupt("huffman block shorter than its table"));
+    }
+    let mut lens = [0u8; 256];
+    for i in 0..nl {
+        let b = payload[2 + i / 2];
+        let l = if i % 2 == 0 { b & 15 } else { b >> 4 };
+        if l as u32 > MAX_BITS {
+            return Err(corrupt("huffman code length above 11"));
+        }
+        lens[lo + i] = l;
+    }
+    let kraft: u64 = lens
+        .iter()
+        .filter(|&&l| l > 0)
+        .map(|&l| 1u64 << (MAX_BITS - l as u32))
+        .sum();
+    if kraft != 1 << MAX_BITS {
+        return Err(corrupt("huffman code lengths do not form a complete code"));
+    }
+    let sizes: Vec<usize> = (0..3)
+        .map(|j| {
+            let at = tb + 4 * j;
+            u32::from_le_bytes(payload[at..at + 4].try_into().expect("4 bytes")) as usize
+        })
+        .collect();
+    let data_start = tb + 12;
+    let total: usize = sizes.iter().sum();
+    if total > payload.len() - data_start {
+        return Err(corrupt("huffman sub-stream sizes exceed the block"));
+    }
+    let bounds = [
+        data_start,
+        data_start + sizes[0],
+        data_start + sizes[0] + sizes[1],
+        data_start + total,
+        payload.len(),
+    ];
+    let n = out.len();
+    let q = quarter(n).max(1);
+    let mk = |j: usize| BitReader::new(frame, start + bounds[j], start + bounds[j + 1]);
+    let mut r = [mk(0), mk(1), mk(2), mk(3)];
+    let (d0, rest) = out.split_at_mut(q.min(n));
+    let (d1, rest) = rest.split_at_mut(q.min(rest.len()));
+    let (d2, d3) = rest.split_at_mut(q.min(rest.len()));
+    let mut pos = [0usize; 4];
+    if n >= MULTI_MIN_SYMBOLS {
+        build_multi_table(&lens, table);
+        let t: &[u64; TABLE_SIZE] = table.as_slice().try_into().expect("table size");
+        let [r0, r1, r2, r3] = &mut r;
+        let [p0, p1, p2, p3] = &mut pos;
+        decode_fast(t, [r0, r1, r2, r3], [d0, d1, d2, d3], [p0, p1, p2, p3]);
+    }
+    // Tails (and small blocks): one symbol per lookup with bounded reads.
+    build_single_table(&lens, table);
+    for (j, d) in [d0, d1, d2, d3].into_iter().enumerate() {
+        let rj = &mut r[j];
+        for o in &mut d[pos[j]..] {
+            let e = table[rj.peek_safe(MAX_BITS) as usize];
+            *o = e as u8;
+            rj.consume((e >> 8) as u32);
+        }
+        if rj.overrun() {
+            return Err(corrupt("huffman sub-stream ends before its symbols"));
+        }
+    }
+    Ok(())
+}
+
+/// Blocks shorter than this skip the multi-symbol table: building it costs
+/// more than it saves.
+const MULTI_MIN_SYMBOLS: usize = 8192;
+
+/// `table[i] = symbol | length << 8` for the code that `i`'s low bits start with.
+fn build_single_table(lens: &[u8; 256], table: &mut Vec<u64>) {
+    let codes = canonical_codes(lens);
+    table.clear();
+    table.resize(TABLE_SIZE, 0);
+    for s in 0..256 {
+        let l = lens[s] as u32;
+        if l == 0 {
+            continue;
+        }
+        let e = s as u64 | (l as u64) << 8;
+        let mut i = codes[s] as usize;
+        while i < TABLE_SIZE {
+            table[i] = e;
+            i += 1 << l;
+        }
+    }
+}
+
+/// Entry: the bits its symbols take in bits 0..8 (so the entry itself is
+/// the shift amount), their count in 8..16, up to four symbols in 16..48
+/// (first in the lowest byte).
+fn build_multi_table(lens: &[u8; 256], table: &mut Vec<u64>) {
+    build_single_table(lens, table);
+    let single: Vec<u16> = table.iter().map(|&e| e as u16).collect();
+    for (i, slot) in table.iter_mut().enumerate() {
+        let (mut syms, mut total, mut count) = (0u32, 0u32, 0u32);
+        while count < 4 {
+            let e = single[(i >> total) & (TABLE_SIZE - 1)];
+            let l = (e >> 8) as u32;
+            if total + l > MAX_BITS {
+                break;
+            }
+            syms |= (e as u8 as u32) << (8 * count);
+            total += l;
+            count += 1;
+        }
+        *slot = total as u64 | (count as u64) << 8 | (syms as u64) << 16;
+    }
+}
+
+/// The hot loop: four lanes interleaved so four independent dependency
+/// chains (bit buffer -> table load -> shift) overlap. Each round refills
+/// once (>= 56 bits) and makes 5 lookups of up to 4 symbols, so a lane needs
+/// 20 symbols of room and 8 readable input bytes per round.
+#[inline(always)]
+fn decode_fast(
+    t: &[u64; TABLE_SIZE],
+    r: [&mut BitReader; 4],
+    d: [&mut [u8]; 4],
+    p: [&mut usize; 4],
+) {
+    let [r0, r1, r2, r3] = r;
+    let [d0, d1, d2, d3] = d;
+    let [p0, p1, p2, p3] = p;
+    let buf = r0.buf;
+    let (mut a0, mut b0, mut n0, mut o0) = (r0.acc, r0.nbits, r0.next, *p0);
+    let (mut a1, mut b1, mut n1, mut o1) = (r1.acc, r1.nbits, r1.next, *p1);
+    let (mut a2, mut b2, mut n2, mut o2) = (r2.acc, r2.nbits, r2.next, *p2);
+    let (mut a3, mut b3, mut n3, mut o3) = (r3.acc, r3.nbits, r3.next, *p3);
+    macro_rules! refill {
+        ($acc:ident, $bits:ident, $next:ident) => {{
+            let w = u64::from_le_bytes(buf[$next..$next + 8].try_into().expect("8 bytes"));
+            $acc |= w << $bits;
+            let take = (63 - $bits) >> 3;
+            $next += take as usize;
+            $bits += take * 8;
+        }};
+    }
+    macro_rules! step {
+        ($acc:ident, $bits:ident, $out:ident, $d:ident) => {{
+            let v = t[($acc & (TABLE_SIZE as u64 - 1)) as usize];
+            $d[$out..$out + 4].copy_from_slice(&((v >> 16) as u32).to_le_bytes());
+            $acc >>= v & 63;
+            $bits -= v as u8 as u32;
+            $out += (v >> 8) as u8 as usize;
+        }};
+    }
+    while room(o0, d0.len(), n0, buf.len())
+        && room(o1, d1.len(), n1, buf.len())
+        && room(o2, d2.len(), n2, buf.len())
+        && room(o3, d3.len(), n3, buf.len())
+    {
+        refill!(a0, b0, n0);
+        refill!(a1, b1, n1);
+        refill!(a2, b2, n2);
+        refill!(a3, b3, n3);
+        for _ in 0..5 {
+            step!(a0, b0, o0, d0);
+            step!(a1, b1, o1, d1);
+            step!(a2, b2, o2, d2);
+            step!(a3, b3, o3, d3);
+        }
+    }
+    (r0.acc, r0.nbits, r0.next, *p0) = (a0, b0, n0, o0);
+    (r1.acc, r1.nbits, r1.next, *p1) = (a1, b1, n1, o1);
+    (r2.acc, r2.nbits, r2.next, *p2) = (a2, b2, n2, o2);
+    (r3.acc, r3.nbits, r3.next, *p3) = (a3, b3, n3, o3);
+}
+
+/// Room for one more fast round: 20 output symbols, 8 input bytes.
+#[inline(always)]
+fn room(out: usize, out_len: usize, next: usize, in_len: usize) -> bool {
+    out + 20 <= out_len && next + 8 <= in_len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hist(s: &[u8]) -> [u32; 256] {
+        let mut h = [0u32; 256];
+        for &b in s {
+            h[b as usize] += 1;
+        }
+        h
+    }
+
+    fn round_trip(syms: &[u8]) -> usize {
+        let h = hist(syms);
+        let lens = code_lengths(&h, MAX_BITS);
+        let kraft: u64 = lens
+            .iter()
+            .filter(|&&l| l > 0)
+            .map(|&l| 1u64 << (MAX_BITS - l as u32))
+            .sum();
+        assert_eq!(kraft, 1 << MAX_BITS);
+        let mut out = Vec::new();
+        encode(syms, &lens, &mut out);
+        let mut back = vec![0u8; syms.len()];
+        let mut t = Vec::new();
+        decode(&out, 0, out.len(), &mut back, &mut t).unwrap();
+        assert_eq!(back, syms);
+        out.len()
+    }
+
+    #[test]
+    fn skewed_and_geometric_blocks_round_trip() {
+        let mut v = Vec::new();
+        for i in 0..70000u32 {
+            v.push((i.trailing_zeros().min(20)) as u8 + 100);
+        }
+        let size = round_trip(&v);
+        // geometric source: ~2 bits/symbol
+        assert!(size < v.len() / 3, "{size}");
+        round_trip(&[1, 2]);
+        round_trip(&[1, 2, 1, 1, 1, 1, 1, 1, 9]);
+    }
+
+    #[test]
+    fn deep_trees_are_limited_to_eleven_bits() {
+        // Fibonacci counts force a degenerate tree of depth > 11.
+        let mut h = [0u32; 256];
+        let (mut a, mut b) = (1u32, 1u32);
+        for c in h.iter_mut().take(30) {
+            *c = a;
+            (a, b) = (b, a + b);
+        }
+        let lens = code_lengths(&h, MAX_BITS);
+        assert!(lens.iter().all(|&l| l as u32 <= MAX_BITS));
+        let syms: Vec<u8> = (0..30u8)
+            .flat_map(|s| std::iter::repeat_n(s, h[s as usize].min(3000) as usize))
+            .collect();
+        round_trip(&syms);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_blocks_round_trip(mut syms in proptest::collection::vec(0u8..40, 2..5000)) {
+            syms[0] = 0;
+            syms[1] = 1;
+            round_trip(&syms);
+        }
+    }
+}

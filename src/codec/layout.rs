@@ -1,0 +1,443 @@
+//! Element layout transforms: sign-bit rotation, byte grouping and the
+//! delta representations (per-stream XOR / byte difference, and the
+//! whole-element ordered-integer difference).
+//!
+//! Every optimised routine here has a naive reference in the tests and is
+//! checked against it on lengths that are not multiples of the width.
+
+/// Rotate the top 16 bits of a float element left by one so the exponent
+/// (bf16, f32, the top 8 exponent bits of f64) sits alone in the top byte and
+/// the sign joins the top mantissa bits. For 8-bit floats the byte rotates.
+#[inline(always)]
+fn rot2(v: u16) -> u16 {
+    v.rotate_left(1)
+}
+#[inline(always)]
+fn unrot2(v: u16) -> u16 {
+    v.rotate_right(1)
+}
+
+/// Byte grouping: byte `k` of element `i` goes to `streams[k][i]`.
+///
+/// `raw.len()` must be `n * w` and every stream `n` long (the caller keeps a
+/// trailing partial element aside). With `rotate`, the top 16 bits of each
+/// element (or the byte, for `w == 1`) are rotated left by one bit first.
+pub fn group(raw: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
+    let n = raw.len() / w;
+    debug_assert_eq!(raw.len(), n * w);
+    debug_assert_eq!(streams.len(), w);
+    for s in streams.iter_mut() {
+        s.clear();
+        s.resize(n, 0);
+    }
+    match (w, rotate) {
+        (1, false) => streams[0].copy_from_slice(raw),
+        (1, true) => {
+            for (d, &b) in streams[0].iter_mut().zip(raw) {
+                *d = b.rotate_left(1);
+            }
+        }
+        (2, _) => {
+            let [s0, s1] = streams else {
+                unreachable!("w == 2")
+            };
+            group2(raw, s0, s1, rotate)
+        }
+        (4, _) => {
+            let [s0, s1, s2, s3] = streams else {
+                unreachable!("w == 4")
+            };
+            group4(raw, [s0, s1, s2, s3], rotate)
+        }
+        (8, _) => {
+            for (i, c) in raw.chunks_exact(8).enumerate() {
+                let mut v = u64::from_le_bytes(c.try_into().expect("chunk of 8"));
+                if rotate {
+                    let hi = rot2((v >> 48) as u16) as u64;
+                    v = (v & 0x0000_ffff_ffff_ffff) | (hi << 48);
+                }
+                for (k, s) in streams.iter_mut().enumerate() {
+                    s[i] = (v >> (8 * k)) as u8;
+                }
+            }
+        }
+        _ => unreachable!("element width is 1, 2, 4 or 8"),
+    }
+}
+
+#[inline(always)]
+fn group2_body(raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool) {
+    for ((c, a), b) in raw.chunks_exact(2).zip(s0.iter_mut()).zip(s1.iter_mut()) {
+        let mut v = u16::from_le_bytes([c[0], c[1]]);
+        if rotate {
+            v = rot2(v);
+        }
+        *a = v as u8;
+        *b = (v >> 8) as u8;
+    }
+}
+
+#[inline(always)]
+fn group4_body(raw: &[u8], s: [&mut [u8]; 4], rotate: bool) {
+    let [s0, s1, s2, s3] = s;
+    let it = raw
+        .chunks_exact(4)
+        .zip(s0.iter_mut())
+        .zip(s1.iter_mut())
+        .zip(s2.iter_mut())
+        .zip(s3.iter_mut());
+    for ((((c, a), b), d), e) in it {
+        let mut v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        if rotate {
+            v = (v & 0xffff) | ((rot2((v >> 16) as u16) as u32) << 16);
+        }
+        *a = v as u8;
+        *b = (v >> 8) as u8;
+        *d = (v >> 16) as u8;
+        *e = (v >> 24) as u8;
+    }
+}
+
+#[inline(always)]
+fn ungroup2_body(s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool) {
+    for ((c, &a), &b) in out.chunks_exact_mut(2).zip(s0).zip(s1) {
+        let mut v = u16::from_le_bytes([a, b]);
+        if rotate {
+            v = unrot2(v);
+        }
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+#[inline(always)]
+fn ungroup4_body(s: [&[u8]; 4], out: &mut [u8], rotate: bool) {
+    let [s0, s1, s2, s3] = s;
+    let it = out.chunks_exact_mut(4).zip(s0).zip(s1).zip(s2).zip(s3);
+    for ((((c, &a), &b), &d), &e) in it {
+        let mut v = u32::from_le_bytes([a, b, d, e]);
+        if rotate {
+            v = (v & 0xffff) | ((unrot2((v >> 16) as u16) as u32) << 16);
+        }
+        c.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
+/// portable build is the same source compiled for the baseline target.
+macro_rules! dispatch {
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,bmi1,bmi2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("bmi2")
+                {
+                    // SAFETY: the CPU supports the features `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool));
+dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [u8]; 4], rotate: bool));
+dispatch!(ungroup2, ungroup2_body, (s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool));
+dispatch!(ungroup4, ungroup4_body, (s: [&[u8]; 4], out: &mut [u8], rotate: bool));
+dispatch!(xor_into, xor_body, (dst: &mut [u8], src: &[u8]));
+dispatch!(sub_into, sub_body, (dst: &mut [u8], src: &[u8]));
+dispatch!(add_into, add_body, (dst: &mut [u8], src: &[u8]));
+
+/// Inverse of [`group`]: interleave `w` streams of `n` bytes into `out`
+/// (`n * w` bytes), undoing the rotation.
+pub fn ungroup(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [u8]) {
+    let n = out.len() / w;
+    debug_assert_eq!(out.len(), n * w);
+    debug_assert!(streams.iter().all(|s| s.len() == n));
+    match w {
+        1 if !rotate => out.copy_from_slice(streams[0]),
+        1 => {
+            for (d, &b) in out.iter_mut().zip(streams[0]) {
+                *d = b.rotate_right(1);
+            }
+        }
+        2 => ungroup2(streams[0], streams[1], out, rotate),
+        4 => ungroup4(
+            [streams[0], streams[1], streams[2], streams[3]],
+            out,
+            rotate,
+        ),
+        8 => {
+            for (i, c) in out.chunks_exact_mut(8).enumerate() {
+                let mut v = 0u64;
+                for (k, s) in streams.iter().enumerate() {
+                    v |= (s[i] as u64) << (8 * k);
+                }
+                if rotate {
+                    let hi = unrot2((v >> 48) as u16) as u64;
+                    v = (v & 0x0000_ffff_ffff_ffff) | (hi << 48);
+                }
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        _ => unreachable!("element width is 1, 2, 4 or 8"),
+    }
+}
+
+#[inline(always)]
+fn xor_body(dst: &mut [u8], src: &[u8]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d ^= s;
+    }
+}
+#[inline(always)]
+fn sub_body(dst: &mut [u8], src: &[u8]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = d.wrapping_sub(s);
+    }
+}
+#[inline(always)]
+fn add_body(dst: &mut [u8], src: &[u8]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = d.wrapping_add(s);
+    }
+}
+
+/// How one grouped stream is expressed against the base's same stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StreamOp {
+    /// The stream as it is (no delta).
+    Keep = 0,
+    /// XOR with the base stream.
+    Xor = 1,
+    /// Byte difference `new - base (mod 256)` (for the exponent stream: the
+    /// exponent change).
+    Sub = 2,
+}
+
+impl StreamOp {
+    pub fn from_code(c: u8) -> Option<StreamOp> {
+        match c {
+            0 => Some(StreamOp::Keep),
+            1 => Some(StreamOp::Xor),
+            2 => Some(StreamOp::Sub),
+            _ => None,
+        }
+    }
+    /// Apply to `s` (the new stream) given `b` (the base stream).
+    pub fn apply(self, s: &mut [u8], b: &[u8]) {
+        match self {
+            StreamOp::Keep => {}
+            StreamOp::Xor => xor_into(s, b),
+            StreamOp::Sub => sub_into(s, b),
+        }
+    }
+    /// Undo [`StreamOp::apply`].
+    pub fn undo(self, s: &mut [u8], b: &[u8]) {
+        match self {
+            StreamOp::Keep => {}
+            StreamOp::Xor => xor_into(s, b),
+            StreamOp::Sub => add_into(s, b),
+        }
+    }
+}
+
+/// Whole-element delta: `zigzag(ord(new) - ord(base))` per element, where
+/// `ord` maps a float's bit pattern to an integer of the same order as the
+/// value (so the difference counts ULPs) and is the identity for integers.
+/// Little-endian output of the same width, `n * w` bytes.
+pub fn ulp_delta(new: &[u8], base: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
+    out.clear();
+    out.resize(new.len(), 0);
+    macro_rules! body {
+        ($t:ty, $it:ty, $n:expr) => {{
+            let bits = <$t>::BITS;
+            let sign: $t = 1 << (bits - 1);
+            let ord = |v: $t| -> $t {
+                if !float {
+                    v
+                } else if v & sign != 0 {
+                    !v
+                } else {
+                    v | sign
+                }
+            };
+            for ((o, a), b) in out
+                .chunks_exact_mut($n)
+                .zip(new.chunks_exact($n))
+                .zip(base.chunks_exact($n))
+            {
+                let a = <$t>::from_le_bytes(a.try_into().expect("width"));
+                let b = <$t>::from_le_bytes(b.try_into().expect("width"));
+                let d = ord(a).wrapping_sub(ord(b)) as $it;
+                let z = ((d << 1) ^ (d >> (bits - 1))) as $t;
+                o.copy_from_slice(&z.to_le_bytes());
+            }
+        }};
+    }
+    match w {
+        1 => body!(u8, i8, 1),
+        2 => body!(u16, i16, 2),
+        4 => body!(u32, i32, 4),
+        8 => body!(u64, i64, 8),
+        _ => unreachable!("element width is 1, 2, 4 or 8"),
+    }
+}
+
+/// Inverse of [`ulp_delta`]: `z` holds the zigzagged differences and is
+/// overwritten with the new elements.
+pub fn ulp_undelta(z: &mut [u8], base: &[u8], w: usize, float: bool) {
+    macro_rules! body {
+        ($t:ty, $it:ty, $n:expr) => {{
+            let bits = <$t>::BITS;
+            let sign: $t = 1 << (bits - 1);
+            for (o, b) in z.chunks_exact_mut($n).zip(base.chunks_exact($n)) {
+                let zz = <$t>::from_le_bytes((&*o).try_into().expect("width"));
+                let b = <$t>::from_le_bytes(b.try_into().expect("width"));
+                let d = ((zz >> 1) as $it ^ -((zz & 1) as $it)) as $t;
+                let ob = if !float {
+                    b
+                } else if b & sign != 0 {
+                    !b
+                } else {
+                    b | sign
+                };
+                let on = ob.wrapping_add(d);
+                let v = if !float {
+                    on
+                } else if on & sign != 0 {
+                    on & !sign
+                } else {
+                    !on
+                };
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }};
+    }
+    match w {
+        1 => body!(u8, i8, 1),
+        2 => body!(u16, i16, 2),
+        4 => body!(u32, i32, 4),
+        8 => body!(u64, i64, 8),
+        _ => unreachable!("element width is 1, 2, 4 or 8"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The obvious bit-by-bit definition the fast kernels must agree with.
+    fn naive_group(raw: &[u8], w: usize, rotate: bool) -> Vec<Vec<u8>> {
+        let n = raw.len() / w;
+        let mut out = vec![Vec::new(); w];
+        for i in 0..n {
+            let mut e = raw[i * w..(i + 1) * w].to_vec();
+            if rotate {
+                if w == 1 {
+                    let b = e[0];
+                    #[allow(clippy::manual_rotate)] // the definition, spelled out
+                    let r = (b << 1) | (b >> 7);
+                    e[0] = r;
+                } else {
+                    // top 16 bits: bytes w-2 (low) and w-1 (high)
+                    let hi = ((e[w - 1] as u32) << 8) | e[w - 2] as u32;
+                    let sign = hi >> 15;
+                    let r = ((hi << 1) & 0xffff) | sign;
+                    e[w - 2] = r as u8;
+                    e[w - 1] = (r >> 8) as u8;
+                }
+            }
+            for k in 0..w {
+                out[k].push(e[k]);
+            }
+        }
+        out
+    }
+
+    fn check_group(raw: &[u8], w: usize, rotate: bool) {
+        let n = raw.len() / w;
+        let body = &raw[..n * w];
+        let mut streams = vec![Vec::new(); w];
+        group(body, w, rotate, &mut streams);
+        assert_eq!(streams, naive_group(body, w, rotate));
+        let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
+        let mut back = vec![0u8; n * w];
+        ungroup(&refs, w, rotate, &mut back);
+        assert_eq!(back, body);
+    }
+
+    #[test]
+    fn bf16_rotation_puts_the_exponent_in_one_byte() {
+        // -1.5 in bf16 = 0xBFC0: sign 1, exponent 0x7F, mantissa 0x40
+        let mut s = vec![Vec::new(), Vec::new()];
+        group(&0xBFC0u16.to_le_bytes(), 2, true, &mut s);
+        assert_eq!(s[1], vec![0x7F]);
+        assert_eq!(s[0], vec![0x81]); // mantissa 0x40 << 1 | sign
+                                      // f32 1.0 = 0x3F800000: exponent 0x7F in the top stream, low bytes untouched
+        let mut s = vec![Vec::new(); 4];
+        group(&0xBF80_1234u32.to_le_bytes(), 4, true, &mut s);
+        assert_eq!(
+            (s[3][0], s[2][0], s[1][0], s[0][0]),
+            (0x7F, 0x01, 0x12, 0x34)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn group_matches_naive(raw in proptest::collection::vec(any::<u8>(), 0..600), rotate: bool) {
+            for w in [1, 2, 4, 8] {
+                check_group(&raw, w, rotate);
+            }
+        }
+
+        #[test]
+        fn ulp_delta_round_trips(a in proptest::collection::vec(any::<u8>(), 0..256),
+                                 b in proptest::collection::vec(any::<u8>(), 0..256), float: bool) {
+            let n = a.len().min(b.len()) / 8 * 8;
+            for w in [1, 2, 4, 8] {
+                let mut z = Vec::new();
+                ulp_delta(&a[..n], &b[..n], w, float, &mut z);
+                ulp_undelta(&mut z, &b[..n], w, float);
+                prop_assert_eq!(&z[..], &a[..n]);
+            }
+        }
+
+        #[test]
+        fn stream_ops_round_trip(a in proptest::collection::vec(any::<u8>(), 0..300), op in 0u8..3) {
+            let b: Vec<u8> = a.iter().map(|x| x.wrapping_mul(7).wrapping_add(3)).collect();
+            let op = StreamOp::from_code(op).unwrap();
+            let mut s = a.clone();
+            op.apply(&mut s, &b);
+            op.undo(&mut s, &b);
+            prop_assert_eq!(s, a);
+        }
+    }
+
+    #[test]
+    fn ulp_delta_of_neighbouring_floats_is_small() {
+        let a: Vec<u8> = [1.0f32, -2.0, 0.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let b: Vec<u8> = [f32::from_bits(1.0f32.to_bits() + 3), -2.0, -0.0]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let mut z = Vec::new();
+        ulp_delta(&a, &b, 4, true, &mut z);
+        let zs: Vec<u32> = z
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        // -3 ulps -> zigzag 5; equal -> 0; +0 vs -0 are adjacent in order -> 1 -> zigzag 2
+        assert_eq!(zs, vec![5, 0, 2]);
+    }
+}

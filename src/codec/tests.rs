@@ -1,0 +1,301 @@
+//! Whole-codec tests: round trips, known answers, corrupt frames.
+
+use super::*;
+use proptest::prelude::*;
+
+fn rt(raw: &[u8], base: Option<&[u8]>, dtype: DType, opts: &Options) -> Vec<u8> {
+    let f = encode(raw, base, dtype, opts);
+    let info = FrameInfo::parse(&f).unwrap();
+    assert_eq!(info.raw_len, raw.len() as u64);
+    let back = decode(&f, base).unwrap();
+    assert_eq!(
+        back,
+        raw,
+        "dtype {dtype} len {} base {}",
+        raw.len(),
+        base.is_some()
+    );
+    f
+}
+
+fn all_options() -> [Options; 3] {
+    let no_rans = Options {
+        rans: false,
+        ..Options::default()
+    };
+    [Options::default(), Options::lmc(), no_rans]
+}
+
+/// Bytes that look like a trained layer: N(0, 0.02) via a cheap generator.
+fn gaussian_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2654435761).max(1);
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        (x as f32) / (u32::MAX as f32)
+    };
+    (0..n)
+        .map(|_| {
+            let s: f32 = (0..4).map(|_| next()).sum::<f32>() - 2.0;
+            s * scale
+        })
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&f| half::bf16::from_f32(f).to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn edge_lengths_and_values_round_trip_for_every_dtype() {
+    let specials: Vec<u8> = [
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MIN_POSITIVE / 4.0,
+        -1e-45,
+        f32::MAX,
+        f32::MIN,
+        1.0,
+    ]
+    .iter()
+    .flat_map(|f| f.to_le_bytes())
+    .collect();
+    for dtype in DType::ALL {
+        for opts in all_options() {
+            for len in [0usize, 1, 2, 3, 7, 9, 17, 100] {
+                let raw: Vec<u8> = specials.iter().cycle().take(len).copied().collect();
+                rt(&raw, None, dtype, &opts);
+                let base: Vec<u8> = raw.iter().map(|b| b.wrapping_add(1)).collect();
+                rt(&raw, Some(&base), dtype, &opts);
+            }
+            rt(&[0u8; 1000], None, dtype, &opts);
+            rt(&[7u8; 200_003], None, dtype, &opts);
+            rt(&specials, Some(&specials), dtype, &opts);
+        }
+    }
+}
+
+#[test]
+fn multi_block_tensors_round_trip_full_and_delta() {
+    let a = gaussian_f32(100_001, 1, 0.02);
+    let b: Vec<f32> = a
+        .iter()
+        .zip(gaussian_f32(100_001, 2, 1e-4))
+        .map(|(x, d)| x + d)
+        .collect();
+    for opts in all_options() {
+        let (a32, b32) = (f32_bytes(&a), f32_bytes(&b));
+        let full = rt(&b32, None, DType::F32, &opts);
+        let delta = rt(&b32, Some(&a32), DType::F32, &opts);
+        assert!(
+            full.len() < b32.len() * 87 / 100,
+            "fp32 full {}",
+            full.len()
+        );
+        assert!(delta.len() < full.len(), "delta helps a small update");
+        let (a16, b16) = (bf16_bytes(&a), bf16_bytes(&b));
+        let full = rt(&b16, None, DType::BF16, &opts);
+        assert!(
+            full.len() < b16.len() * 72 / 100,
+            "bf16 full {}",
+            full.len()
+        );
+        rt(&b16, Some(&a16), DType::BF16, &opts);
+        rt(&b16, Some(&a16), DType::F16, &opts);
+        rt(&b32, Some(&a32), DType::F64, &opts);
+    }
+}
+
+#[test]
+fn identical_base_gives_a_tiny_frame() {
+    let a = f32_bytes(&gaussian_f32(300_000, 3, 0.02));
+    let f = rt(&a, Some(&a), DType::F32, &Options::default());
+    // every block of every stream is a constant run of zeros
+    assert!(f.len() < 200, "{}", f.len());
+    assert!(FrameInfo::parse(&f).unwrap().needs_base());
+}
+
+#[test]
+fn unhelpful_base_is_not_used() {
+    let a = f32_bytes(&gaussian_f32(50_000, 4, 0.02));
+    let b = f32_bytes(&gaussian_f32(50_000, 5, 0.02));
+    let f = encode(&a, Some(&b), DType::F32, &Options::default());
+    assert!(!FrameInfo::parse(&f).unwrap().needs_base());
+    assert_eq!(decode(&f, None).unwrap(), a);
+}
+
+#[test]
+fn a_base_of_another_length_is_ignored() {
+    let a = f32_bytes(&gaussian_f32(1000, 6, 0.02));
+    let f = encode(&a, Some(&a[..40]), DType::F32, &Options::default());
+    assert_eq!(decode(&f, None).unwrap(), a);
+}
+
+#[test]
+fn decoding_a_delta_without_or_with_a_wrong_base_is_an_error() {
+    let a = f32_bytes(&gaussian_f32(1000, 7, 0.02));
+    let b: Vec<u8> = a.iter().map(|x| x ^ 1).collect();
+    let f = encode(&b, Some(&a), DType::F32, &Options::default());
+    assert_eq!(decode(&f, None), Err(DecodeError::BaseRequired));
+    assert!(matches!(
+        decode(&f, Some(&a[..8])),
+        Err(DecodeError::BaseLength { .. })
+    ));
+}
+
+/// Known answers: these bytes are the format. A change here is a format
+/// change and needs a version bump and a CHANGELOG entry.
+#[test]
+fn known_answer_frames() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    // bf16 [1.0, -2.0, 0.5] = 3f80 c000 3f00, rotated 7f00 8001 7e00:
+    // stream 0 (mantissa|sign) 00 01 00 and stream 1 (exponent) 7f 80 7e,
+    // both raw blocks (three symbols do not pay for a table).
+    let raw = bf16_bytes(&[1.0, -2.0, 0.5]);
+    let f = encode(&raw, None, DType::BF16, &Options::default());
+    assert_eq!(
+        hex(&f),
+        "434b0101080410000600000000000000000300030001007f807e"
+    );
+    // 5 bytes of u8 all equal: one constant block, no tail.
+    let f = encode(&[9u8; 5], None, DType::U8, &Options::default());
+    assert_eq!(hex(&f), "434b0101010010000500000000000000010109");
+    // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
+    // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
+    let mut raw = f32_bytes(&[0.25, 0.5]);
+    raw.extend_from_slice(&[1, 2, 3]);
+    let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
+    assert_eq!(
+        hex(&f),
+        "434b01010b0410000b0000000000000001020301010101010100020000007d7e"
+    );
+    // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
+    // four stream ops, every stream one constant block of zeros.
+    let raw = f32_bytes(&(0..64).map(|i| i as f32 * 0.1).collect::<Vec<_>>());
+    let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
+    assert_eq!(
+        hex(&f),
+        "434b01010b051000000100000000000001010101010101010101010100000000"
+    );
+}
+
+#[test]
+fn every_truncation_of_a_frame_is_an_error() {
+    let a = f32_bytes(&gaussian_f32(70_000, 8, 0.02));
+    let b: Vec<f32> = gaussian_f32(70_000, 8, 0.02)
+        .iter()
+        .map(|x| x * 1.001)
+        .collect();
+    let b = f32_bytes(&b);
+    for opts in all_options() {
+        for base in [None, Some(a.as_slice())] {
+            let f = encode(&b, base, DType::F32, &opts);
+            let step = (f.len() / 300).max(1);
+            for cut in (0..f.len()).step_by(step) {
+                assert!(
+                    decode(&f[..cut], base).is_err(),
+                    "cut at {cut} of {}",
+                    f.len()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn declared_sizes_are_bounded() {
+    let mut f = encode(&[1u8, 2, 3, 4], None, DType::U8, &Options::default());
+    f[8..16].copy_from_slice(&(HARD_MAX_RAW_LEN + 1).to_le_bytes());
+    assert!(matches!(
+        decode(&f, None),
+        Err(DecodeError::TooLarge { .. })
+    ));
+    let mut out = Vec::new();
+    let mut s = Scratch::default();
+    let f = encode(&[0u8; 4096], None, DType::U8, &Options::default());
+    assert!(matches!(
+        decode_into(&f, None, 100, &mut out, &mut s),
+        Err(DecodeError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn header_fields_are_validated() {
+    let good = encode(
+        &[1u8, 2, 3, 4, 5, 6, 7, 8],
+        None,
+        DType::F32,
+        &Options::default(),
+    );
+    let mut f = good.clone();
+    f[0] = b'X';
+    assert_eq!(decode(&f, None), Err(DecodeError::BadMagic));
+    let mut f = good.clone();
+    f[2] = 9;
+    assert!(matches!(
+        decode(&f, None),
+        Err(DecodeError::VersionTooNew { found: 9, .. })
+    ));
+    let mut f = good.clone();
+    f[3] = 2;
+    assert_eq!(decode(&f, None), Err(DecodeError::UnknownCodec(2)));
+    let mut f = good.clone();
+    f[4] = 99;
+    assert_eq!(decode(&f, None), Err(DecodeError::UnknownDType(99)));
+    let mut f = good.clone();
+    f[5] |= 0x80;
+    assert!(decode(&f, None).is_err());
+    let mut f = good;
+    f.push(0);
+    assert!(decode(&f, None).is_err(), "trailing bytes");
+}
+
+fn dtype_strategy() -> impl Strategy<Value = DType> {
+    (0u8..15).prop_map(|c| DType::from_code(c).unwrap())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn random_bytes_round_trip(raw in proptest::collection::vec(any::<u8>(), 0..3000),
+                               dtype in dtype_strategy(), with_base: bool, lmc: bool) {
+        let opts = if lmc { Options::lmc() } else { Options::default() };
+        let base: Vec<u8> = raw.iter().rev().copied().collect();
+        rt(&raw, with_base.then_some(base.as_slice()), dtype, &opts);
+    }
+
+    #[test]
+    fn low_entropy_bytes_round_trip(raw in proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 0..5000),
+                                    dtype in dtype_strategy()) {
+        rt(&raw, None, dtype, &Options::default());
+        let base: Vec<u8> = raw.iter().map(|&b| if b > 200 { b ^ 3 } else { b }).collect();
+        rt(&raw, Some(&base), dtype, &Options::default());
+    }
+
+    #[test]
+    fn corrupt_frames_never_panic(seed in any::<u64>(), flips in 1usize..8) {
+        let a = f32_bytes(&gaussian_f32(20_000, (seed % 1000) as u32, 0.02));
+        let b: Vec<u8> = a.iter().enumerate().map(|(i, &x)| if i % 4 == 0 { x ^ 0x11 } else { x }).collect();
+        let mut f = encode(&b, Some(&a), DType::F32, &Options::default());
+        let mut s = seed;
+        for _ in 0..flips {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let i = (s >> 33) as usize % f.len();
+            f[i] ^= 1 << ((s >> 20) % 8);
+        }
+        // Either an error or some bytes; blake3 at the store catches the rest.
+        let _ = decode(&f, Some(&a));
+    }
+}
