@@ -52,7 +52,15 @@ fn main() {
         )];
     }
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
-    let o = Options::default();
+    let mut o = Options::default();
+    // Knob experiments: RANS_MIN_GAIN=0.05 MIN_GAIN=0.01 NO_RANS=1
+    if let Some(v) = std::env::var("RANS_MIN_GAIN").ok().and_then(|v| v.parse().ok()) {
+        o.rans_min_gain = v;
+    }
+    if let Some(v) = std::env::var("MIN_GAIN").ok().and_then(|v| v.parse().ok()) {
+        o.min_gain = v;
+    }
+    o.rans = std::env::var("NO_RANS").is_err();
     let mut s = Scratch::default();
     let mut frames: Vec<Vec<u8>> = vec![Vec::new(); jobs.len()];
     let t = Instant::now();

@@ -25,22 +25,40 @@ impl BlockMode {
     }
 }
 
-/// Byte histogram, four interleaved tables to break store-to-load chains.
+/// Byte histogram. Eight interleaved tables break the store-to-load chains
+/// that a run of one symbol (an exponent stream) would otherwise serialise.
 pub fn histogram(s: &[u8]) -> [u32; 256] {
-    let mut h = [[0u32; 256]; 4];
-    let mut it = s.chunks_exact(4);
+    let mut h = [[0u32; 256]; 8];
+    let mut it = s.chunks_exact(8);
     for c in &mut it {
-        h[0][c[0] as usize] += 1;
-        h[1][c[1] as usize] += 1;
-        h[2][c[2] as usize] += 1;
-        h[3][c[3] as usize] += 1;
+        let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        for (k, t) in h.iter_mut().enumerate() {
+            t[(v >> (8 * k)) as u8 as usize] += 1;
+        }
     }
     for &b in it.remainder() {
         h[0][b as usize] += 1;
     }
     let mut out = [0u32; 256];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = h[0][i] + h[1][i] + h[2][i] + h[3][i];
+        *o = h.iter().map(|t| t[i]).sum();
+    }
+    out
+}
+
+/// Histogram of every `step`-th byte: enough to see that a block of
+/// noise (low mantissa bytes) is not worth entropy coding.
+fn sampled_histogram(s: &[u8], step: usize) -> [u32; 256] {
+    let mut h = [[0u32; 256]; 4];
+    let mut it = s.chunks_exact(4 * step);
+    for c in &mut it {
+        for (k, t) in h.iter_mut().enumerate() {
+            t[c[k * step] as usize] += 1;
+        }
+    }
+    let mut out = [0u32; 256];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = h.iter().map(|t| t[i]).sum();
     }
     out
 }
@@ -61,13 +79,26 @@ pub fn entropy_bits(h: &[u32; 256]) -> f64 {
 /// Encode one block, appending its payload to `out`; returns its mode.
 pub fn encode(syms: &[u8], opts: &Options, out: &mut Vec<u8>) -> BlockMode {
     let n = syms.len();
+    let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
+    if n >= 16 * 1024 {
+        // A quarter sample first: noise is stored raw without a full pass.
+        // The sample's entropy runs low by ~0.01 bit (small-sample bias), so
+        // it only decides "raw" when even that estimate cannot pay.
+        const STEP: usize = 4;
+        let sh = sampled_histogram(syms, STEP);
+        let sampled: u32 = sh.iter().sum();
+        let est = entropy_bits(&sh) / 8.0 * n as f64 / sampled.max(1) as f64;
+        if sh.iter().filter(|&&c| c > 0).count() > 1 && est >= keep_raw_above {
+            out.extend_from_slice(syms);
+            return BlockMode::Raw;
+        }
+    }
     let h = histogram(syms);
     let distinct = h.iter().filter(|&&c| c > 0).count();
     if distinct <= 1 {
         out.push(syms.first().copied().unwrap_or(0));
         return BlockMode::Const;
     }
-    let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
     let ideal = entropy_bits(&h) / 8.0;
     if ideal >= keep_raw_above {
         out.extend_from_slice(syms);

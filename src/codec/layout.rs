@@ -17,6 +17,16 @@ fn unrot2(v: u16) -> u16 {
     v.rotate_right(1)
 }
 
+/// Make `v` exactly `n` long without clearing what stays: every caller
+/// overwrites all `n` bytes, so zero-filling them first would be a wasted pass.
+pub fn set_len(v: &mut Vec<u8>, n: usize) {
+    if v.len() > n {
+        v.truncate(n);
+    } else {
+        v.resize(n, 0);
+    }
+}
+
 /// Byte grouping: byte `k` of element `i` goes to `streams[k][i]`.
 ///
 /// `raw.len()` must be `n * w` and every stream `n` long (the caller keeps a
@@ -27,8 +37,7 @@ pub fn group(raw: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
     debug_assert_eq!(raw.len(), n * w);
     debug_assert_eq!(streams.len(), w);
     for s in streams.iter_mut() {
-        s.clear();
-        s.resize(n, 0);
+        set_len(s, n);
     }
     match (w, rotate) {
         (1, false) => streams[0].copy_from_slice(raw),
@@ -253,8 +262,7 @@ impl StreamOp {
 /// value (so the difference counts ULPs) and is the identity for integers.
 /// Little-endian output of the same width, `n * w` bytes.
 pub fn ulp_delta(new: &[u8], base: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
-    out.clear();
-    out.resize(new.len(), 0);
+    set_len(out, new.len());
     macro_rules! body {
         ($t:ty, $it:ty, $n:expr) => {{
             let bits = <$t>::BITS;

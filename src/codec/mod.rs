@@ -209,8 +209,8 @@ pub struct Scratch {
     streams: Vec<Vec<u8>>,
     base_streams: Vec<Vec<u8>>,
     tmp: Vec<u8>,
-    payload: Vec<u8>,
     table: Vec<u64>,
+    entries: Vec<(BlockMode, usize)>,
 }
 
 /// Encode one chunk. `base`, when given and of the same length, is the same
@@ -240,7 +240,6 @@ pub fn encode_into(
         streams,
         base_streams,
         tmp,
-        payload,
         ..
     } = scratch;
     streams.resize_with(w, Vec::new);
@@ -302,17 +301,24 @@ pub fn encode_into(
         out.extend(ops.iter().map(|&o| o as u8));
     }
     out.extend_from_slice(tail);
-    payload.clear();
+    // Block table of fixed 4-byte entries (mode | length << 8), so payloads
+    // can be written straight after it in one pass.
     let block = 1usize << BLOCK_LOG2;
+    let nblocks = n.div_ceil(block);
+    let table_at = out.len();
+    out.resize(table_at + 4 * w * nblocks, 0);
+    let mut entry = table_at;
     for s in streams.iter() {
         for b in s.chunks(block) {
-            let start = payload.len();
-            let mode = block::encode(b, opts, payload);
-            out.push(mode as u8);
-            push_varint(out, (payload.len() - start) as u64);
+            let start = out.len();
+            let mode = block::encode(b, opts, out);
+            let len = (out.len() - start) as u32;
+            debug_assert!(len < 1 << 24, "a block never grows past raw");
+            let e = mode as u32 | len << 8;
+            out[entry..entry + 4].copy_from_slice(&e.to_le_bytes());
+            entry += 4;
         }
     }
-    out.extend_from_slice(payload);
 }
 
 fn group_into(body: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
@@ -382,30 +388,6 @@ fn block_cost(s: &[u8]) -> f64 {
     entropy_bits(&histogram(s)).max(8.0)
 }
 
-fn push_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn read_varint(frame: &[u8], pos: &mut usize) -> Result<u64, DecodeError> {
-    let mut v = 0u64;
-    for i in 0..10 {
-        let b = *frame.get(*pos).ok_or(DecodeError::Truncated {
-            need: *pos as u64 + 1,
-            have: frame.len() as u64,
-        })?;
-        *pos += 1;
-        v |= ((b & 0x7f) as u64) << (7 * i);
-        if b & 0x80 == 0 {
-            return Ok(v);
-        }
-    }
-    Err(corrupt(*pos, "varint longer than 10 bytes"))
-}
-
 /// Decode a frame. `base` must be the chunk the frame was encoded against
 /// when [`FrameInfo::needs_base`] says so.
 pub fn decode(frame: &[u8], base: Option<&[u8]>) -> Result<Vec<u8>, DecodeError> {
@@ -472,63 +454,76 @@ pub fn decode_into(
 
     let block = 1usize << BLOCK_LOG2;
     let nblocks = n.div_ceil(block);
-    let mut entries = Vec::with_capacity((w * nblocks).min(frame.len() / 2));
-    let mut total: u64 = 0;
-    for _ in 0..w * nblocks {
-        let m = *frame.get(pos).ok_or(truncated(pos + 1))?;
-        let mode = BlockMode::from_code(m).ok_or(corrupt(pos, "unknown block mode"))?;
-        pos += 1;
-        let len = read_varint(frame, &mut pos)?;
-        total = total.saturating_add(len);
-        entries.push((mode, len as usize));
-    }
-    if total != (frame.len() - pos) as u64 {
-        return Err(corrupt(pos, "block lengths do not add up to the frame"));
-    }
-
+    let nentries = w * nblocks;
+    let table_bytes = frame
+        .get(pos..pos + 4 * nentries)
+        .ok_or(truncated(pos + 4 * nentries))?;
     let Scratch {
         streams,
         base_streams,
         table,
+        entries,
         ..
     } = scratch;
+    entries.clear();
+    let mut total: u64 = 0;
+    for (i, e) in table_bytes.chunks_exact(4).enumerate() {
+        let e = u32::from_le_bytes(e.try_into().expect("4 bytes"));
+        let mode = BlockMode::from_code(e as u8).ok_or(corrupt(pos + 4 * i, "unknown block mode"))?;
+        let len = (e >> 8) as usize;
+        total += len as u64;
+        entries.push((mode, len));
+    }
+    pos += 4 * nentries;
+    if total != (frame.len() - pos) as u64 {
+        return Err(corrupt(pos, "block lengths do not add up to the frame"));
+    }
+
+    // Decode each stream; a stream stored all raw (and not combined with
+    // the base) is used in place, straight from the frame.
     streams.resize_with(w, Vec::new);
-    let mut e = entries.iter();
-    for s in streams.iter_mut() {
-        s.clear();
-        s.resize(n, 0);
-        for dst in s.chunks_mut(block) {
-            let &(mode, len) = e.next().expect("w * nblocks entries");
+    let mut in_frame: Vec<Option<(usize, usize)>> = vec![None; w];
+    for (k, s) in streams.iter_mut().enumerate() {
+        let ents = &entries[k * nblocks..(k + 1) * nblocks];
+        let len: usize = ents.iter().map(|e| e.1).sum();
+        if ops[k] == StreamOp::Keep && ents.iter().all(|e| e.0 == BlockMode::Raw) {
+            if len != n {
+                return Err(corrupt(pos, "raw block length differs from its symbol count"));
+            }
+            in_frame[k] = Some((pos, len));
+            pos += len;
+            continue;
+        }
+        layout::set_len(s, n);
+        for (dst, &(mode, len)) in s.chunks_mut(block).zip(ents) {
             block::decode(mode, frame, pos, len, dst, table)?;
             pos += len;
         }
     }
 
-    out.clear();
-    out.resize(raw_len, 0);
+    layout::set_len(out, raw_len);
     let (body, out_tail) = out.split_at_mut(n * w);
     out_tail.copy_from_slice(tail);
-    match info.delta {
-        Delta::None => {
-            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-            layout::ungroup(&refs, w, info.rotated, body);
+    if info.delta == Delta::PerStream {
+        let base = &base.expect("checked above")[..n * w];
+        base_streams.resize_with(w, Vec::new);
+        layout::group(base, w, info.rotated, base_streams);
+        for k in 0..w {
+            ops[k].undo(&mut streams[k], &base_streams[k]);
         }
-        Delta::PerStream => {
-            let base = &base.expect("checked above")[..n * w];
-            base_streams.resize_with(w, Vec::new);
-            layout::group(base, w, info.rotated, base_streams);
-            for k in 0..w {
-                ops[k].undo(&mut streams[k], &base_streams[k]);
-            }
-            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-            layout::ungroup(&refs, w, info.rotated, body);
-        }
-        Delta::Ulp => {
-            let base = &base.expect("checked above")[..n * w];
-            let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
-            layout::ungroup(&refs, w, info.rotated, body);
-            layout::ulp_undelta(body, base, w, info.dtype.is_float());
-        }
+    }
+    let refs: Vec<&[u8]> = streams
+        .iter()
+        .zip(&in_frame)
+        .map(|(s, f)| match f {
+            Some((at, len)) => &frame[*at..*at + *len],
+            None => s.as_slice(),
+        })
+        .collect();
+    layout::ungroup(&refs, w, info.rotated, body);
+    if info.delta == Delta::Ulp {
+        let base = &base.expect("checked above")[..n * w];
+        layout::ulp_undelta(body, base, w, info.dtype.is_float());
     }
     Ok(())
 }

@@ -166,11 +166,11 @@ fn known_answer_frames() {
     let f = encode(&raw, None, DType::BF16, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b0101080410000600000000000000000300030001007f807e"
+        "434b010108041000060000000000000000030000000300000001007f807e"
     );
     // 5 bytes of u8 all equal: one constant block, no tail.
     let f = encode(&[9u8; 5], None, DType::U8, &Options::default());
-    assert_eq!(hex(&f), "434b0101010010000500000000000000010109");
+    assert_eq!(hex(&f), "434b01010100100005000000000000000101000009");
     // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
     // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
     let mut raw = f32_bytes(&[0.25, 0.5]);
@@ -178,7 +178,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b01010b0410000b0000000000000001020301010101010100020000007d7e"
+        "434b01010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
     );
     // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
     // four stream ops, every stream one constant block of zeros.
@@ -186,7 +186,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b01010b051000000100000000000001010101010101010101010100000000"
+        "434b01010b0510000001000000000000010101010101000001010000010100000101000000000000"
     );
 }
 
