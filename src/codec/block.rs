@@ -11,6 +11,9 @@ pub enum BlockMode {
     Const = 1,
     Huffman = 2,
     Rans = 3,
+    /// rANS with one table per class of the context byte (the base's byte
+    /// at the same place); only in delta frames.
+    RansCtx = 4,
 }
 
 impl BlockMode {
@@ -20,6 +23,7 @@ impl BlockMode {
             1 => Some(BlockMode::Const),
             2 => Some(BlockMode::Huffman),
             3 => Some(BlockMode::Rans),
+            4 => Some(BlockMode::RansCtx),
             _ => None,
         }
     }
@@ -76,8 +80,15 @@ pub fn entropy_bits(h: &[u32; 256]) -> f64 {
         .sum()
 }
 
+/// Smallest block worth a rANS table.
+const RANS_MIN_SYMBOLS: usize = 1024;
+/// Smallest block worth context-modelled rANS (up to eight tables).
+const RANS_CTX_MIN_SYMBOLS: usize = 4096;
+
 /// Encode one block, appending its payload to `out`; returns its mode.
-pub fn encode(syms: &[u8], opts: &Options, out: &mut Vec<u8>) -> BlockMode {
+/// `ctx`, when given, is the base's same block: context-modelled rANS may
+/// then code each symbol with the table of its context's class.
+pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
     if n >= 16 * 1024 {
@@ -109,12 +120,22 @@ pub fn encode(syms: &[u8], opts: &Options, out: &mut Vec<u8>) -> BlockMode {
         (huffman::table_bytes(&lens) + 12 + 4) as f64 + huffman::coded_bits(&h, &lens) as f64 / 8.0;
     let mut best = (huff, BlockMode::Huffman);
     let mut freqs = None;
-    if opts.rans && huff - ideal > opts.rans_min_gain as f64 * huff {
+    // rANS tables cost 16 KiB of slots per class to build at decode time:
+    // not worth it for small blocks.
+    if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > opts.rans_min_gain as f64 * huff {
         let f = rans::normalize(&h);
         let r = (rans::header_bytes(&f) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0;
         if r < huff * (1.0 - opts.rans_min_gain as f64) {
             best = (r, BlockMode::Rans);
             freqs = Some(f);
+        }
+    }
+    let mut plan = None;
+    if let (Some(ctx), true) = (ctx, opts.rans && n >= RANS_CTX_MIN_SYMBOLS) {
+        let p = rans::ctx_plan(syms, ctx);
+        if p.bytes < best.0 * (1.0 - opts.rans_min_gain as f64) {
+            best = (p.bytes, BlockMode::RansCtx);
+            plan = Some(p);
         }
     }
     if best.0 >= keep_raw_above {
@@ -123,19 +144,34 @@ pub fn encode(syms: &[u8], opts: &Options, out: &mut Vec<u8>) -> BlockMode {
     }
     match best.1 {
         BlockMode::Rans => rans::encode(syms, &freqs.expect("set with Rans"), out),
+        BlockMode::RansCtx => rans::ctx_encode(
+            syms,
+            ctx.expect("set with RansCtx"),
+            &plan.expect("set with RansCtx"),
+            out,
+        ),
         _ => huffman::encode(syms, &lens, out),
     }
     best.1
 }
 
-/// Decode one block whose payload is `frame[start..start+len]` into `out`.
+/// Decoding tables kept between blocks (allocated once per thread).
+#[derive(Default)]
+pub struct Tables {
+    pub huffman: Vec<u64>,
+    pub rans: Vec<u32>,
+}
+
+/// Decode one block whose payload is `frame[start..start+len]` into `out`;
+/// `ctx` is the base's same block in a delta frame.
 pub fn decode(
     mode: BlockMode,
     frame: &[u8],
     start: usize,
     len: usize,
+    ctx: Option<&[u8]>,
     out: &mut [u8],
-    table: &mut Vec<u64>,
+    tables: &mut Tables,
 ) -> Result<(), DecodeError> {
     let payload = &frame[start..start + len];
     let corrupt = |reason| DecodeError::Corrupt {
@@ -155,8 +191,12 @@ pub fn decode(
             }
             out.fill(payload[0]);
         }
-        BlockMode::Huffman => huffman::decode(frame, start, len, out, table)?,
-        BlockMode::Rans => rans::decode(payload, start as u64, out)?,
+        BlockMode::Huffman => huffman::decode(frame, start, len, out, &mut tables.huffman)?,
+        BlockMode::Rans => rans::decode(payload, start as u64, out, &mut tables.rans)?,
+        BlockMode::RansCtx => {
+            let ctx = ctx.ok_or(corrupt("context-coded block outside a delta stream"))?;
+            rans::ctx_decode(payload, start as u64, ctx, out, &mut tables.rans)?
+        }
     }
     Ok(())
 }

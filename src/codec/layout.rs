@@ -159,8 +159,25 @@ dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [u8]; 4], rotate: bool));
 dispatch!(ungroup2, ungroup2_body, (s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool));
 dispatch!(ungroup4, ungroup4_body, (s: [&[u8]; 4], out: &mut [u8], rotate: bool));
 dispatch!(xor_into, xor_body, (dst: &mut [u8], src: &[u8]));
-dispatch!(sub_into, sub_body, (dst: &mut [u8], src: &[u8]));
-dispatch!(add_into, add_body, (dst: &mut [u8], src: &[u8]));
+dispatch!(diff_into, diff_body, (dst: &mut [u8], src: &[u8]));
+dispatch!(undiff_into, undiff_body, (dst: &mut [u8], src: &[u8]));
+
+/// The context stream of a delta frame: the top byte of every element of
+/// the base after rotation (for floats: the exponent; for integers: the
+/// most significant byte). `raw` is `n * w` bytes; `out` becomes `n` bytes.
+pub fn context_bytes(raw: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
+    set_len(out, raw.len() / w);
+    if w == 1 {
+        for (o, &b) in out.iter_mut().zip(raw) {
+            *o = if float { b.rotate_left(1) } else { b };
+        }
+        return;
+    }
+    for (o, c) in out.iter_mut().zip(raw.chunks_exact(w)) {
+        let hi = u16::from_le_bytes([c[w - 2], c[w - 1]]);
+        *o = (if float { rot2(hi) } else { hi } >> 8) as u8;
+    }
+}
 
 /// Inverse of [`group`]: interleave `w` streams of `n` bytes into `out`
 /// (`n * w` bytes), undoing the rotation.
@@ -205,15 +222,18 @@ fn xor_body(dst: &mut [u8], src: &[u8]) {
     }
 }
 #[inline(always)]
-fn sub_body(dst: &mut [u8], src: &[u8]) {
+fn diff_body(dst: &mut [u8], src: &[u8]) {
     for (d, &s) in dst.iter_mut().zip(src) {
-        *d = d.wrapping_sub(s);
+        let v = d.wrapping_sub(s) as i8;
+        *d = ((v << 1) ^ (v >> 7)) as u8;
     }
 }
 #[inline(always)]
-fn add_body(dst: &mut [u8], src: &[u8]) {
+fn undiff_body(dst: &mut [u8], src: &[u8]) {
     for (d, &s) in dst.iter_mut().zip(src) {
-        *d = d.wrapping_add(s);
+        let z = *d;
+        let v = (z >> 1) ^ (z & 1).wrapping_neg();
+        *d = s.wrapping_add(v);
     }
 }
 
@@ -225,9 +245,10 @@ pub enum StreamOp {
     Keep = 0,
     /// XOR with the base stream.
     Xor = 1,
-    /// Byte difference `new - base (mod 256)` (for the exponent stream: the
-    /// exponent change).
-    Sub = 2,
+    /// Zigzagged byte difference: `zigzag(new - base)` with the difference
+    /// taken as an `i8` (mod 256), so small changes either way are small
+    /// symbols (for the exponent stream: the exponent change, 0, 1, 2, ...).
+    Diff = 2,
 }
 
 impl StreamOp {
@@ -235,7 +256,7 @@ impl StreamOp {
         match c {
             0 => Some(StreamOp::Keep),
             1 => Some(StreamOp::Xor),
-            2 => Some(StreamOp::Sub),
+            2 => Some(StreamOp::Diff),
             _ => None,
         }
     }
@@ -244,7 +265,7 @@ impl StreamOp {
         match self {
             StreamOp::Keep => {}
             StreamOp::Xor => xor_into(s, b),
-            StreamOp::Sub => sub_into(s, b),
+            StreamOp::Diff => diff_into(s, b),
         }
     }
     /// Undo [`StreamOp::apply`].
@@ -252,7 +273,7 @@ impl StreamOp {
         match self {
             StreamOp::Keep => {}
             StreamOp::Xor => xor_into(s, b),
-            StreamOp::Sub => add_into(s, b),
+            StreamOp::Diff => undiff_into(s, b),
         }
     }
 }

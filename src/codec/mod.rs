@@ -208,8 +208,9 @@ fn corrupt(offset: usize, reason: &'static str) -> DecodeError {
 pub struct Scratch {
     streams: Vec<Vec<u8>>,
     base_streams: Vec<Vec<u8>>,
+    ctx: Vec<u8>,
     tmp: Vec<u8>,
-    table: Vec<u64>,
+    tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
 }
 
@@ -240,6 +241,7 @@ pub fn encode_into(
         streams,
         base_streams,
         tmp,
+        ctx,
         ..
     } = scratch;
     streams.resize_with(w, Vec::new);
@@ -283,6 +285,9 @@ pub fn encode_into(
         group_into(body, w, rotate, streams);
     }
 
+    if let (Some(base), true) = (base, delta != Delta::None) {
+        layout::context_bytes(base, w, dtype.is_float(), ctx);
+    }
     out.clear();
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
@@ -309,9 +314,13 @@ pub fn encode_into(
     out.resize(table_at + 4 * w * nblocks, 0);
     let mut entry = table_at;
     for s in streams.iter() {
-        for b in s.chunks(block) {
+        // Every stream of a delta frame may be coded with the base's
+        // exponent (top) byte of each element as context.
+        let ctx = (delta != Delta::None).then_some(ctx.as_slice());
+        for (bi, b) in s.chunks(block).enumerate() {
             let start = out.len();
-            let mode = block::encode(b, opts, out);
+            let c = ctx.map(|c| &c[bi * block..bi * block + b.len()]);
+            let mode = block::encode(b, c, opts, out);
             let len = (out.len() - start) as u32;
             debug_assert!(len < 1 << 24, "a block never grows past raw");
             let e = mode as u32 | len << 8;
@@ -330,12 +339,15 @@ enum Choice {
     Ulp,
 }
 
-/// Pick the delta representation by the order-0 entropy of a sample: up to
-/// 16 evenly spaced runs of 2048 elements.
+/// Pick the delta representation by the estimated coded size of a sample
+/// (up to 8 evenly spaced runs of 1024 elements): per stream the cheapest
+/// of keep / XOR / zigzag difference, or the whole-element ULP difference,
+/// each coded plainly or with the base's exponent byte as context; or no
+/// delta at all.
 fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -> Choice {
     let n = body.len() / w;
-    const RUN: usize = 2048;
-    const RUNS: usize = 16;
+    const RUN: usize = 1024;
+    const RUNS: usize = 8;
     let ranges: Vec<(usize, usize)> = if n <= RUN * RUNS {
         vec![(0, n)]
     } else {
@@ -352,16 +364,22 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let mut bs = vec![Vec::new(); w];
     layout::group(&sample, w, rotate, &mut s);
     layout::group(&sample_base, w, rotate, &mut bs);
+    let mut ctx = Vec::new();
+    layout::context_bytes(&sample_base, w, float, &mut ctx);
+    let model = rans::CtxModel::new(&ctx);
+    let cost = |t: &[u8]| block_cost(t).min(model.cost_bits(t, &ctx));
     let mut ops = Vec::with_capacity(w);
-    let mut per_stream_bits = 0.0;
+    let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
     let mut t = Vec::new();
     for k in 0..w {
-        let mut best = (block_cost(&s[k]), StreamOp::Keep);
-        for op in [StreamOp::Xor, StreamOp::Sub] {
+        let plain = block_cost(&s[k]);
+        no_delta_bits += plain;
+        let mut best = (plain.min(model.cost_bits(&s[k], &ctx)), StreamOp::Keep);
+        for op in [StreamOp::Xor, StreamOp::Diff] {
             t.clear();
             t.extend_from_slice(&s[k]);
             op.apply(&mut t, &bs[k]);
-            let c = block_cost(&t);
+            let c = cost(&t);
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
             if c < best.0 * 0.995 {
                 best = (c, op);
@@ -374,11 +392,13 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     layout::ulp_delta(&sample, &sample_base, w, float, &mut z);
     let mut zs = vec![Vec::new(); w];
     layout::group(&z, w, false, &mut zs);
-    let ulp_bits: f64 = zs.iter().map(|s| block_cost(s)).sum();
-    if ulp_bits < per_stream_bits * 0.99 {
+    let ulp_bits: f64 = zs.iter().map(|s| cost(s)).sum();
+    if ulp_bits < per_stream_bits.min(no_delta_bits) * 0.99 {
         Choice::Ulp
-    } else {
+    } else if per_stream_bits < no_delta_bits * 0.995 {
         Choice::PerStream(ops)
+    } else {
+        Choice::PerStream(vec![StreamOp::Keep; w])
     }
 }
 
@@ -461,15 +481,17 @@ pub fn decode_into(
     let Scratch {
         streams,
         base_streams,
-        table,
+        tables,
         entries,
+        ctx,
         ..
     } = scratch;
     entries.clear();
     let mut total: u64 = 0;
     for (i, e) in table_bytes.chunks_exact(4).enumerate() {
         let e = u32::from_le_bytes(e.try_into().expect("4 bytes"));
-        let mode = BlockMode::from_code(e as u8).ok_or(corrupt(pos + 4 * i, "unknown block mode"))?;
+        let mode =
+            BlockMode::from_code(e as u8).ok_or(corrupt(pos + 4 * i, "unknown block mode"))?;
         let len = (e >> 8) as usize;
         total += len as u64;
         entries.push((mode, len));
@@ -479,6 +501,14 @@ pub fn decode_into(
         return Err(corrupt(pos, "block lengths do not add up to the frame"));
     }
 
+    if let Some(base) = base {
+        let base = &base[..n * w];
+        layout::context_bytes(base, w, info.dtype.is_float(), ctx);
+        if info.delta == Delta::PerStream {
+            base_streams.resize_with(w, Vec::new);
+            layout::group(base, w, info.rotated, base_streams);
+        }
+    }
     // Decode each stream; a stream stored all raw (and not combined with
     // the base) is used in place, straight from the frame.
     streams.resize_with(w, Vec::new);
@@ -488,15 +518,20 @@ pub fn decode_into(
         let len: usize = ents.iter().map(|e| e.1).sum();
         if ops[k] == StreamOp::Keep && ents.iter().all(|e| e.0 == BlockMode::Raw) {
             if len != n {
-                return Err(corrupt(pos, "raw block length differs from its symbol count"));
+                return Err(corrupt(
+                    pos,
+                    "raw block length differs from its symbol count",
+                ));
             }
             in_frame[k] = Some((pos, len));
             pos += len;
             continue;
         }
         layout::set_len(s, n);
-        for (dst, &(mode, len)) in s.chunks_mut(block).zip(ents) {
-            block::decode(mode, frame, pos, len, dst, table)?;
+        let ctx = base.is_some().then_some(ctx.as_slice());
+        for (bi, (dst, &(mode, len))) in s.chunks_mut(block).zip(ents).enumerate() {
+            let c = ctx.map(|c| &c[bi * block..bi * block + dst.len()]);
+            block::decode(mode, frame, pos, len, c, dst, tables)?;
             pos += len;
         }
     }
@@ -505,9 +540,6 @@ pub fn decode_into(
     let (body, out_tail) = out.split_at_mut(n * w);
     out_tail.copy_from_slice(tail);
     if info.delta == Delta::PerStream {
-        let base = &base.expect("checked above")[..n * w];
-        base_streams.resize_with(w, Vec::new);
-        layout::group(base, w, info.rotated, base_streams);
         for k in 0..w {
             ops[k].undo(&mut streams[k], &base_streams[k]);
         }

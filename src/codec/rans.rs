@@ -1,16 +1,18 @@
-//! Interleaved rANS (four states, 12-bit probabilities, byte-wise
+//! Interleaved rANS (four 32-bit states, 12-bit probabilities, 16-bit
 //! renormalisation) for blocks where Huffman's floor of one bit per symbol
 //! wastes space: the mostly-zero streams of late-training deltas.
 //!
 //! Block payload (see docs/format/codec.md): `lo u8, hi u8, one LEB128
 //! frequency per symbol lo..=hi (summing to 4096), four u32 LE final states,
-//! then the renormalisation bytes in decoding order`.
+//! then the renormalisation words (u16 LE) in decoding order`. With the state
+//! in `[2^16, 2^32)` a decode step needs at most one word, so the decoder
+//! renormalises without a branch.
 
 use super::DecodeError;
 
 pub const SCALE_BITS: u32 = 12;
 const M: u32 = 1 << SCALE_BITS;
-const L: u32 = 1 << 23;
+const L: u32 = 1 << 16;
 
 /// Normalise a histogram (at least two symbols present) to frequencies
 /// summing to 4096, every present symbol at least 1.
@@ -79,44 +81,35 @@ fn varint_len(v: u32) -> usize {
 #[derive(Clone, Copy, Default)]
 struct EncSym {
     x_max: u32,
-    rcp_freq: u32,
-    bias: u32,
-    cmpl_freq: u32,
-    rcp_shift: u32,
+    freq: u32,
+    start: u32,
+    /// `ceil(2^(32 + shift) / freq)`: `x / freq == (x * rcp) >> (32 + shift)`
+    /// for every 32-bit `x` (Granlund-Montgomery), so no division per symbol.
+    rcp: u64,
+    shift: u32,
 }
 
 impl EncSym {
-    // Division-free encoding with a reciprocal (Fabian Giesen's rans_byte).
     fn new(start: u32, freq: u32) -> EncSym {
-        let x_max = ((L >> SCALE_BITS) << 8) * freq;
-        let cmpl_freq = M - freq;
-        if freq < 2 {
-            EncSym {
-                x_max,
-                rcp_freq: !0,
-                bias: start + M - 1,
-                cmpl_freq,
-                rcp_shift: 0,
-            }
-        } else {
-            let mut shift = 0;
-            while freq > (1u32 << shift) {
-                shift += 1;
-            }
-            let rcp = (1u64 << (shift + 31)).div_ceil(freq as u64) as u32;
-            EncSym {
-                x_max,
-                rcp_freq: rcp,
-                bias: start,
-                cmpl_freq,
-                rcp_shift: shift - 1,
-            }
+        let shift = 32 - (freq - 1).leading_zeros().min(32);
+        let shift = if freq == 1 { 0 } else { shift };
+        EncSym {
+            x_max: ((L >> SCALE_BITS) << 16) * freq,
+            freq,
+            start,
+            rcp: (1u64 << (32 + shift)).div_ceil(freq as u64),
+            shift,
         }
+    }
+
+    #[inline(always)]
+    fn put(&self, x: u32) -> u32 {
+        let q = ((x as u128 * self.rcp as u128) >> (32 + self.shift)) as u32;
+        (q << SCALE_BITS) + (x - q * self.freq) + self.start
     }
 }
 
-/// Append the rANS payload of `syms` with normalised frequencies `f`.
-pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
+fn write_freqs(f: &[u32; 256], out: &mut Vec<u8>) {
     let lo = f.iter().position(|&v| v > 0).expect("symbols present");
     let hi = 255
         - f.iter()
@@ -125,62 +118,86 @@ pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
             .expect("symbols present");
     out.push(lo as u8);
     out.push(hi as u8);
+    for &v in &f[lo..=hi] {
+        if v < 128 {
+            out.push(v as u8);
+        } else {
+            out.push((v & 127) as u8 | 128);
+            out.push((v >> 7) as u8);
+        }
+    }
+}
+
+fn enc_table(f: &[u32; 256]) -> [EncSym; 256] {
     let mut enc = [EncSym::default(); 256];
     let mut start = 0;
     for s in 0..256 {
-        if (lo..=hi).contains(&s) {
-            let v = f[s];
-            if v < 128 {
-                out.push(v as u8);
-            } else {
-                out.push((v & 127) as u8 | 128);
-                out.push((v >> 7) as u8);
-            }
-        }
         if f[s] > 0 {
             enc[s] = EncSym::new(start, f[s]);
         }
         start += f[s];
     }
-    // Encode backwards into a reversed byte stack.
-    let mut stack: Vec<u8> = Vec::with_capacity(syms.len() / 2 + 16);
+    enc
+}
+
+/// Encode backwards, `class(i)` picking the table of symbol `i`, then
+/// write the four final states and the bytes in decoding order.
+#[inline(always)]
+fn encode_core(
+    syms: &[u8],
+    enc: &[[EncSym; 256]],
+    class: impl Fn(usize) -> usize,
+    out: &mut Vec<u8>,
+) {
+    let mut stack: Vec<u16> = Vec::with_capacity(syms.len() / 4 + 16);
     let mut x = [L; 4];
     for (i, &s) in syms.iter().enumerate().rev() {
-        let e = &enc[s as usize];
+        let e = &enc[class(i)][s as usize];
         let st = &mut x[i & 3];
         let mut v = *st;
-        while v >= e.x_max {
-            stack.push(v as u8);
-            v >>= 8;
+        if v >= e.x_max {
+            stack.push(v as u16);
+            v >>= 16;
         }
-        let q = (((v as u64 * e.rcp_freq as u64) >> 32) as u32) >> e.rcp_shift;
-        *st = v + e.bias + q * e.cmpl_freq;
+        *st = e.put(v);
     }
     for st in x {
         out.extend_from_slice(&st.to_le_bytes());
     }
-    out.extend(stack.iter().rev());
+    out.reserve(2 * stack.len());
+    for w in stack.iter().rev() {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
 }
 
-/// Decode `out.len()` symbols from `payload`.
-pub fn decode(payload: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DecodeError> {
+/// Append the rANS payload of `syms` with normalised frequencies `f`.
+pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
+    write_freqs(f, out);
+    encode_core(syms, &[enc_table(f)], |_| 0, out);
+}
+
+/// Read a frequency table; returns the slot table entries
+/// (`symbol | freq << 8 | start << 20` per 12-bit slot).
+fn read_freqs(
+    payload: &[u8],
+    p: &mut usize,
+    offset: u64,
+    slots: &mut [u32],
+) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
-    if payload.len() < 2 {
-        return Err(corrupt("rans block shorter than its header"));
-    }
-    let (lo, hi) = (payload[0] as usize, payload[1] as usize);
+    let lo = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as usize;
+    let hi = *payload.get(*p + 1).ok_or(corrupt("rans table truncated"))? as usize;
+    *p += 2;
     if lo > hi {
         return Err(corrupt("rans symbol range is empty"));
     }
-    let mut p = 2;
-    let mut slots = vec![0u32; M as usize];
     let mut start = 0u32;
     for s in lo..=hi {
-        let b0 = *payload.get(p).ok_or(corrupt("rans table truncated"))? as u32;
-        p += 1;
+        let b0 = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as u32;
+        *p += 1;
         let v = if b0 & 128 != 0 {
-            let b1 = *payload.get(p).ok_or(corrupt("rans table truncated"))? as u32;
-            p += 1;
+            let b1 = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as u32;
+            *p += 1;
             (b0 & 127) | (b1 << 7)
         } else {
             b0
@@ -196,10 +213,25 @@ pub fn decode(payload: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DecodeE
     if start != M {
         return Err(corrupt("rans frequencies do not sum to 4096"));
     }
+    Ok(())
+}
+
+/// Decode with the four states and bytes at `payload[p..]`; `class(i)`
+/// picks the slot table of symbol `i`.
+#[inline(always)]
+fn decode_core(
+    payload: &[u8],
+    mut p: usize,
+    offset: u64,
+    slots: &[u32],
+    class: impl Fn(usize) -> usize,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if payload.len() < p + 16 {
         return Err(corrupt("rans states truncated"));
     }
-    let mut x: [u32; 4] = std::array::from_fn(|j| {
+    let x: [u32; 4] = std::array::from_fn(|j| {
         u32::from_le_bytes(
             payload[p + 4 * j..p + 4 * j + 4]
                 .try_into()
@@ -209,24 +241,283 @@ pub fn decode(payload: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DecodeE
     p += 16;
     let data = &payload[p..];
     let mut r = 0usize;
-    for (i, o) in out.iter_mut().enumerate() {
-        let st = &mut x[i & 3];
-        let slot = *st & (M - 1);
-        let e = slots[slot as usize];
-        *o = e as u8;
-        let (freq, base) = ((e >> 8) & 0xfff, e >> 20);
-        let mut v = freq * (*st >> SCALE_BITS) + slot - base;
-        while v < L {
-            let b = *data.get(r).ok_or(corrupt("rans stream ends early"))?;
-            v = (v << 8) | b as u32;
-            r += 1;
-        }
-        *st = v;
+    // One decode step of state `$x` for symbol `$i`: slot lookup, state
+    // update, then at most one renormalisation word (x >= 16 after the
+    // update, L = 2^16), taken without a branch. `$word` is the next word
+    // (read whether needed or not); the step says whether it used it.
+    macro_rules! step {
+        ($x:expr, $i:expr, $o:expr, $word:expr) => {{
+            let slot = $x & (M - 1);
+            let e = slots[(class($i) << SCALE_BITS) | slot as usize];
+            *$o = e as u8;
+            let (freq, base) = ((e >> 8) & 0xfff, e >> 20);
+            let v = freq * ($x >> SCALE_BITS) + slot - base;
+            let need = v < L;
+            $x = if need { (v << 16) | $word as u32 } else { v };
+            need
+        }};
     }
+    let [mut x0, mut x1, mut x2, mut x3] = x;
+    let n = out.len();
+    let mut i = 0;
+    {
+        let mut quads = out.chunks_exact_mut(4);
+        // Fast path: four symbols need at most 8 bytes.
+        for q in &mut quads {
+            if r + 8 > data.len() {
+                break;
+            }
+            let [o0, o1, o2, o3] = q else {
+                unreachable!("chunks of 4")
+            };
+            macro_rules! word {
+                () => {
+                    u16::from_le_bytes([data[r], data[r + 1]])
+                };
+            }
+            r += 2 * step!(x0, i, o0, word!()) as usize;
+            r += 2 * step!(x1, i + 1, o1, word!()) as usize;
+            r += 2 * step!(x2, i + 2, o2, word!()) as usize;
+            r += 2 * step!(x3, i + 3, o3, word!()) as usize;
+            i += 4;
+        }
+    }
+    // Tail, with every byte read checked.
+    let mut xs = [x0, x1, x2, x3];
+    for (k, o) in out[i..n].iter_mut().enumerate() {
+        let ii = i + k;
+        let mut st = xs[ii & 3];
+        // Checked reads: a missing word is only an error if it is needed.
+        let w = data.get(r..r + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let need = step!(st, ii, o, w.unwrap_or(0));
+        if need && w.is_none() {
+            return Err(corrupt("rans stream ends early"));
+        }
+        r += 2 * need as usize;
+        xs[ii & 3] = st;
+    }
+    let x = xs;
     if r != data.len() || x != [L; 4] {
         return Err(corrupt("rans stream does not end in the initial state"));
     }
     Ok(())
+}
+
+/// Decode `out.len()` symbols from `payload`.
+/// `slots` is reusable scratch: grown as needed, never cleared (every slot a
+/// decode can reach is written by the block's own tables first).
+pub fn decode(
+    payload: &[u8],
+    offset: u64,
+    out: &mut [u8],
+    slots: &mut Vec<u32>,
+) -> Result<(), DecodeError> {
+    grow(slots, M as usize);
+    let mut p = 0;
+    read_freqs(payload, &mut p, offset, &mut slots[..M as usize])?;
+    decode_core(payload, p, offset, slots, |_| 0, out)
+}
+
+fn grow(v: &mut Vec<u32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+}
+
+/// Context classes at most: seven context values of their own plus one
+/// class for every other value.
+pub const MAX_CLASSES: usize = 8;
+
+/// A context-modelled rANS plan for one block: symbol `i` is coded with the
+/// table of the class of `ctx[i]` (the base chunk's byte at the same place:
+/// for an exponent-change stream, the old exponent).
+pub struct CtxPlan {
+    /// Context values with a class of their own (classes 0..k-1); all other
+    /// values fall in class `k`.
+    values: Vec<u8>,
+    cmap: [u8; 256],
+    freqs: Vec<Option<[u32; 256]>>,
+    /// Estimated payload bytes.
+    pub bytes: f64,
+}
+
+/// Normalise a class histogram; a class with one symbol lends one slot to
+/// a neighbour, since a frequency of 4096 does not fit the slot format.
+fn normalize_class(h: &[u32; 256]) -> Option<[u32; 256]> {
+    let present = h.iter().filter(|&&c| c > 0).count();
+    match present {
+        0 => None,
+        1 => {
+            let s = h.iter().position(|&c| c > 0).expect("one present");
+            let mut f = [0u32; 256];
+            f[s] = M - 1;
+            f[(s + 1) & 255] = 1;
+            Some(f)
+        }
+        _ => Some(normalize(h)),
+    }
+}
+
+/// The classes of a context stream: its most frequent values get a class
+/// each, every other value shares the last.
+pub struct CtxModel {
+    values: Vec<u8>,
+    cmap: [u8; 256],
+}
+
+impl CtxModel {
+    pub fn new(ctx: &[u8]) -> CtxModel {
+        let ch = super::histogram(ctx);
+        let mut order: Vec<usize> = (0..256).filter(|&v| ch[v] > 0).collect();
+        order.sort_by_key(|&v| std::cmp::Reverse(ch[v]));
+        let values: Vec<u8> = order
+            .iter()
+            .take(MAX_CLASSES - 1)
+            .map(|&v| v as u8)
+            .collect();
+        let mut cmap = [values.len() as u8; 256];
+        for (c, &v) in values.iter().enumerate() {
+            cmap[v as usize] = c as u8;
+        }
+        CtxModel { values, cmap }
+    }
+
+    fn class_histograms(&self, syms: &[u8], ctx: &[u8]) -> Vec<[u32; 256]> {
+        let mut hist = vec![[0u32; 256]; self.values.len() + 1];
+        for (&s, &c) in syms.iter().zip(ctx) {
+            hist[self.cmap[c as usize] as usize][s as usize] += 1;
+        }
+        hist
+    }
+
+    /// Estimated bits of `syms` coded with this model: per-class order-0
+    /// entropy plus the tables.
+    pub fn cost_bits(&self, syms: &[u8], ctx: &[u8]) -> f64 {
+        let hist = self.class_histograms(syms, ctx);
+        let mut bits = 8.0 * (1 + self.values.len() + 16 + 4) as f64;
+        for h in &hist {
+            let present = h.iter().filter(|&&c| c > 0).count();
+            bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
+            bits += super::entropy_bits(h);
+        }
+        bits
+    }
+}
+
+/// Plan context coding of `syms` with contexts `ctx` (same length).
+pub fn ctx_plan(syms: &[u8], ctx: &[u8]) -> CtxPlan {
+    let CtxModel { values, cmap } = CtxModel::new(ctx);
+    let model = CtxModel { values, cmap };
+    let hist = model.class_histograms(syms, ctx);
+    let CtxModel { values, cmap } = model;
+    let mut bytes = (1 + values.len() + 16 + 4) as f64;
+    let freqs: Vec<Option<[u32; 256]>> = hist
+        .iter()
+        .map(|h| {
+            let f = normalize_class(h);
+            bytes += 1.0;
+            if let Some(f) = &f {
+                bytes += header_bytes(f) as f64 - 16.0 + coded_bits(h, f) / 8.0;
+            }
+            f
+        })
+        .collect();
+    CtxPlan {
+        values,
+        cmap,
+        freqs,
+        bytes,
+    }
+}
+
+/// Append the context-modelled payload: `k-1` as u8, the `k-1` context
+/// values, per class a presence byte and (if present) its frequency table,
+/// then the states and bytes as in plain rANS.
+pub fn ctx_encode(syms: &[u8], ctx: &[u8], plan: &CtxPlan, out: &mut Vec<u8>) {
+    out.push(plan.values.len() as u8);
+    out.extend_from_slice(&plan.values);
+    let mut enc = Vec::with_capacity(plan.freqs.len());
+    for f in &plan.freqs {
+        match f {
+            Some(f) => {
+                out.push(1);
+                write_freqs(f, out);
+                enc.push(enc_table(f));
+            }
+            None => {
+                out.push(0);
+                enc.push([EncSym::default(); 256]);
+            }
+        }
+    }
+    let cmap = &plan.cmap;
+    encode_core(syms, &enc, |i| cmap[ctx[i] as usize] as usize, out);
+}
+
+/// Decode a context-modelled block; `ctx` is the base's same block.
+pub fn ctx_decode(
+    payload: &[u8],
+    offset: u64,
+    ctx: &[u8],
+    out: &mut [u8],
+    slots: &mut Vec<u32>,
+) -> Result<(), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
+    if ctx.len() != out.len() {
+        return Err(corrupt("context block length differs"));
+    }
+    let nv = *payload
+        .first()
+        .ok_or(corrupt("rans context header truncated"))? as usize;
+    if nv >= MAX_CLASSES {
+        return Err(corrupt("too many rans context classes"));
+    }
+    let values = payload
+        .get(1..1 + nv)
+        .ok_or(corrupt("rans context header truncated"))?;
+    let k = nv + 1;
+    let mut cmap = [nv as u8; 256];
+    for (c, &v) in values.iter().enumerate() {
+        cmap[v as usize] = c as u8;
+    }
+    let mut p = 1 + nv;
+    grow(slots, k << SCALE_BITS);
+    let mut present = [false; MAX_CLASSES];
+    for (c, pr) in present.iter_mut().enumerate().take(k) {
+        let flag = *payload
+            .get(p)
+            .ok_or(corrupt("rans context table truncated"))?;
+        p += 1;
+        match flag {
+            0 => {}
+            1 => {
+                *pr = true;
+                let tbl = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
+                read_freqs(payload, &mut p, offset, tbl)?;
+            }
+            _ => return Err(corrupt("bad rans class flag")),
+        }
+    }
+    // A context whose class has no table only occurs in a corrupt frame:
+    // point it at a class that has one, so decoding stays in bounds and the
+    // final-state check (and the caller's blake3) reports the damage.
+    let fallback = present
+        .iter()
+        .position(|&p| p)
+        .ok_or(corrupt("rans context block without tables"))?;
+    for c in cmap.iter_mut() {
+        if !present[*c as usize] {
+            *c = fallback as u8;
+        }
+    }
+    decode_core(
+        payload,
+        p,
+        offset,
+        slots,
+        |i| cmap[ctx[i] as usize] as usize,
+        out,
+    )
 }
 
 #[cfg(test)]
@@ -244,7 +535,7 @@ mod tests {
         let mut out = Vec::new();
         encode(syms, &f, &mut out);
         let mut back = vec![0u8; syms.len()];
-        decode(&out, 0, &mut back).unwrap();
+        decode(&out, 0, &mut back, &mut Vec::new()).unwrap();
         assert_eq!(back, syms);
         out.len()
     }
@@ -271,7 +562,7 @@ mod tests {
         let n = out.len();
         out[n - 1] ^= 0x55;
         let mut back = vec![0u8; syms.len()];
-        assert!(decode(&out, 0, &mut back).is_err());
+        assert!(decode(&out, 0, &mut back, &mut Vec::new()).is_err());
     }
 
     proptest! {

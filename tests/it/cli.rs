@@ -9,11 +9,22 @@ fn ckvc() -> Command {
 #[test]
 fn codec_bench_json_has_every_row_the_table_promises() {
     let out = ckvc()
-        .args(["debug", "codec-bench", "--json", "--repeat", "1", "--no-zstd19"])
+        .args([
+            "debug",
+            "codec-bench",
+            "--json",
+            "--repeat",
+            "1",
+            "--no-zstd19",
+        ])
         .arg(super::corpus())
         .output()
         .expect("ckvc runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("JSON rows");
     let has = |mode: &str, dtype: &str, group: &str, codec: &str| {
         rows.iter().any(|r| {
@@ -21,9 +32,17 @@ fn codec_bench_json_has_every_row_the_table_promises() {
         })
     };
     for mode in ["FULL", "DELTA"] {
-        for (dtype, group) in [("bf16", "weights"), ("fp32", "weights"), ("fp32", "optimizer"), ("fp32", "all")] {
+        for (dtype, group) in [
+            ("bf16", "weights"),
+            ("fp32", "weights"),
+            ("fp32", "optimizer"),
+            ("fp32", "all"),
+        ] {
             for codec in ["ckvc", "lmc", "zstd-3", "entropy"] {
-                assert!(has(mode, dtype, group, codec), "{mode} {dtype} {group} {codec}");
+                assert!(
+                    has(mode, dtype, group, codec),
+                    "{mode} {dtype} {group} {codec}"
+                );
             }
         }
     }

@@ -19,14 +19,32 @@ fn every_corpus_tensor_round_trips_full_and_against_its_parent() {
     for (i, ck) in run.iter().enumerate() {
         for t in &ck.tensors {
             let f = encode(&t.data, None, t.dtype, &Options::default());
-            assert_eq!(decode(&f, None).unwrap(), t.data, "{} at step {}", t.key, ck.step);
+            assert_eq!(
+                decode(&f, None).unwrap(),
+                t.data,
+                "{} at step {}",
+                t.key,
+                ck.step
+            );
             tensors += 1;
-            let Some(prev) = i.checked_sub(1).and_then(|p| run[p].tensors.iter().find(|p| p.key == t.key)) else {
+            let Some(prev) = i
+                .checked_sub(1)
+                .and_then(|p| run[p].tensors.iter().find(|p| p.key == t.key))
+            else {
                 continue;
             };
             let f = encode(&t.data, Some(&prev.data), t.dtype, &Options::default());
-            let base = FrameInfo::parse(&f).unwrap().needs_base().then_some(prev.data.as_slice());
-            assert_eq!(decode(&f, base).unwrap(), t.data, "{} delta at step {}", t.key, ck.step);
+            let base = FrameInfo::parse(&f)
+                .unwrap()
+                .needs_base()
+                .then_some(prev.data.as_slice());
+            assert_eq!(
+                decode(&f, base).unwrap(),
+                t.data,
+                "{} delta at step {}",
+                t.key,
+                ck.step
+            );
             deltas += 1;
         }
     }
@@ -41,8 +59,16 @@ fn ckvc_beats_plain_lmc_and_delta_beats_full_on_real_weights() {
     let size = |dtype: DType, delta: bool, o: &Options| -> (usize, usize) {
         let (mut raw, mut enc) = (0, 0);
         for (i, ck) in run.iter().enumerate().skip(1) {
-            for t in ck.tensors.iter().filter(|t| t.dtype == dtype && t.group == "weights") {
-                let base = run[i - 1].tensors.iter().find(|p| p.key == t.key).map(|p| p.data.as_slice());
+            for t in ck
+                .tensors
+                .iter()
+                .filter(|t| t.dtype == dtype && t.group == "weights")
+            {
+                let base = run[i - 1]
+                    .tensors
+                    .iter()
+                    .find(|p| p.key == t.key)
+                    .map(|p| p.data.as_slice());
                 raw += t.data.len();
                 enc += encode(&t.data, if delta { base } else { None }, dtype, o).len();
             }
@@ -54,8 +80,14 @@ fn ckvc_beats_plain_lmc_and_delta_beats_full_on_real_weights() {
         let (_, lmc_full) = size(dtype, false, &Options::lmc());
         let (_, ckvc_delta) = size(dtype, true, &Options::default());
         let (_, lmc_delta) = size(dtype, true, &Options::lmc());
-        assert!(ckvc_full < lmc_full, "{dtype}: rotation pays: {ckvc_full} vs {lmc_full}");
-        assert!(ckvc_delta < lmc_delta, "{dtype}: delta search pays: {ckvc_delta} vs {lmc_delta}");
+        assert!(
+            ckvc_full < lmc_full,
+            "{dtype}: rotation pays: {ckvc_full} vs {lmc_full}"
+        );
+        assert!(
+            ckvc_delta < lmc_delta,
+            "{dtype}: delta search pays: {ckvc_delta} vs {lmc_delta}"
+        );
         assert!(ckvc_delta < ckvc_full, "{dtype}: the parent helps");
         assert!(ckvc_full < raw, "{dtype}: compresses at all");
     }

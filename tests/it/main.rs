@@ -1,7 +1,7 @@
 //! The one integration-test binary (as jj does it): modules per area.
 
-mod codec_corpus;
 mod cli;
+mod codec_corpus;
 
 use std::path::PathBuf;
 
@@ -9,5 +9,7 @@ use std::path::PathBuf;
 pub fn corpus() -> PathBuf {
     std::env::var_os("CKVC_CORPUS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/gpt-small"))
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/gpt-small")
+        })
 }
