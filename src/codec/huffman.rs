@@ -255,21 +255,28 @@ pub fn decode(
     let (d1, rest) = rest.split_at_mut(q.min(rest.len()));
     let (d2, d3) = rest.split_at_mut(q.min(rest.len()));
     let mut pos = [0usize; 4];
+    let multi = n >= MULTI_MIN_SYMBOLS;
+    // A single-symbol table only needs as many index bits as the longest code.
+    let bits = if multi {
+        MAX_BITS
+    } else {
+        lens.iter().copied().max().unwrap_or(1) as u32
+    };
+    build_table(&lens, multi, bits, table);
     if n >= MULTI_MIN_SYMBOLS {
-        build_multi_table(&lens, table);
         let t: &[u64; TABLE_SIZE] = table.as_slice().try_into().expect("table size");
         let [r0, r1, r2, r3] = &mut r;
         let [p0, p1, p2, p3] = &mut pos;
         decode_fast(t, [r0, r1, r2, r3], [d0, d1, d2, d3], [p0, p1, p2, p3]);
     }
-    // Tails (and small blocks): one symbol per lookup with bounded reads.
-    build_single_table(&lens, table);
+    // Tails (and small blocks): one symbol per lookup with bounded reads;
+    // an entry's first symbol and its own length.
     for (j, d) in [d0, d1, d2, d3].into_iter().enumerate() {
         let rj = &mut r[j];
         for o in &mut d[pos[j]..] {
-            let e = table[rj.peek_safe(MAX_BITS) as usize];
-            *o = e as u8;
-            rj.consume((e >> 8) as u32);
+            let s = (table[rj.peek_safe(bits) as usize] >> 16) as u8;
+            *o = s;
+            rj.consume(lens[s as usize] as u32);
         }
         if rj.overrun() {
             return Err(corrupt("huffman sub-stream ends before its symbols"));
@@ -282,44 +289,61 @@ pub fn decode(
 /// more than it saves.
 const MULTI_MIN_SYMBOLS: usize = 8192;
 
-/// `table[i] = symbol | length << 8` for the code that `i`'s low bits start with.
-fn build_single_table(lens: &[u8; 256], table: &mut Vec<u64>) {
+/// Decode table, indexed by the next 11 bits of a stream. Entry: the bits
+/// its symbols take in bits 0..8 (so the entry itself is the shift
+/// amount), their count in 8..16, the symbols in 16..48 (first in the
+/// lowest byte). With `multi`, an entry resolves as many whole codes (up to
+/// four) as fit in 11 bits; without, only the first (cheaper to build for a
+/// small block).
+fn build_table(lens: &[u8; 256], multi: bool, bits: u32, table: &mut Vec<u64>) {
+    const MASK: usize = TABLE_SIZE - 1;
     let codes = canonical_codes(lens);
-    table.clear();
-    table.resize(TABLE_SIZE, 0);
+    let size = 1usize << bits;
+    // single[i] = symbol | length << 8 of the code `i`'s low bits start with.
+    let mut single = [0u16; TABLE_SIZE];
+    let single = &mut single[..size];
     for s in 0..256 {
-        let l = lens[s] as u32;
-        if l == 0 {
-            continue;
-        }
-        let e = s as u64 | (l as u64) << 8;
-        let mut i = codes[s] as usize;
-        while i < TABLE_SIZE {
-            table[i] = e;
-            i += 1 << l;
+        let l = lens[s] as usize;
+        if l > 0 {
+            let e = s as u16 | (l as u16) << 8;
+            for slot in single[codes[s] as usize..].iter_mut().step_by(1 << l) {
+                *slot = e;
+            }
         }
     }
-}
-
-/// Entry: the bits its symbols take in bits 0..8 (so the entry itself is
-/// the shift amount), their count in 8..16, up to four symbols in 16..48
-/// (first in the lowest byte).
-fn build_multi_table(lens: &[u8; 256], table: &mut Vec<u64>) {
-    build_single_table(lens, table);
-    let single: Vec<u16> = table.iter().map(|&e| e as u16).collect();
-    for (i, slot) in table.iter_mut().enumerate() {
-        let (mut syms, mut total, mut count) = (0u32, 0u32, 0u32);
-        while count < 4 {
-            let e = single[(i >> total) & (TABLE_SIZE - 1)];
-            let l = (e >> 8) as u32;
-            if total + l > MAX_BITS {
-                break;
-            }
-            syms |= (e as u8 as u32) << (8 * count);
-            total += l;
-            count += 1;
+    if table.len() < TABLE_SIZE {
+        table.resize(TABLE_SIZE, 0);
+    }
+    if !multi {
+        for (t, &e) in table.iter_mut().zip(single.iter()) {
+            *t = (e >> 8) as u64 | 1 << 8 | ((e & 0xff) as u64) << 16;
         }
-        *slot = total as u64 | (count as u64) << 8 | (syms as u64) << 16;
+        return;
+    }
+    let table: &mut [u64; TABLE_SIZE] = (&mut table[..TABLE_SIZE]).try_into().expect("table size");
+    let single: &[u16; TABLE_SIZE] = (&*single).try_into().expect("multi tables use 11 bits");
+    for (i, t) in table.iter_mut().enumerate() {
+        // Up to four codes, each kept only if it ends within the 11 bits;
+        // branch-free so the build costs the same for every entry.
+        let e1 = single[i];
+        let b1 = (e1 >> 8) as usize;
+        let e2 = single[(i >> b1) & MASK];
+        let b2 = b1 + (e2 >> 8) as usize;
+        let e3 = single[(i >> b2.min(63)) & MASK];
+        let b3 = b2 + (e3 >> 8) as usize;
+        let e4 = single[(i >> b3.min(63)) & MASK];
+        let b4 = b3 + (e4 >> 8) as usize;
+        let max = MAX_BITS as usize;
+        let (k2, k3, k4) = (b2 <= max, b3 <= max, b4 <= max);
+        let (k3, k4) = (k2 && k3, k2 && k3 && k4);
+        let count = 1 + k2 as u64 + k3 as u64 + k4 as u64;
+        let bits = [b1, b2, b3, b4][count as usize - 1] as u64;
+        let syms = (e1 & 0xff) as u64
+            | ((e2 & 0xff) as u64) << 8
+            | ((e3 & 0xff) as u64) << 16
+            | ((e4 & 0xff) as u64) << 24;
+        let syms = syms & ((1u64 << (8 * count)) - 1);
+        *t = bits | count << 8 | syms << 16;
     }
 }
 

@@ -27,18 +27,29 @@ pub fn set_len(v: &mut Vec<u8>, n: usize) {
     }
 }
 
+/// Make `v` at least `n` long, never shorter: a scratch buffer reused for
+/// chunks of varying size is zero-filled only when it grows past its
+/// largest size so far. Callers use `&v[..n]`.
+pub fn grow(v: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    &mut v[..n]
+}
+
 /// Byte grouping: byte `k` of element `i` goes to `streams[k][i]`.
 ///
-/// `raw.len()` must be `n * w` and every stream `n` long (the caller keeps a
-/// trailing partial element aside). With `rotate`, the top 16 bits of each
-/// element (or the byte, for `w == 1`) are rotated left by one bit first.
+/// `raw.len()` must be `n * w` (the caller keeps a trailing partial element
+/// aside). The streams are grown to at least `n` bytes (see [`grow`]) and
+/// their first `n` bytes written: use `&streams[k][..n]`. With `rotate`, the
+/// top 16 bits of each element (or the byte, for `w == 1`) are rotated left
+/// by one bit first.
 pub fn group(raw: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
     let n = raw.len() / w;
     debug_assert_eq!(raw.len(), n * w);
     debug_assert_eq!(streams.len(), w);
-    for s in streams.iter_mut() {
-        set_len(s, n);
-    }
+    let mut views: Vec<&mut [u8]> = streams.iter_mut().map(|s| grow(s, n)).collect();
+    let streams = views.as_mut_slice();
     match (w, rotate) {
         (1, false) => streams[0].copy_from_slice(raw),
         (1, true) => {
@@ -166,7 +177,7 @@ dispatch!(undiff_into, undiff_body, (dst: &mut [u8], src: &[u8]));
 /// the base after rotation (for floats: the exponent; for integers: the
 /// most significant byte). `raw` is `n * w` bytes; `out` becomes `n` bytes.
 pub fn context_bytes(raw: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
-    set_len(out, raw.len() / w);
+    let out = grow(out, raw.len() / w);
     if w == 1 {
         for (o, &b) in out.iter_mut().zip(raw) {
             *o = if float { b.rotate_left(1) } else { b };
@@ -283,7 +294,7 @@ impl StreamOp {
 /// value (so the difference counts ULPs) and is the identity for integers.
 /// Little-endian output of the same width, `n * w` bytes.
 pub fn ulp_delta(new: &[u8], base: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
-    set_len(out, new.len());
+    let out = grow(out, new.len());
     macro_rules! body {
         ($t:ty, $it:ty, $n:expr) => {{
             let bits = <$t>::BITS;
@@ -394,8 +405,9 @@ mod tests {
     fn check_group(raw: &[u8], w: usize, rotate: bool) {
         let n = raw.len() / w;
         let body = &raw[..n * w];
-        let mut streams = vec![Vec::new(); w];
+        let mut streams = vec![vec![0xAAu8; 7]; w]; // stale bytes beyond n stay
         group(body, w, rotate, &mut streams);
+        let streams: Vec<Vec<u8>> = streams.iter().map(|s| s[..n].to_vec()).collect();
         assert_eq!(streams, naive_group(body, w, rotate));
         let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
         let mut back = vec![0u8; n * w];

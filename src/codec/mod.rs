@@ -272,12 +272,12 @@ pub fn encode_into(
                 base_streams.resize_with(w, Vec::new);
                 layout::group(base, w, rotate, base_streams);
                 for k in 0..w {
-                    ops[k].apply(&mut streams[k], &base_streams[k]);
+                    ops[k].apply(&mut streams[k][..n], &base_streams[k][..n]);
                 }
             }
             Delta::Ulp => {
                 layout::ulp_delta(body, base, w, dtype.is_float(), tmp);
-                layout::group(tmp, w, false, streams);
+                layout::group(&tmp[..n * w], w, false, streams);
                 rotated = false;
             }
         }
@@ -316,8 +316,8 @@ pub fn encode_into(
     for s in streams.iter() {
         // Every stream of a delta frame may be coded with the base's
         // exponent (top) byte of each element as context.
-        let ctx = (delta != Delta::None).then_some(ctx.as_slice());
-        for (bi, b) in s.chunks(block).enumerate() {
+        let ctx = (delta != Delta::None).then(|| &ctx[..n]);
+        for (bi, b) in s[..n].chunks(block).enumerate() {
             let start = out.len();
             let c = ctx.map(|c| &c[bi * block..bi * block + b.len()]);
             let mode = block::encode(b, c, opts, out);
@@ -364,6 +364,9 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let mut bs = vec![Vec::new(); w];
     layout::group(&sample, w, rotate, &mut s);
     layout::group(&sample_base, w, rotate, &mut bs);
+    let m = sample.len() / w;
+    let s: Vec<&[u8]> = s.iter().map(|v| &v[..m]).collect();
+    let bs: Vec<&[u8]> = bs.iter().map(|v| &v[..m]).collect();
     let mut ctx = Vec::new();
     layout::context_bytes(&sample_base, w, float, &mut ctx);
     let model = rans::CtxModel::new(&ctx);
@@ -372,13 +375,13 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
     let mut t = Vec::new();
     for k in 0..w {
-        let plain = block_cost(&s[k]);
+        let plain = block_cost(s[k]);
         no_delta_bits += plain;
-        let mut best = (plain.min(model.cost_bits(&s[k], &ctx)), StreamOp::Keep);
+        let mut best = (plain.min(model.cost_bits(s[k], &ctx)), StreamOp::Keep);
         for op in [StreamOp::Xor, StreamOp::Diff] {
             t.clear();
-            t.extend_from_slice(&s[k]);
-            op.apply(&mut t, &bs[k]);
+            t.extend_from_slice(s[k]);
+            op.apply(&mut t, bs[k]);
             let c = cost(&t);
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
             if c < best.0 * 0.995 {
@@ -392,7 +395,7 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     layout::ulp_delta(&sample, &sample_base, w, float, &mut z);
     let mut zs = vec![Vec::new(); w];
     layout::group(&z, w, false, &mut zs);
-    let ulp_bits: f64 = zs.iter().map(|s| cost(s)).sum();
+    let ulp_bits: f64 = zs.iter().map(|s| cost(&s[..m])).sum();
     if ulp_bits < per_stream_bits.min(no_delta_bits) * 0.99 {
         Choice::Ulp
     } else if per_stream_bits < no_delta_bits * 0.995 {
@@ -527,8 +530,8 @@ pub fn decode_into(
             pos += len;
             continue;
         }
-        layout::set_len(s, n);
-        let ctx = base.is_some().then_some(ctx.as_slice());
+        let s = layout::grow(s, n);
+        let ctx = base.is_some().then(|| &ctx[..n]);
         for (bi, (dst, &(mode, len))) in s.chunks_mut(block).zip(ents).enumerate() {
             let c = ctx.map(|c| &c[bi * block..bi * block + dst.len()]);
             block::decode(mode, frame, pos, len, c, dst, tables)?;
@@ -540,8 +543,8 @@ pub fn decode_into(
     let (body, out_tail) = out.split_at_mut(n * w);
     out_tail.copy_from_slice(tail);
     if info.delta == Delta::PerStream {
-        for k in 0..w {
-            ops[k].undo(&mut streams[k], &base_streams[k]);
+        for k in (0..w).filter(|&k| ops[k] != StreamOp::Keep) {
+            ops[k].undo(&mut streams[k][..n], &base_streams[k][..n]);
         }
     }
     let refs: Vec<&[u8]> = streams
@@ -549,7 +552,7 @@ pub fn decode_into(
         .zip(&in_frame)
         .map(|(s, f)| match f {
             Some((at, len)) => &frame[*at..*at + *len],
-            None => s.as_slice(),
+            None => &s[..n],
         })
         .collect();
     layout::ungroup(&refs, w, info.rotated, body);
