@@ -68,7 +68,11 @@ fn main() {
     let mut frames: Vec<Vec<u8>> = vec![Vec::new(); jobs.len()];
     // The fastest pass counts: on a shared machine noise only slows.
     let mut enc = f64::MAX;
-    let enc_passes = if std::env::var("DECODE_ONLY").is_ok() { 1 } else { passes };
+    let enc_passes = if std::env::var("DECODE_ONLY").is_ok() {
+        1
+    } else {
+        passes
+    };
     for _ in 0..enc_passes {
         let t = Instant::now();
         for (j, f) in jobs.iter().zip(frames.iter_mut()) {

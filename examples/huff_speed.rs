@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use ckvc::bench::{load_run, BenchOptions};
-use ckvc::codec::{histogram, huffman, layout};
+use ckvc::codec::{histogram, huffman, layout, rans};
 
 fn main() {
     let run = load_run(
@@ -51,6 +51,30 @@ fn main() {
         }
         d = d.min(t.elapsed().as_secs_f64());
     }
+    // rANS on the same blocks.
+    let rframes: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|b| {
+            let mut o = Vec::new();
+            rans::encode(b, &rans::normalize(&histogram(b)), &mut o);
+            o
+        })
+        .collect();
+    let mut slots = Vec::new();
+    let mut rd = f64::MAX;
+    for _ in 0..10 {
+        let t = Instant::now();
+        for (b, f) in blocks.iter().zip(&rframes) {
+            rans::decode(f, 0, &mut dst[..b.len()], &mut slots).expect("decodes");
+        }
+        rd = rd.min(t.elapsed().as_secs_f64());
+    }
+    let rbits: usize = rframes.iter().map(|f| f.len()).sum::<usize>() * 8;
+    println!(
+        "rans {:.3} bits/sym, dec {:.2} ns/sym",
+        rbits as f64 / exp.len() as f64,
+        rd * 1e9 / exp.len() as f64
+    );
     let mut out = vec![0u8; raw.len()];
     let t = Instant::now();
     for _ in 0..20 {

@@ -1,9 +1,9 @@
-//! Interleaved rANS (four 32-bit states, 12-bit probabilities, 16-bit
+//! Interleaved rANS (eight 32-bit states, 12-bit probabilities, 16-bit
 //! renormalisation) for blocks where Huffman's floor of one bit per symbol
 //! wastes space: the mostly-zero streams of late-training deltas.
 //!
 //! Block payload (see docs/format/codec.md): `lo u8, hi u8, one LEB128
-//! frequency per symbol lo..=hi (summing to 4096), four u32 LE final states,
+//! frequency per symbol lo..=hi (summing to 4096), eight u32 LE final states,
 //! then the renormalisation words (u16 LE) in decoding order`. With the state
 //! in `[2^16, 2^32)` a decode step needs at most one word, so the decoder
 //! renormalises without a branch.
@@ -11,6 +11,8 @@
 use super::DecodeError;
 
 pub const SCALE_BITS: u32 = 12;
+/// Interleaved states: symbol `i` is coded by state `i % LANES`.
+pub const LANES: usize = 8;
 const M: u32 = 1 << SCALE_BITS;
 const L: u32 = 1 << 16;
 
@@ -63,11 +65,11 @@ pub fn coded_bits(hist: &[u32; 256], f: &[u32; 256]) -> f64 {
     bits
 }
 
-/// Bytes of the frequency table plus the four states.
+/// Bytes of the frequency table plus the states.
 pub fn header_bytes(f: &[u32; 256]) -> usize {
     let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
     let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
-    2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>() + 16
+    2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>() + 4 * LANES
 }
 
 fn varint_len(v: u32) -> usize {
@@ -150,10 +152,10 @@ fn encode_core(
     out: &mut Vec<u8>,
 ) {
     let mut stack: Vec<u16> = Vec::with_capacity(syms.len() / 4 + 16);
-    let mut x = [L; 4];
+    let mut x = [L; LANES];
     for (i, &s) in syms.iter().enumerate().rev() {
         let e = &enc[class(i)][s as usize];
-        let st = &mut x[i & 3];
+        let st = &mut x[i % LANES];
         let mut v = *st;
         if v >= e.x_max {
             stack.push(v as u16);
@@ -228,17 +230,17 @@ fn decode_core(
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
-    if payload.len() < p + 16 {
+    if payload.len() < p + 4 * LANES {
         return Err(corrupt("rans states truncated"));
     }
-    let x: [u32; 4] = std::array::from_fn(|j| {
+    let mut x: [u32; LANES] = std::array::from_fn(|j| {
         u32::from_le_bytes(
             payload[p + 4 * j..p + 4 * j + 4]
                 .try_into()
                 .expect("4 bytes"),
         )
     });
-    p += 16;
+    p += 4 * LANES;
     let data = &payload[p..];
     let mut r = 0usize;
     // One decode step of state `$x` for symbol `$i`: slot lookup, state
@@ -257,47 +259,37 @@ fn decode_core(
             need
         }};
     }
-    let [mut x0, mut x1, mut x2, mut x3] = x;
     let n = out.len();
     let mut i = 0;
     {
-        let mut quads = out.chunks_exact_mut(4);
-        // Fast path: four symbols need at most 8 bytes.
-        for q in &mut quads {
-            if r + 8 > data.len() {
+        // Fast path: a group of LANES symbols needs at most 2 * LANES bytes;
+        // the states are independent chains the CPU overlaps.
+        let mut groups = out.chunks_exact_mut(LANES);
+        for g in &mut groups {
+            if r + 2 * LANES > data.len() {
                 break;
             }
-            let [o0, o1, o2, o3] = q else {
-                unreachable!("chunks of 4")
-            };
-            macro_rules! word {
-                () => {
-                    u16::from_le_bytes([data[r], data[r + 1]])
-                };
+            for (j, o) in g.iter_mut().enumerate() {
+                let w = u16::from_le_bytes([data[r], data[r + 1]]);
+                r += 2 * step!(x[j], i + j, o, w) as usize;
             }
-            r += 2 * step!(x0, i, o0, word!()) as usize;
-            r += 2 * step!(x1, i + 1, o1, word!()) as usize;
-            r += 2 * step!(x2, i + 2, o2, word!()) as usize;
-            r += 2 * step!(x3, i + 3, o3, word!()) as usize;
-            i += 4;
+            i += LANES;
         }
     }
-    // Tail, with every byte read checked.
-    let mut xs = [x0, x1, x2, x3];
+    // Tail, with every read checked.
     for (k, o) in out[i..n].iter_mut().enumerate() {
         let ii = i + k;
-        let mut st = xs[ii & 3];
-        // Checked reads: a missing word is only an error if it is needed.
+        let mut st = x[ii % LANES];
+        // A missing word is only an error if it is needed.
         let w = data.get(r..r + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
         let need = step!(st, ii, o, w.unwrap_or(0));
         if need && w.is_none() {
             return Err(corrupt("rans stream ends early"));
         }
         r += 2 * need as usize;
-        xs[ii & 3] = st;
+        x[ii % LANES] = st;
     }
-    let x = xs;
-    if r != data.len() || x != [L; 4] {
+    if r != data.len() || x != [L; LANES] {
         return Err(corrupt("rans stream does not end in the initial state"));
     }
     Ok(())
@@ -394,7 +386,7 @@ impl CtxModel {
     /// entropy plus the tables.
     pub fn cost_bits(&self, syms: &[u8], ctx: &[u8]) -> f64 {
         let hist = self.class_histograms(syms, ctx);
-        let mut bits = 8.0 * (1 + self.values.len() + 16 + 4) as f64;
+        let mut bits = 8.0 * (1 + self.values.len() + 4 * LANES + 4) as f64;
         for h in &hist {
             let present = h.iter().filter(|&&c| c > 0).count();
             bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
@@ -410,14 +402,14 @@ pub fn ctx_plan(syms: &[u8], ctx: &[u8]) -> CtxPlan {
     let model = CtxModel { values, cmap };
     let hist = model.class_histograms(syms, ctx);
     let CtxModel { values, cmap } = model;
-    let mut bytes = (1 + values.len() + 16 + 4) as f64;
+    let mut bytes = (1 + values.len() + 4 * LANES + 4) as f64;
     let freqs: Vec<Option<[u32; 256]>> = hist
         .iter()
         .map(|h| {
             let f = normalize_class(h);
             bytes += 1.0;
             if let Some(f) = &f {
-                bytes += header_bytes(f) as f64 - 16.0 + coded_bits(h, f) / 8.0;
+                bytes += header_bytes(f) as f64 - (4 * LANES) as f64 + coded_bits(h, f) / 8.0;
             }
             f
         })
