@@ -221,6 +221,9 @@ impl Batch {
     }
 }
 
+/// An owned key and value.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// The scan callback: gets each key and value, returns `Ok(false)` to stop.
 pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError> + 'a;
 
@@ -247,8 +250,12 @@ pub trait Store: Send + Sync {
     /// returns `Ok(false)` or an error (which is returned). The scan sees one
     /// consistent state. `f` must not write to the same store: an
     /// implementation may hold a read lock during the scan.
-    fn scan_prefix(&self, space: Space, prefix: &[u8], f: &mut ScanFn<'_>)
-        -> Result<(), StoreError>;
+    fn scan_prefix(
+        &self,
+        space: Space,
+        prefix: &[u8],
+        f: &mut ScanFn<'_>,
+    ) -> Result<(), StoreError>;
 
     /// Makes every completed write durable (and, for RocksDB, moves it from
     /// the write-ahead log into table files). A no-op on read-only stores.
@@ -268,7 +275,7 @@ pub trait StoreExt: Store {
         &self,
         space: Space,
         prefix: &[u8],
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    ) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::new();
         self.scan_prefix(space, prefix, &mut |k, v| {
             out.push((k.to_vec(), v.to_vec()));

@@ -38,7 +38,8 @@ fn get_put_delete(store: &dyn Store) {
     );
 
     let mut b = Batch::new();
-    b.delete(Space::Objects, b"k").delete(Space::Objects, b"never");
+    b.delete(Space::Objects, b"k")
+        .delete(Space::Objects, b"never");
     store.write(b).unwrap();
     assert_eq!(store.get_vec(Space::Objects, b"k").unwrap(), None);
 
@@ -70,9 +71,15 @@ fn batch_applies_in_order(store: &dyn Store) {
         .put(Space::Refs, b"r", b"y".to_vec());
     assert_eq!(b.len(), 5);
     store.write(b).unwrap();
-    assert_eq!(store.get_vec(Space::Index, b"a").unwrap(), Some(b"2".to_vec()));
+    assert_eq!(
+        store.get_vec(Space::Index, b"a").unwrap(),
+        Some(b"2".to_vec())
+    );
     assert_eq!(store.get_vec(Space::Index, b"b").unwrap(), None);
-    assert_eq!(store.get_vec(Space::Refs, b"r").unwrap(), Some(b"y".to_vec()));
+    assert_eq!(
+        store.get_vec(Space::Refs, b"r").unwrap(),
+        Some(b"y".to_vec())
+    );
     // an empty batch is fine
     store.write(Batch::new()).unwrap();
 }
@@ -93,7 +100,10 @@ fn compare_and_swap_refs(store: &dyn Store) {
         .put(Space::Refs, key, c2.as_bytes().to_vec());
     assert!(matches!(
         store.write(b),
-        Err(StoreError::Conflict { space: Space::Refs, .. })
+        Err(StoreError::Conflict {
+            space: Space::Refs,
+            ..
+        })
     ));
 
     // fast-forward c1 -> c2, together with an object
@@ -555,4 +565,69 @@ proptest! {
             }
         }
     }
+}
+
+// ---- the lock across processes: this test binary re-runs itself ----
+
+const LOCK_CHILD_ENV: &str = "CKVC_STORE_LOCK_CHILD";
+
+/// Does nothing unless started by `rocks_writer_in_another_process`: then it
+/// is the other process, holding the writer open until its stdin closes.
+#[test]
+fn rocks_lock_holder_child() {
+    let Some(path) = std::env::var_os(LOCK_CHILD_ENV) else {
+        return;
+    };
+    let s = RocksStore::open(&path, Mode::ReadWrite).expect("child opens");
+    put1(&s, Space::Refs, b"from-child", b"1");
+    println!("child-ready");
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut rest);
+}
+
+#[test]
+fn rocks_writer_in_another_process() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let dir = tmp();
+    let path = dir.path().join("db");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "store::tests::rocks_lock_holder_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LOCK_CHILD_ENV, &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("child stdout");
+    // Keep reading the child's stdout to the end: closing it early would
+    // make the child's test harness fail on a broken pipe.
+    let mut lines = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok);
+    let ready = lines.any(|l| l.contains("child-ready"));
+    assert!(ready, "child never opened the store");
+
+    let second = RocksStore::open(&path, Mode::ReadWrite);
+    let reader = RocksStore::open(&path, Mode::ReadOnly);
+    drop(child.stdin.take()); // let the child close and exit
+    lines.for_each(drop);
+    let status = child.wait().expect("child exits");
+    assert!(status.success());
+
+    assert!(
+        matches!(second, Err(StoreError::Locked { .. })),
+        "expected Locked, got {second:?}"
+    );
+    let reader = reader.expect("reader opens beside another process's writer");
+    assert_eq!(
+        reader.get_vec(Space::Refs, b"from-child").unwrap(),
+        Some(b"1".to_vec())
+    );
+    drop(reader);
+    RocksStore::open(&path, Mode::ReadWrite).expect("lock released with the process");
 }
