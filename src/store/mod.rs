@@ -271,11 +271,7 @@ pub trait StoreExt: Store {
     }
 
     /// All entries under `prefix`, copied out. For small spaces (refs, index).
-    fn collect_prefix(
-        &self,
-        space: Space,
-        prefix: &[u8],
-    ) -> Result<Vec<Entry>, StoreError> {
+    fn collect_prefix(&self, space: Space, prefix: &[u8]) -> Result<Vec<Entry>, StoreError> {
         let mut out = Vec::new();
         self.scan_prefix(space, prefix, &mut |k, v| {
             out.push((k.to_vec(), v.to_vec()));
