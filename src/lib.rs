@@ -11,6 +11,7 @@
 //! |---|---|
 //! | [`codec`] | the chunk codec: bytes in, bytes out, no I/O |
 //! | [`format`] | checkpoint files <-> tensors and opaque byte segments |
+//! | [`store`] | the object database: key spaces, atomic batches, locking (RocksDB behind a trait) |
 //! | [`bench`] | side-by-side measurements of the codec against its peers |
 //!
 //! The command-line interface lives only in the binary (`src/main.rs`,
@@ -29,3 +30,4 @@
 pub mod bench;
 pub mod codec;
 pub mod format;
+pub mod store;

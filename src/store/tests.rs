@@ -1,0 +1,633 @@
+//! One conformance suite, run against every [`Store`] implementation, plus
+//! RocksDB-only tests (persistence, locking, readers beside a writer) and a
+//! differential proptest of `MemStore` against `RocksStore`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn scan(store: &dyn Store, space: Space, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    store.collect_prefix(space, prefix).expect("scan")
+}
+
+fn put1(store: &dyn Store, space: Space, key: &[u8], value: &[u8]) {
+    let mut b = Batch::new();
+    b.put(space, key, value);
+    store.write(b).expect("write");
+}
+
+// ---- the conformance suite: each takes any store, empty on entry ----
+
+fn get_put_delete(store: &dyn Store) {
+    let mut buf = b"stale".to_vec();
+    assert!(!store.get(Space::Objects, b"k", &mut buf).unwrap());
+    assert!(buf.is_empty(), "not found leaves the buffer empty");
+    assert!(!store.contains(Space::Objects, b"k").unwrap());
+
+    put1(store, Space::Objects, b"k", b"v1");
+    assert!(store.get(Space::Objects, b"k", &mut buf).unwrap());
+    assert_eq!(buf, b"v1");
+    assert!(store.contains(Space::Objects, b"k").unwrap());
+
+    put1(store, Space::Objects, b"k", b"v2-longer");
+    assert_eq!(
+        store.get_vec(Space::Objects, b"k").unwrap().as_deref(),
+        Some(&b"v2-longer"[..])
+    );
+
+    let mut b = Batch::new();
+    b.delete(Space::Objects, b"k")
+        .delete(Space::Objects, b"never");
+    store.write(b).unwrap();
+    assert_eq!(store.get_vec(Space::Objects, b"k").unwrap(), None);
+
+    // empty values are values, not absence
+    put1(store, Space::Meta, b"empty", b"");
+    assert_eq!(store.get_vec(Space::Meta, b"empty").unwrap(), Some(vec![]));
+    store.flush().unwrap();
+}
+
+fn spaces_are_separate(store: &dyn Store) {
+    for (i, space) in Space::ALL.into_iter().enumerate() {
+        put1(store, space, b"same-key", &[i as u8]);
+    }
+    for (i, space) in Space::ALL.into_iter().enumerate() {
+        assert_eq!(
+            store.get_vec(space, b"same-key").unwrap(),
+            Some(vec![i as u8])
+        );
+        assert_eq!(scan(store, space, b"").len(), 1);
+    }
+}
+
+fn batch_applies_in_order(store: &dyn Store) {
+    let mut b = Batch::new();
+    b.put(Space::Index, b"a", b"1".to_vec())
+        .put(Space::Index, b"a", b"2".to_vec())
+        .put(Space::Index, b"b", b"x".to_vec())
+        .delete(Space::Index, b"b")
+        .put(Space::Refs, b"r", b"y".to_vec());
+    assert_eq!(b.len(), 5);
+    store.write(b).unwrap();
+    assert_eq!(
+        store.get_vec(Space::Index, b"a").unwrap(),
+        Some(b"2".to_vec())
+    );
+    assert_eq!(store.get_vec(Space::Index, b"b").unwrap(), None);
+    assert_eq!(
+        store.get_vec(Space::Refs, b"r").unwrap(),
+        Some(b"y".to_vec())
+    );
+    // an empty batch is fine
+    store.write(Batch::new()).unwrap();
+}
+
+fn compare_and_swap_refs(store: &dyn Store) {
+    let key = b"refs/heads/main";
+    let c1 = CommitId::digest(b"c1");
+    let c2 = CommitId::digest(b"c2");
+
+    // create: only if absent
+    let mut b = Batch::new();
+    b.expect(Space::Refs, key, None)
+        .put(Space::Refs, key, c1.as_bytes().to_vec());
+    store.write(b).unwrap();
+
+    let mut b = Batch::new();
+    b.expect(Space::Refs, key, None)
+        .put(Space::Refs, key, c2.as_bytes().to_vec());
+    assert!(matches!(
+        store.write(b),
+        Err(StoreError::Conflict {
+            space: Space::Refs,
+            ..
+        })
+    ));
+
+    // fast-forward c1 -> c2, together with an object
+    let mut b = Batch::new();
+    b.put(Space::Objects, c2.as_bytes(), b"commit c2".to_vec())
+        .expect(Space::Refs, key, Some(c1.as_bytes()))
+        .put(Space::Refs, key, c2.as_bytes().to_vec());
+    store.write(b).unwrap();
+    assert_eq!(
+        store.get_vec(Space::Refs, key).unwrap(),
+        Some(c2.as_bytes().to_vec())
+    );
+
+    // a stale expectation fails and writes nothing at all, in any space
+    let c3 = CommitId::digest(b"c3");
+    let mut b = Batch::new();
+    b.put(Space::Chunks, &[9; 32], vec![1u8; 5000])
+        .put(Space::Objects, c3.as_bytes(), b"commit c3".to_vec())
+        .expect(Space::Refs, key, Some(c1.as_bytes()))
+        .put(Space::Refs, key, c3.as_bytes().to_vec());
+    let err = store.write(b).unwrap_err();
+    match err {
+        StoreError::Conflict { space, key_hex } => {
+            assert_eq!(space, Space::Refs);
+            assert_eq!(key_hex, to_hex(key));
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(!store.contains(Space::Chunks, &[9; 32]).unwrap());
+    assert!(!store.contains(Space::Objects, c3.as_bytes()).unwrap());
+    assert_eq!(
+        store.get_vec(Space::Refs, key).unwrap(),
+        Some(c2.as_bytes().to_vec())
+    );
+
+    // delete only if it still points at c2
+    let mut b = Batch::new();
+    b.expect(Space::Refs, key, Some(c2.as_bytes()))
+        .delete(Space::Refs, key);
+    store.write(b).unwrap();
+    assert!(!store.contains(Space::Refs, key).unwrap());
+}
+
+fn prefix_scans_are_ordered(store: &dyn Store) {
+    let keys: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![0],
+        vec![0, 0],
+        vec![0, 1],
+        vec![1],
+        b"step/main\x00\x00\x00\x00\x00\x00\x00\x00\x01".to_vec(),
+        b"step/main\x00\x00\x00\x00\x00\x00\x00\x01\x00".to_vec(),
+        b"step/main\x00\x00\x00\x00\x00\x00\x00\x00\x02".to_vec(),
+        b"step/main-2\x00\x00\x00\x00\x00\x00\x00\x00\x01".to_vec(),
+        vec![0xfe, 0xff],
+        vec![0xff],
+        vec![0xff, 0xff],
+        vec![0xff, 0xff, 0x00],
+    ];
+    let mut b = Batch::new();
+    // insert in reverse to make sure order comes from the store
+    for (i, k) in keys.iter().enumerate().rev() {
+        b.put(Space::Index, k, vec![i as u8]);
+    }
+    store.write(b).unwrap();
+    let mut sorted = keys.clone();
+    sorted.sort();
+
+    let all: Vec<Vec<u8>> = scan(store, Space::Index, b"")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(all, sorted, "empty prefix scans everything in byte order");
+
+    for prefix in [
+        &b"step/main\x00"[..],
+        b"step/main",
+        b"step/",
+        &[0],
+        &[0xff],
+        &[0xff, 0xff],
+        &[0xfe],
+        b"nothing-here",
+    ] {
+        let want: Vec<&Vec<u8>> = sorted.iter().filter(|k| k.starts_with(prefix)).collect();
+        let got = scan(store, Space::Index, prefix);
+        assert_eq!(
+            got.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            want,
+            "prefix {prefix:?}"
+        );
+        for (k, v) in &got {
+            let i = keys.iter().position(|x| x == k).unwrap();
+            assert_eq!(v, &vec![i as u8]);
+        }
+    }
+    // steps of one branch in numeric order thanks to big-endian u64
+    let steps: Vec<u8> = scan(store, Space::Index, b"step/main\x00")
+        .iter()
+        .map(|(k, _)| k[k.len() - 2] * 16 + k[k.len() - 1])
+        .collect();
+    assert_eq!(steps, vec![1, 2, 16]);
+
+    // early stop
+    let mut seen = 0;
+    store
+        .scan_prefix(Space::Index, b"", &mut |_, _| {
+            seen += 1;
+            Ok(seen < 3)
+        })
+        .unwrap();
+    assert_eq!(seen, 3);
+
+    // errors from the callback come back unchanged
+    let err = store
+        .scan_prefix(Space::Index, b"", &mut |_, _| Err(StoreError::ReadOnly))
+        .unwrap_err();
+    assert!(matches!(err, StoreError::ReadOnly));
+
+    // other spaces are unaffected
+    assert!(scan(store, Space::Objects, b"").is_empty());
+}
+
+fn large_values(store: &dyn Store) {
+    let big: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let id = ChunkId::digest(&big);
+    let mut b = Batch::new();
+    b.put(Space::Chunks, id.as_bytes(), big.clone());
+    b.put(Space::Chunks, &[0; 32], vec![7u8; 300 << 10]);
+    assert!(b.payload_bytes() > 8 << 20);
+    store.write(b).unwrap();
+    store.flush().unwrap();
+    let mut buf = Vec::new();
+    assert!(store.get(Space::Chunks, id.as_bytes(), &mut buf).unwrap());
+    assert!(buf == big, "8 MiB value round-trips");
+    assert_eq!(ChunkId::digest(&buf), id);
+    let mut sizes = Vec::new();
+    store
+        .scan_prefix(Space::Chunks, b"", &mut |_, v| {
+            sizes.push(v.len());
+            Ok(true)
+        })
+        .unwrap();
+    assert_eq!(sizes, vec![300 << 10, 8 << 20]);
+}
+
+fn binary_keys(store: &dyn Store) {
+    let keys: [&[u8]; 6] = [b"", b"\x00", b"\x00\x00", b"\xff", b"a\x00b", b"a\xffb"];
+    for (i, k) in keys.iter().enumerate() {
+        put1(store, Space::Objects, k, &[i as u8; 3]);
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            store.get_vec(Space::Objects, k).unwrap(),
+            Some(vec![i as u8; 3]),
+            "key {k:?}"
+        );
+    }
+    assert_eq!(scan(store, Space::Objects, b"a").len(), 2);
+    assert_eq!(scan(store, Space::Objects, b"\x00").len(), 2);
+}
+
+/// A writer rewrites ten keys of two spaces per batch; readers scanning the
+/// space must always see all ten with the same generation.
+fn readers_never_see_half_a_batch(store: &dyn Store) {
+    const KEYS: u8 = 10;
+    let write_gen = |g: u32| {
+        let mut b = Batch::new();
+        for k in 0..KEYS {
+            b.put(Space::Objects, &[k], g.to_be_bytes().to_vec());
+            b.put(Space::Refs, &[k], g.to_be_bytes().to_vec());
+        }
+        store.write(b).unwrap();
+    };
+    write_gen(0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut scans = 0u32;
+            while !done.load(Ordering::Acquire) || scans < 10 {
+                for space in [Space::Objects, Space::Refs] {
+                    let got = scan(store, space, b"");
+                    assert_eq!(got.len(), usize::from(KEYS));
+                    assert!(
+                        got.iter().all(|(_, v)| *v == got[0].1),
+                        "half a batch visible in {space}"
+                    );
+                }
+                scans += 1;
+            }
+        });
+        for g in 1..200 {
+            write_gen(g);
+        }
+        done.store(true, Ordering::Release);
+        reader.join().expect("reader thread");
+    });
+}
+
+macro_rules! conformance {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            #[test]
+            fn get_put_delete() {
+                let (s, _g) = $make;
+                super::get_put_delete(&s);
+            }
+            #[test]
+            fn spaces_are_separate() {
+                let (s, _g) = $make;
+                super::spaces_are_separate(&s);
+            }
+            #[test]
+            fn batch_applies_in_order() {
+                let (s, _g) = $make;
+                super::batch_applies_in_order(&s);
+            }
+            #[test]
+            fn compare_and_swap_refs() {
+                let (s, _g) = $make;
+                super::compare_and_swap_refs(&s);
+            }
+            #[test]
+            fn prefix_scans_are_ordered() {
+                let (s, _g) = $make;
+                super::prefix_scans_are_ordered(&s);
+            }
+            #[test]
+            fn large_values() {
+                let (s, _g) = $make;
+                super::large_values(&s);
+            }
+            #[test]
+            fn binary_keys() {
+                let (s, _g) = $make;
+                super::binary_keys(&s);
+            }
+            #[test]
+            fn readers_never_see_half_a_batch() {
+                let (s, _g) = $make;
+                super::readers_never_see_half_a_batch(&s);
+            }
+        }
+    };
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("ckvc-store-test")
+        .tempdir()
+        .expect("temp dir")
+}
+
+/// No fsync per write in tests that do not test durability: the suite
+/// would otherwise spend its time in fsync.
+fn fast() -> RocksOptions {
+    RocksOptions {
+        sync: false,
+        ..RocksOptions::default()
+    }
+}
+
+fn rocks(options: &RocksOptions) -> (RocksStore, tempfile::TempDir) {
+    let dir = tmp();
+    let s = RocksStore::open_with(dir.path().join("db"), Mode::ReadWrite, options).expect("open");
+    (s, dir)
+}
+
+conformance!(mem, (MemStore::new(), ()));
+conformance!(rocks_blob, rocks(&fast()));
+conformance!(
+    rocks_plain_sst,
+    rocks(&RocksOptions {
+        blob_files: false,
+        ..fast()
+    })
+);
+conformance!(
+    rocks_synced,
+    rocks(&RocksOptions {
+        sync: true,
+        ..RocksOptions::default()
+    })
+);
+
+// ---- RocksDB only ----
+
+#[test]
+fn rocks_reopen_persists() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    {
+        let s = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+        put1(&s, Space::Refs, b"HEAD", b"ref: refs/heads/main");
+        put1(&s, Space::Chunks, &[1; 32], &vec![3u8; 100_000]);
+        // no flush: the synced WAL alone must carry the data across a close
+    }
+    {
+        let s = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+        assert_eq!(
+            s.get_vec(Space::Refs, b"HEAD").unwrap().as_deref(),
+            Some(&b"ref: refs/heads/main"[..])
+        );
+        assert_eq!(
+            s.get_vec(Space::Chunks, &[1; 32]).unwrap(),
+            Some(vec![3u8; 100_000])
+        );
+        s.flush().unwrap();
+    }
+    let s = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+    assert_eq!(scan(&s, Space::Chunks, b"").len(), 1);
+    assert!(s.size_on_disk().unwrap() > 100_000);
+}
+
+#[test]
+fn rocks_second_writer_is_locked() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    let first = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+    match RocksStore::open(&path, Mode::ReadWrite) {
+        Err(StoreError::Locked { path: p }) => assert_eq!(p, path),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    let msg = StoreError::Locked { path: path.clone() }.to_string();
+    assert!(msg.contains("locked by another ckvc process"), "{msg}");
+    drop(first);
+    // the lock goes with the writer
+    RocksStore::open(&path, Mode::ReadWrite).unwrap();
+}
+
+#[test]
+fn rocks_reader_beside_writer() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    let writer = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+    put1(&writer, Space::Refs, b"refs/heads/main", b"c1");
+    put1(&writer, Space::Chunks, &[5; 32], &vec![5u8; 64 << 10]);
+    writer.flush().unwrap();
+    put1(&writer, Space::Index, b"unflushed", b"in the WAL only");
+
+    let reader = RocksStore::open(&path, Mode::ReadOnly).unwrap();
+    assert_eq!(reader.mode(), Mode::ReadOnly);
+    assert_eq!(
+        reader.get_vec(Space::Refs, b"refs/heads/main").unwrap(),
+        Some(b"c1".to_vec())
+    );
+    assert_eq!(
+        reader.get_vec(Space::Chunks, &[5; 32]).unwrap(),
+        Some(vec![5u8; 64 << 10])
+    );
+    assert_eq!(
+        reader.get_vec(Space::Index, b"unflushed").unwrap(),
+        Some(b"in the WAL only".to_vec()),
+        "a reader sees the writer's WAL as of its open"
+    );
+    assert!(matches!(
+        reader.write(Batch::new()),
+        Err(StoreError::ReadOnly)
+    ));
+    reader.flush().unwrap();
+
+    // later writes appear after catch_up, flushed or not
+    put1(&writer, Space::Refs, b"refs/heads/main", b"c2");
+    writer.flush().unwrap();
+    put1(&writer, Space::Refs, b"refs/heads/dev", b"d1");
+    reader.catch_up().unwrap();
+    assert_eq!(
+        reader.get_vec(Space::Refs, b"refs/heads/main").unwrap(),
+        Some(b"c2".to_vec())
+    );
+    assert_eq!(
+        reader.get_vec(Space::Refs, b"refs/heads/dev").unwrap(),
+        Some(b"d1".to_vec())
+    );
+
+    // several readers at once, and a reader outliving the writer
+    let reader2 = RocksStore::open(&path, Mode::ReadOnly).unwrap();
+    drop(writer);
+    assert_eq!(scan(&reader2, Space::Refs, b"refs/").len(), 2);
+    assert_eq!(scan(&reader, Space::Refs, b"refs/").len(), 2);
+}
+
+#[test]
+fn rocks_reader_needs_a_store() {
+    let dir = tmp();
+    let path = dir.path().join("missing");
+    match RocksStore::open(&path, Mode::ReadOnly) {
+        Err(StoreError::NotFound { path: p }) => assert_eq!(p, path),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert!(!path.exists(), "a reader creates nothing");
+}
+
+#[test]
+fn rocks_open_on_a_file_is_an_error() {
+    let dir = tmp();
+    let path = dir.path().join("file");
+    std::fs::write(&path, b"not a directory").unwrap();
+    assert!(matches!(
+        RocksStore::open(&path, Mode::ReadWrite),
+        Err(StoreError::Io { .. })
+    ));
+}
+
+// ---- differential: MemStore and RocksStore agree on random batches ----
+
+#[derive(Debug, Clone)]
+struct RandomBatch {
+    ops: Vec<(usize, Vec<u8>, Option<Vec<u8>>)>,
+    expect: Option<(usize, Vec<u8>, Option<Vec<u8>>)>,
+}
+
+fn small_key() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(prop::sample::select(vec![0u8, 1, b'a', 0xff]), 0..4)
+}
+
+fn small_value() -> impl Strategy<Value = Option<Vec<u8>>> {
+    prop::option::weighted(0.8, prop::collection::vec(any::<u8>(), 0..40))
+}
+
+fn random_batch() -> impl Strategy<Value = RandomBatch> {
+    let op = (0..5usize, small_key(), small_value());
+    (
+        prop::collection::vec(op, 0..12),
+        prop::option::weighted(0.3, (0..5usize, small_key(), small_value())),
+    )
+        .prop_map(|(ops, expect)| RandomBatch { ops, expect })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn mem_and_rocks_agree(batches in prop::collection::vec(random_batch(), 1..24)) {
+        let mem = MemStore::new();
+        let (rocks, _dir) = rocks(&fast());
+        for rb in &batches {
+            let mut b = Batch::new();
+            for (s, k, v) in &rb.ops {
+                match v {
+                    Some(v) => b.put(Space::ALL[*s], k, v.clone()),
+                    None => b.delete(Space::ALL[*s], k),
+                };
+            }
+            if let Some((s, k, v)) = &rb.expect {
+                b.expect(Space::ALL[*s], k, v.as_deref());
+            }
+            let a = mem.write(b.clone()).map_err(|e| e.to_string());
+            let r = rocks.write(b).map_err(|e| e.to_string());
+            prop_assert_eq!(a, r);
+        }
+        let prefixes: [&[u8]; 6] = [b"", b"\x00", b"\x01", b"a", b"\xff", b"\xff\xff"];
+        for space in Space::ALL {
+            for p in prefixes {
+                prop_assert_eq!(scan(&mem, space, p), scan(&rocks, space, p));
+            }
+        }
+    }
+}
+
+// ---- the lock across processes: this test binary re-runs itself ----
+
+const LOCK_CHILD_ENV: &str = "CKVC_STORE_LOCK_CHILD";
+
+/// Does nothing unless started by `rocks_writer_in_another_process`: then it
+/// is the other process, holding the writer open until its stdin closes.
+#[test]
+fn rocks_lock_holder_child() {
+    let Some(path) = std::env::var_os(LOCK_CHILD_ENV) else {
+        return;
+    };
+    let s = RocksStore::open(&path, Mode::ReadWrite).expect("child opens");
+    put1(&s, Space::Refs, b"from-child", b"1");
+    println!("child-ready");
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut rest);
+}
+
+#[test]
+fn rocks_writer_in_another_process() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let dir = tmp();
+    let path = dir.path().join("db");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "store::tests::rocks_lock_holder_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LOCK_CHILD_ENV, &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("child stdout");
+    // Keep reading the child's stdout to the end: closing it early would
+    // make the child's test harness fail on a broken pipe.
+    let mut lines = std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok);
+    let ready = lines.any(|l| l.contains("child-ready"));
+    assert!(ready, "child never opened the store");
+
+    let second = RocksStore::open(&path, Mode::ReadWrite);
+    let reader = RocksStore::open(&path, Mode::ReadOnly);
+    drop(child.stdin.take()); // let the child close and exit
+    lines.for_each(drop);
+    let status = child.wait().expect("child exits");
+    assert!(status.success());
+
+    assert!(
+        matches!(second, Err(StoreError::Locked { .. })),
+        "expected Locked, got {second:?}"
+    );
+    let reader = reader.expect("reader opens beside another process's writer");
+    assert_eq!(
+        reader.get_vec(Space::Refs, b"from-child").unwrap(),
+        Some(b"1".to_vec())
+    );
+    drop(reader);
+    RocksStore::open(&path, Mode::ReadWrite).expect("lock released with the process");
+}
