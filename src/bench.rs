@@ -100,20 +100,6 @@ pub struct Checkpoint {
     pub tensors: Vec<Tensor>,
 }
 
-/// The step number in a checkpoint directory name (`step-500`,
-/// `checkpoint-500`, `iter_0000500`): the trailing digits.
-pub fn step_of_dir_name(name: &str) -> Option<u64> {
-    let digits: String = name
-        .chars()
-        .rev()
-        .take_while(|c| c.is_ascii_digit())
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    digits.parse().ok()
-}
-
 /// Load the checkpoints of a run directory in step order. Files that are
 /// not tensor formats are skipped; a corrupt tensor file is an error.
 pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, BenchError> {
@@ -125,7 +111,7 @@ pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, Benc
     for e in std::fs::read_dir(dir).map_err(io(dir))? {
         let e = e.map_err(io(dir))?;
         if e.file_type().map_err(io(&e.path()))?.is_dir() {
-            if let Some(step) = step_of_dir_name(&e.file_name().to_string_lossy()) {
+            if let Some(step) = format::step_of_dir_name(&e.file_name().to_string_lossy()) {
                 dirs.push((step, e.path()));
             }
         }
@@ -454,17 +440,4 @@ fn grouped_entropy_bits(j: &Job) -> f64 {
         .flat_map(|s| s.chunks(block))
         .map(|b| codec::entropy_bits(&codec::histogram(b)))
         .sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn step_numbers_come_from_the_trailing_digits() {
-        assert_eq!(step_of_dir_name("step-500"), Some(500));
-        assert_eq!(step_of_dir_name("checkpoint-12000"), Some(12000));
-        assert_eq!(step_of_dir_name("iter_0000500"), Some(500));
-        assert_eq!(step_of_dir_name("final"), None);
-    }
 }

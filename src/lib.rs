@@ -12,6 +12,7 @@
 //! | [`codec`] | the chunk codec: bytes in, bytes out, no I/O |
 //! | [`format`] | checkpoint files <-> tensors and opaque byte segments |
 //! | [`store`] | the object database: key spaces, atomic batches, locking (RocksDB behind a trait) |
+//! | [`repo`] | the user's verbs: init, commit, log, checkout, branch |
 //! | [`bench`] | side-by-side measurements of the codec against its peers |
 //!
 //! The command-line interface lives only in the binary (`src/main.rs`,
@@ -30,4 +31,5 @@
 pub mod bench;
 pub mod codec;
 pub mod format;
+pub mod repo;
 pub mod store;

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod debug;
+mod repo;
 
 /// Exit codes, fixed so scripts can tell failures apart.
 pub mod exit {
@@ -16,6 +17,8 @@ pub mod exit {
     // 2: command-line usage error (clap exits with it on its own).
     /// Stored or supplied data is corrupt.
     pub const CORRUPT: u8 = 3;
+    /// Another ckvc process holds the repository's write lock.
+    pub const LOCKED: u8 = 4;
 }
 
 #[derive(Parser)]
@@ -25,12 +28,16 @@ pub mod exit {
     about = "Version control for deep-learning training checkpoints"
 )]
 struct Cli {
+    #[command(flatten)]
+    at: repo::Where,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Repo(repo::RepoCommand),
     /// Developer tools: benchmarks and inspection.
     #[command(subcommand)]
     Debug(debug::DebugCommand),
@@ -66,6 +73,7 @@ pub fn out(s: &str) -> Result<(), Failure> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Repo(cmd) => repo::run(cmd, &cli.at),
         Command::Debug(cmd) => debug::run(cmd),
     };
     match result {

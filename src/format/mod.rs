@@ -32,6 +32,20 @@ pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
 pub use torchzip::parse_torch_zip;
 
+/// The step number in a checkpoint directory name (`step-500`,
+/// `checkpoint-500`, `iter_0000500`): the trailing digits.
+pub fn step_of_dir_name(name: &str) -> Option<u64> {
+    let digits: String = name
+        .chars()
+        .rev()
+        .take_while(|c| c.is_ascii_digit())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().ok()
+}
+
 /// Which parser produced a layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -353,3 +353,12 @@ proptest! {
         check(name, &mut r);
     }
 }
+
+#[test]
+fn step_numbers_come_from_the_trailing_digits() {
+    use super::step_of_dir_name;
+    assert_eq!(step_of_dir_name("step-500"), Some(500));
+    assert_eq!(step_of_dir_name("checkpoint-12000"), Some(12000));
+    assert_eq!(step_of_dir_name("iter_0000500"), Some(500));
+    assert_eq!(step_of_dir_name("final"), None);
+}

@@ -10,15 +10,17 @@
 //!
 //! Locking: RocksDB's `LOCK` file admits one read-write process; a second
 //! read-write open, from another process or this one, fails with
-//! [`StoreError::Locked`]. Readers open with [`Mode::ReadOnly`], which is a
-//! RocksDB *secondary* instance: it takes no lock, sees everything the
-//! writer had written (WAL included) when it opened, and can follow later
-//! writes with [`RocksStore::catch_up`]. Secondary rather than plain
-//! read-only because a secondary keeps every table file open
-//! (`max_open_files = -1`), so the writer's compactions deleting files under
-//! it cannot break a long `checkout`. Its own info log goes to a private
-//! temporary directory, removed on drop; nothing is written to the
-//! repository by a reader.
+//! [`StoreError::Locked`]. Readers open with [`Mode::ReadOnly`], a RocksDB
+//! read-only instance: it takes no lock and sees everything the writer had
+//! written (WAL included) when it opened; a new handle sees later writes.
+//! It keeps every table file open (`max_open_files = -1`), so the writer's
+//! compactions deleting files under it cannot break a long `checkout`. Its
+//! info log goes to a private temporary directory, removed on drop; nothing
+//! is written to the repository by a reader.
+//!
+//! Not a *secondary* instance: RocksDB 7.8 (Debian's librocksdb) crashes
+//! (SIGSEGV in `BlobSource::GetBlob`, computing a blob cache key) when a
+//! secondary reads blob values, which `ckvc checkout` hit on the corpus.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +38,7 @@ use super::{to_hex, Batch, ScanFn, Space, Store, StoreError};
 pub enum Mode {
     /// The single writer: creates the store if missing, takes the lock.
     ReadWrite,
-    /// A reader beside a possible writer (a RocksDB secondary instance).
+    /// A reader beside a possible writer (a RocksDB read-only instance).
     ReadOnly,
 }
 
@@ -66,7 +68,7 @@ impl Default for RocksOptions {
     }
 }
 
-/// A private directory for a secondary instance's info log, removed on drop.
+/// A private directory for a reader's info log, removed on drop.
 #[derive(Debug)]
 struct ReaderDir(PathBuf);
 
@@ -193,10 +195,10 @@ impl RocksStore {
                 let _ = std::fs::remove_dir_all(&dir);
                 std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
                 let dir = ReaderDir(dir);
-                // Required by secondary instances: table files stay readable
-                // after the writer unlinks them.
+                // Table files stay readable after the writer unlinks them.
                 db_opts.set_max_open_files(-1);
-                let db = DB::open_cf_descriptors_as_secondary(&db_opts, &path, &dir.0, cfs)
+                db_opts.set_db_log_dir(&dir.0);
+                let db = DB::open_cf_descriptors_read_only(&db_opts, &path, cfs, false)
                     .map_err(backend)?;
                 (db, Some(dir))
             }
@@ -217,15 +219,6 @@ impl RocksStore {
 
     pub fn mode(&self) -> Mode {
         self.mode
-    }
-
-    /// A reader: apply what the writer has written since open (or the last
-    /// catch-up). A no-op for the writer.
-    pub fn catch_up(&self) -> Result<(), StoreError> {
-        match self.mode {
-            Mode::ReadWrite => Ok(()),
-            Mode::ReadOnly => self.db.try_catch_up_with_primary().map_err(backend),
-        }
     }
 
     /// Bytes of all files in the store directory.

@@ -1,0 +1,60 @@
+//! `branch`: create, list, delete and switch branches.
+
+use crate::store::{Batch, CommitId, Space};
+
+use super::{branch_key, check_branch_name, RepoError, Repository, HEAD, HEADS};
+
+impl Repository {
+    /// Create branch `name` at `at`.
+    pub fn create_branch(&self, name: &str, at: &CommitId) -> Result<(), RepoError> {
+        check_branch_name(name)?;
+        self.commit_object(at)?;
+        let key = branch_key(name);
+        let mut b = Batch::new();
+        b.expect(Space::Refs, &key, None);
+        b.put(Space::Refs, &key, at.as_bytes().to_vec());
+        self.store.write(b).map_err(|e| match e {
+            crate::store::StoreError::Conflict { .. } => {
+                RepoError::BranchExists { name: name.into() }
+            }
+            e => e.into(),
+        })?;
+        self.store.flush()?;
+        Ok(())
+    }
+
+    /// Delete branch `name` (not the current one). Its commits stay until gc.
+    pub fn delete_branch(&self, name: &str) -> Result<CommitId, RepoError> {
+        if self.current_branch()? == name {
+            return Err(RepoError::CurrentBranch { name: name.into() });
+        }
+        let head = self
+            .branch_head(name)?
+            .ok_or(RepoError::NoSuchBranch { name: name.into() })?;
+        let key = branch_key(name);
+        let mut b = Batch::new();
+        b.expect(Space::Refs, &key, Some(head.as_bytes()));
+        b.delete(Space::Refs, &key);
+        self.store.write(b)?;
+        self.store.flush()?;
+        Ok(head)
+    }
+
+    /// Make `name` the current branch (it must exist, or be the current
+    /// unborn branch).
+    pub fn switch_branch(&self, name: &str) -> Result<(), RepoError> {
+        check_branch_name(name)?;
+        if self.branch_head(name)?.is_none() && self.current_branch()? != name {
+            return Err(RepoError::NoSuchBranch { name: name.into() });
+        }
+        let mut b = Batch::new();
+        b.put(
+            Space::Refs,
+            HEAD,
+            format!("ref: {HEADS}{name}").into_bytes(),
+        );
+        self.store.write(b)?;
+        self.store.flush()?;
+        Ok(())
+    }
+}

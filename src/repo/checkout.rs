@@ -1,0 +1,227 @@
+//! `checkout`: write a commit's files back, byte for byte.
+//!
+//! Every chunk is decoded through its (bounded) delta chain and checked
+//! against its blake3 id before it is written; every file is checked
+//! against its whole-file hash; files are written under a temporary name
+//! and renamed into place only when whole, so a damaged chunk never leaves
+//! a wrong file behind.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::store::CommitId;
+
+use super::objects::{check_path, SegmentRef};
+use super::{RepoError, Repository};
+
+/// Checkout knobs.
+#[derive(Debug, Clone, Default)]
+pub struct CheckoutOptions {
+    /// Write into a non-empty directory.
+    pub force: bool,
+    /// Only paths matching one of these globs (`*` any run within a
+    /// component, `?` one character, `**` any number of components).
+    pub only: Vec<String>,
+}
+
+/// What a checkout wrote.
+#[derive(Debug, Clone)]
+pub struct CheckoutReport {
+    pub commit: CommitId,
+    pub step: u64,
+    pub out: PathBuf,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+impl Repository {
+    /// Write the files of `commit` into `out`.
+    pub fn checkout(
+        &self,
+        commit: &CommitId,
+        out: &Path,
+        opts: &CheckoutOptions,
+    ) -> Result<CheckoutReport, RepoError> {
+        let c = self.commit_object(commit)?;
+        let tree = self.tree(&c.tree)?;
+        if out.exists() {
+            let mut rd = std::fs::read_dir(out).map_err(|source| RepoError::Io {
+                path: out.to_path_buf(),
+                source,
+            })?;
+            if rd.next().is_some() && !opts.force {
+                return Err(RepoError::OutputNotEmpty {
+                    path: out.to_path_buf(),
+                });
+            }
+        }
+        let mut report = CheckoutReport {
+            commit: *commit,
+            step: c.step,
+            out: out.to_path_buf(),
+            files: 0,
+            bytes: 0,
+        };
+        for (rel, mid) in &tree.entries {
+            if !opts.only.is_empty() && !opts.only.iter().any(|g| glob_match(g, rel)) {
+                continue;
+            }
+            check_path(rel).map_err(|reason| RepoError::Corrupt {
+                what: format!("tree of commit {}", commit.short(12)),
+                reason,
+            })?;
+            let m = self.manifest(mid, rel)?;
+            let dest = out.join(rel);
+            let dir = dest.parent().expect("a joined relative path has a parent");
+            let io = |path: &Path| {
+                let path = path.to_path_buf();
+                move |source| RepoError::Io { path, source }
+            };
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            let tmp = dir.join(format!(
+                ".{}.ckvc-tmp",
+                dest.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ));
+            let result = (|| {
+                let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+                let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+                let mut hasher = blake3::Hasher::new();
+                for seg in &m.segments {
+                    let mut written = 0u64;
+                    for id in seg.chunks() {
+                        let raw = self.read_chunk(id).map_err(|e| match e {
+                            RepoError::Corrupt { what, reason } => RepoError::Corrupt {
+                                what: format!(
+                                    "{what} of {} in {rel} (commit {}, step {})",
+                                    seg_name(seg),
+                                    commit.short(12),
+                                    c.step
+                                ),
+                                reason,
+                            },
+                            RepoError::Decode { what, source } => RepoError::Decode {
+                                what: format!(
+                                    "{what} of {} in {rel} (commit {}, step {})",
+                                    seg_name(seg),
+                                    commit.short(12),
+                                    c.step
+                                ),
+                                source,
+                            },
+                            RepoError::Missing { what } => RepoError::Missing {
+                                what: format!(
+                                    "{what} of {} in {rel} (commit {}, step {})",
+                                    seg_name(seg),
+                                    commit.short(12),
+                                    c.step
+                                ),
+                            },
+                            e => e,
+                        })?;
+                        hasher.update(&raw);
+                        w.write_all(&raw).map_err(io(&tmp))?;
+                        written += raw.len() as u64;
+                    }
+                    if written != seg.len() {
+                        return Err(RepoError::Corrupt {
+                            what: format!("manifest of {rel}"),
+                            reason: format!(
+                                "{} chunks hold {written} bytes, the segment {}",
+                                seg_name(seg),
+                                seg.len()
+                            ),
+                        });
+                    }
+                }
+                if *hasher.finalize().as_bytes() != m.hash {
+                    return Err(RepoError::Corrupt {
+                        what: format!("{rel} (commit {})", commit.short(12)),
+                        reason: "the reassembled file does not match its recorded blake3".into(),
+                    });
+                }
+                let file = w.into_inner().map_err(|e| RepoError::Io {
+                    path: tmp.clone(),
+                    source: e.into_error(),
+                })?;
+                set_mode(&file, m.mode).map_err(io(&tmp))?;
+                file.sync_all().map_err(io(&tmp))?;
+                std::fs::rename(&tmp, &dest).map_err(io(&dest))
+            })();
+            if let Err(e) = result {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            report.files += 1;
+            report.bytes += m.len;
+        }
+        Ok(report)
+    }
+}
+
+fn seg_name(s: &SegmentRef) -> String {
+    match s {
+        SegmentRef::Tensor { name, .. } => format!("tensor {name}"),
+        SegmentRef::Opaque { .. } => "opaque bytes".into(),
+    }
+}
+
+#[cfg(unix)]
+fn set_mode(f: &std::fs::File, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(not(unix))]
+fn set_mode(f: &std::fs::File, mode: u32) -> std::io::Result<()> {
+    let mut p = f.metadata()?.permissions();
+    p.set_readonly(mode & 0o200 == 0);
+    f.set_permissions(p)
+}
+
+/// Glob match on `/`-separated paths: `*` and `?` within a component, `**`
+/// across components.
+pub fn glob_match(glob: &str, path: &str) -> bool {
+    let g: Vec<&str> = glob.split('/').collect();
+    let p: Vec<&str> = path.split('/').collect();
+    fn comps(g: &[&str], p: &[&str]) -> bool {
+        match (g.first(), p.first()) {
+            (None, None) => true,
+            (Some(&"**"), _) => comps(&g[1..], p) || (!p.is_empty() && comps(g, &p[1..])),
+            (Some(gc), Some(pc)) => comp(gc.as_bytes(), pc.as_bytes()) && comps(&g[1..], &p[1..]),
+            _ => false,
+        }
+    }
+    fn comp(g: &[u8], s: &[u8]) -> bool {
+        match (g.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => comp(&g[1..], s) || (!s.is_empty() && comp(g, &s[1..])),
+            (Some(b'?'), Some(_)) => comp(&g[1..], &s[1..]),
+            (Some(a), Some(b)) => a == b && comp(&g[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    // A glob without '/' matches the file name anywhere.
+    if !glob.contains('/') {
+        return p
+            .last()
+            .is_some_and(|name| comp(glob.as_bytes(), name.as_bytes()));
+    }
+    comps(&g, &p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*.safetensors", "model.safetensors"));
+        assert!(glob_match("*.safetensors", "sub/model.safetensors"));
+        assert!(!glob_match("*.safetensors", "optimizer.pt"));
+        assert!(glob_match("sub/*.pt", "sub/optimizer.pt"));
+        assert!(!glob_match("sub/*.pt", "other/optimizer.pt"));
+        assert!(glob_match("**/x?.bin", "a/b/x1.bin"));
+    }
+}

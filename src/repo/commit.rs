@@ -1,0 +1,496 @@
+//! `commit`: store a checkpoint directory as a new commit on a branch.
+//!
+//! Files are read through the format layer and streamed segment by segment;
+//! tensor data is cut into element-aligned chunks, each new chunk encoded
+//! (in parallel) against the same tensor's chunk in the parent commit when
+//! the delta chain allows, and written in bounded batches. The manifests,
+//! tree, commit and branch move go in one final batch that only applies if
+//! the branch still points at the parent: a failure anywhere before leaves
+//! the branch where it was (at worst with unreferenced chunks for gc).
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rayon::prelude::*;
+
+use crate::codec::{self, DType, Options, Scratch};
+use crate::format::{self, Segment};
+use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space};
+
+use super::objects::{
+    check_path, object_key, ChunkRecord, Commit, CommitStats, FileManifest, Payload, SegmentRef,
+    Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
+};
+use super::{branch_key, check_branch_name, RepoError, Repository};
+
+/// What to commit besides the directory.
+#[derive(Debug, Clone, Default)]
+pub struct CommitOptions {
+    /// The step; else `trainer_state.json`'s `global_step`, else the
+    /// directory name's trailing number.
+    pub step: Option<u64>,
+    pub message: String,
+    /// The branch to commit on (created if it does not exist); default the
+    /// current branch.
+    pub branch: Option<String>,
+}
+
+/// What a commit did.
+#[derive(Debug, Clone)]
+pub struct CommitReport {
+    pub id: CommitId,
+    pub step: u64,
+    pub branch: String,
+    pub stats: CommitStats,
+}
+
+/// Raw bytes of chunks waiting to be encoded, flushed at this size.
+const PENDING_BYTES: usize = 64 << 20;
+
+/// A chunk ready to store: id, encoded record, delta depth.
+type Encoded = (ChunkId, Vec<u8>, u16);
+
+/// A chunk read from the checkpoint, not yet in the store.
+struct Job {
+    id: ChunkId,
+    raw: Vec<u8>,
+    /// `None` for opaque bytes (zstd).
+    dtype: Option<DType>,
+    base: Option<ChunkId>,
+}
+
+impl Repository {
+    /// Commit the checkpoint directory `dir`.
+    pub fn commit(&self, dir: &Path, opts: &CommitOptions) -> Result<CommitReport, RepoError> {
+        let branch = match &opts.branch {
+            Some(b) => b.clone(),
+            None => self.current_branch()?,
+        };
+        check_branch_name(&branch)?;
+        let parent = self.branch_head(&branch)?;
+        let parent_tree = match &parent {
+            Some(p) => Some(self.tree(&self.commit_object(p)?.tree)?),
+            None => None,
+        };
+        let files = list_files(dir)?;
+        let step = match opts.step {
+            Some(s) => s,
+            None => detect_step(dir)?,
+        };
+        let metrics = trainer_metrics(dir);
+
+        let mut w = Writer {
+            repo: self,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            seen: HashSet::new(),
+            stats: CommitStats::default(),
+        };
+        let mut entries = Vec::new();
+        let mut objects = Batch::new();
+        for (rel, path) in &files {
+            let base = match parent_tree
+                .as_ref()
+                .and_then(|t| t.entries.iter().find(|e| &e.0 == rel))
+            {
+                Some((_, m)) => Some(self.manifest(m, rel)?),
+                None => None,
+            };
+            let manifest = w.file(path, base.as_ref())?;
+            let bytes = manifest.encode();
+            let id = ObjectId::digest(&bytes);
+            let key = object_key(KIND_MANIFEST, &id);
+            if !self.store.contains(Space::Objects, &key)? {
+                w.stats.stored_bytes += bytes.len() as u64;
+                objects.put(Space::Objects, &key, bytes);
+            }
+            entries.push((rel.clone(), id));
+            w.stats.files += 1;
+            w.stats.logical_bytes += manifest.len;
+        }
+        w.flush()?;
+        let tree = Tree { entries };
+        let tree_bytes = tree.encode();
+        let tree_id = ObjectId::digest(&tree_bytes);
+        let mut stats = w.stats;
+        let key = object_key(KIND_TREE, &tree_id);
+        if !self.store.contains(Space::Objects, &key)? {
+            stats.stored_bytes += tree_bytes.len() as u64;
+            objects.put(Space::Objects, &key, tree_bytes);
+        }
+        let commit = Commit {
+            tree: tree_id,
+            parents: parent.into_iter().collect(),
+            step,
+            branch: branch.clone(),
+            message: opts.message.clone(),
+            time: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            metrics,
+            stats,
+        };
+        let bytes = commit.encode();
+        let id = CommitId::digest(&bytes);
+        objects.put(
+            Space::Objects,
+            &object_key(KIND_COMMIT, &ObjectId::from_bytes(*id.as_bytes())),
+            bytes,
+        );
+        let key = branch_key(&branch);
+        objects.expect(
+            Space::Refs,
+            &key,
+            parent.as_ref().map(|p| p.as_bytes().as_slice()),
+        );
+        objects.put(Space::Refs, &key, id.as_bytes().to_vec());
+        self.store.write(objects)?;
+        self.store.flush()?;
+        Ok(CommitReport {
+            id,
+            step,
+            branch,
+            stats: commit.stats,
+        })
+    }
+}
+
+/// Streams files into chunks and chunks into the store.
+struct Writer<'a> {
+    repo: &'a Repository,
+    pending: Vec<Job>,
+    pending_bytes: usize,
+    /// Chunks of this commit already queued or stored.
+    seen: HashSet<ChunkId>,
+    stats: CommitStats,
+}
+
+impl Writer<'_> {
+    /// Read one file, queue its new chunks, return its manifest.
+    fn file(
+        &mut self,
+        path: &Path,
+        parent: Option<&FileManifest>,
+    ) -> Result<FileManifest, RepoError> {
+        let io = |source| RepoError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let meta = f.metadata().map_err(io)?;
+        let len = meta.len();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let layout = format::parse(&name, &mut f, len).map_err(|source| RepoError::Format {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        layout.validate().map_err(|source| RepoError::Format {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        f.seek(SeekFrom::Start(0)).map_err(io)?;
+        let parent_tensors: HashMap<&str, &SegmentRef> = parent
+            .map(|m| {
+                m.segments
+                    .iter()
+                    .filter_map(|s| match s {
+                        SegmentRef::Tensor { name, .. } => Some((name.as_str(), s)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut hasher = blake3::Hasher::new();
+        let mut segments = Vec::with_capacity(layout.segments.len());
+        let chunk_bytes = self.repo.config.chunk_bytes.max(64) as usize;
+        for seg in &layout.segments {
+            let (dtype, seg_len) = match seg {
+                Segment::Tensor(t) => (Some(t.dtype), t.len),
+                Segment::Opaque { len, .. } => (None, *len),
+            };
+            let piece = match dtype {
+                Some(d) => (chunk_bytes / d.width() * d.width()).max(d.width()),
+                None => chunk_bytes,
+            };
+            let base_chunks: &[ChunkId] = match seg {
+                Segment::Tensor(t) => match parent_tensors.get(t.name.as_str()) {
+                    Some(SegmentRef::Tensor {
+                        dtype,
+                        shape,
+                        len,
+                        chunks,
+                        ..
+                    }) if *dtype == t.dtype && *shape == t.shape && *len == t.len => chunks,
+                    _ => &[],
+                },
+                Segment::Opaque { .. } => &[],
+            };
+            let mut chunks = Vec::new();
+            let mut left = seg_len;
+            while left > 0 {
+                let n = left.min(piece as u64) as usize;
+                let mut raw = vec![0u8; n];
+                f.read_exact(&mut raw).map_err(|e| RepoError::BadInput {
+                    path: path.to_path_buf(),
+                    reason: format!("file changed or could not be read while committing: {e}"),
+                })?;
+                hasher.update(&raw);
+                let id = ChunkId::digest(&raw);
+                chunks.push(id);
+                self.stats.chunks += 1;
+                left -= n as u64;
+                if self.seen.insert(id)
+                    && !self.repo.store.contains(Space::Chunks, id.as_bytes())?
+                {
+                    let base = base_chunks
+                        .get(chunks.len() - 1)
+                        .copied()
+                        .filter(|b| *b != id);
+                    self.pending_bytes += n;
+                    self.pending.push(Job {
+                        id,
+                        raw,
+                        dtype,
+                        base,
+                    });
+                    if self.pending_bytes >= PENDING_BYTES {
+                        self.flush()?;
+                    }
+                }
+            }
+            segments.push(match seg {
+                Segment::Tensor(t) => SegmentRef::Tensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    len: t.len,
+                    chunks,
+                },
+                Segment::Opaque { len, .. } => SegmentRef::Opaque { len: *len, chunks },
+            });
+        }
+        // The file must not have grown behind our back either.
+        let mut probe = [0u8; 1];
+        if f.read(&mut probe).map_err(io)? != 0 {
+            return Err(RepoError::BadInput {
+                path: path.to_path_buf(),
+                reason: "file grew while being committed".into(),
+            });
+        }
+        Ok(FileManifest {
+            kind: layout.kind,
+            len,
+            hash: *hasher.finalize().as_bytes(),
+            mode: file_mode(&meta),
+            segments,
+        })
+    }
+
+    /// Encode the queued chunks in parallel and write them in one batch.
+    fn flush(&mut self) -> Result<(), RepoError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let repo = self.repo;
+        let max_chain = repo.config.max_chain;
+        let level = repo.config.zstd_level;
+        let jobs = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let records: Vec<Result<Encoded, RepoError>> = jobs
+            .into_par_iter()
+            .map_init(Scratch::default, |scratch, job| {
+                let rec = match job.dtype {
+                    None => ChunkRecord {
+                        payload: Payload::Zstd,
+                        raw_len: job.raw.len() as u64,
+                        base: None,
+                        depth: 0,
+                        data: zstd::bulk::compress(&job.raw, level).map_err(|e| {
+                            RepoError::Corrupt {
+                                what: "zstd".into(),
+                                reason: e.to_string(),
+                            }
+                        })?,
+                    },
+                    Some(dtype) => {
+                        // The base must be readable and its chain short enough.
+                        let base = match job.base {
+                            Some(b) => match repo.read_chunk_depth(&b, 0) {
+                                Ok((raw, depth))
+                                    if depth < max_chain && raw.len() == job.raw.len() =>
+                                {
+                                    Some((b, raw, depth))
+                                }
+                                Ok(_) => None,
+                                Err(e) if e.is_corruption() => None,
+                                Err(e) => return Err(e),
+                            },
+                            None => None,
+                        };
+                        let mut frame = Vec::new();
+                        codec::encode_into(
+                            &job.raw,
+                            base.as_ref().map(|b| b.1.as_slice()),
+                            dtype,
+                            &Options::default(),
+                            &mut frame,
+                            scratch,
+                        );
+                        let uses_base = codec::FrameInfo::parse(&frame)
+                            .map(|i| i.needs_base())
+                            .unwrap_or(false);
+                        let (base, depth) = match base {
+                            Some((b, _, d)) if uses_base => (Some(b), d + 1),
+                            _ => (None, 0),
+                        };
+                        ChunkRecord {
+                            payload: Payload::Codec,
+                            raw_len: job.raw.len() as u64,
+                            base,
+                            depth,
+                            data: frame,
+                        }
+                    }
+                };
+                Ok((job.id, rec.encode(), rec.depth))
+            })
+            .collect();
+        let mut batch = Batch::new();
+        for r in records {
+            let (id, bytes, depth) = r?;
+            self.stats.new_chunks += 1;
+            self.stats.stored_bytes += bytes.len() as u64;
+            self.stats.max_depth = self.stats.max_depth.max(depth);
+            batch.put(Space::Chunks, id.as_bytes(), bytes);
+        }
+        repo.store.write(batch)?;
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn file_mode(meta: &std::fs::Metadata) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    meta.permissions().mode() & 0o7777
+}
+
+#[cfg(not(unix))]
+fn file_mode(meta: &std::fs::Metadata) -> u32 {
+    if meta.permissions().readonly() {
+        0o444
+    } else {
+        0o644
+    }
+}
+
+/// Every regular file under `dir`, as (relative `/` path, full path), sorted.
+/// Symlinks and special files are errors: a checkpoint holds plain files.
+fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
+    let meta = std::fs::metadata(dir).map_err(|source| RepoError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(RepoError::BadInput {
+            path: dir.to_path_buf(),
+            reason: "not a directory".into(),
+        });
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![(String::new(), dir.to_path_buf())];
+    while let Some((prefix, d)) = stack.pop() {
+        let rd = std::fs::read_dir(&d).map_err(|source| RepoError::Io {
+            path: d.clone(),
+            source,
+        })?;
+        for e in rd {
+            let e = e.map_err(|source| RepoError::Io {
+                path: d.clone(),
+                source,
+            })?;
+            let path = e.path();
+            let name = e
+                .file_name()
+                .into_string()
+                .map_err(|_| RepoError::BadInput {
+                    path: path.clone(),
+                    reason: "file name is not UTF-8".into(),
+                })?;
+            if name == super::DOT_DIR {
+                continue;
+            }
+            let rel = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
+            check_path(&rel).map_err(|reason| RepoError::BadInput {
+                path: path.clone(),
+                reason,
+            })?;
+            let ft = e.file_type().map_err(|source| RepoError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            if ft.is_symlink() {
+                return Err(RepoError::BadInput {
+                    path,
+                    reason: "is a symbolic link; ckvc stores regular files only".into(),
+                });
+            } else if ft.is_dir() {
+                stack.push((rel, path));
+            } else if ft.is_file() {
+                out.push((rel, path));
+            } else {
+                return Err(RepoError::BadInput {
+                    path,
+                    reason: "is a special file (device, socket or pipe)".into(),
+                });
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn read_trainer_state(dir: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let text = std::fs::read_to_string(dir.join("trainer_state.json")).ok()?;
+    match serde_json::from_str(&text).ok()? {
+        serde_json::Value::Object(m) => Some(m),
+        _ => None,
+    }
+}
+
+/// `--step`, else `trainer_state.json`'s `global_step`, else the name.
+fn detect_step(dir: &Path) -> Result<u64, RepoError> {
+    if let Some(s) =
+        read_trainer_state(dir).and_then(|m| m.get("global_step").and_then(|v| v.as_u64()))
+    {
+        return Ok(s);
+    }
+    let name = std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    format::step_of_dir_name(&name).ok_or(RepoError::NoStep {
+        dir: dir.to_path_buf(),
+    })
+}
+
+/// The scalar metrics of `trainer_state.json` worth showing in `log`.
+fn trainer_metrics(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    if let Some(m) = read_trainer_state(dir) {
+        for k in ["loss", "eval_loss", "learning_rate", "epoch", "global_step"] {
+            if let Some(v) = m.get(k).filter(|v| v.is_number()) {
+                out.insert(k.to_string(), v.clone());
+            }
+        }
+    }
+    out
+}

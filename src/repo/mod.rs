@@ -1,0 +1,503 @@
+//! The repository: the user's verbs on top of the store, one file each
+//! (`commit`, `checkout`, `log`, `branch`).
+//!
+//! Owns the object model (chunk records, file manifests, trees, commits:
+//! [`objects`], specified in `docs/format/objects.md`), refs (`HEAD`,
+//! branches), revision syntax, and the rules that keep a repository
+//! consistent: a commit writes its chunks, then its objects and the branch
+//! move in one atomic batch that checks the branch still points where it
+//! did; every chunk read back is decoded through a bounded delta chain and
+//! verified against its blake3 id before a byte of it is used.
+//!
+//! Must not: print (the CLI does), name RocksDB (the store does), or know
+//! codec or file-format internals beyond their public APIs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::codec::{self, DecodeError};
+use crate::format::FormatError;
+use crate::store::{
+    ChunkId, CommitId, Mode, ObjectId, RocksStore, Space, Store, StoreError, StoreExt,
+};
+
+mod branch;
+mod checkout;
+mod commit;
+mod log;
+pub mod objects;
+
+pub use checkout::{CheckoutOptions, CheckoutReport};
+pub use commit::{CommitOptions, CommitReport};
+pub use log::LogEntry;
+use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
+
+/// The directory under a repository's root that holds its data.
+pub const DOT_DIR: &str = ".ckvc";
+/// Repository layout version, in `Meta/format`.
+pub const REPO_FORMAT: u8 = 1;
+/// No delta chain is ever followed further than this, whatever the
+/// settings say: a cycle or an absurd chain is corruption, not a hang.
+pub const HARD_MAX_CHAIN: u16 = 1000;
+
+/// Errors of the repository layer, with what the user needs to act on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RepoError {
+    #[error("not a ckvc repository (or any parent up to /): {path}")]
+    NotARepository { path: PathBuf },
+    #[error("a ckvc repository already exists at {path}")]
+    AlreadyExists { path: PathBuf },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{path}: {source}")]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: FormatError,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    BadInput { path: PathBuf, reason: String },
+    #[error("no step number for {dir}: pass --step, or add trainer_state.json (global_step), or name the directory like checkpoint-500")]
+    NoStep { dir: PathBuf },
+    #[error("unknown revision {rev:?}")]
+    UnknownRevision { rev: String },
+    #[error("revision {rev:?} is ambiguous")]
+    AmbiguousRevision { rev: String },
+    #[error("{path} exists and is not empty (use --force to write into it)")]
+    OutputNotEmpty { path: PathBuf },
+    #[error("branch {name:?} already exists")]
+    BranchExists { name: String },
+    #[error("no branch {name:?}")]
+    NoSuchBranch { name: String },
+    #[error("invalid branch name {name:?}")]
+    InvalidBranchName { name: String },
+    #[error("cannot delete the current branch {name:?}")]
+    CurrentBranch { name: String },
+    #[error("the repository has no commits yet")]
+    Empty,
+    #[error("{what} is corrupt: {reason}")]
+    Corrupt { what: String, reason: String },
+    #[error("{what} is damaged: {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: DecodeError,
+    },
+    #[error("{what} is missing from the store")]
+    Missing { what: String },
+}
+
+impl RepoError {
+    /// True for damaged or missing stored data (as opposed to user error).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            RepoError::Corrupt { .. } | RepoError::Decode { .. } | RepoError::Missing { .. }
+        ) || matches!(self, RepoError::Store(StoreError::Corrupt { .. }))
+    }
+}
+
+/// Repository settings, stored in `Meta/config` (JSON).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Config {
+    /// Longest delta chain a new chunk may extend; past it the chunk is
+    /// stored full (a keyframe).
+    pub max_chain: u16,
+    /// Tensor and opaque data are cut into chunks of at most this many bytes.
+    pub chunk_bytes: u64,
+    /// zstd level for opaque chunks.
+    pub zstd_level: i32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_chain: 16,
+            chunk_bytes: 4 << 20,
+            zstd_level: 9,
+        }
+    }
+}
+
+/// An open repository.
+pub struct Repository {
+    root: PathBuf,
+    store: Arc<dyn Store>,
+    config: Config,
+}
+
+impl std::fmt::Debug for Repository {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repository")
+            .field("root", &self.root)
+            .finish()
+    }
+}
+
+const HEAD: &[u8] = b"HEAD";
+const HEADS: &str = "refs/heads/";
+
+fn branch_key(name: &str) -> Vec<u8> {
+    format!("{HEADS}{name}").into_bytes()
+}
+
+/// Branch names: like git's, conservatively: letters, digits, `-_./`, no
+/// `..`, not starting with `-` or `/`.
+pub fn check_branch_name(name: &str) -> Result<(), RepoError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with(['-', '/', '.'])
+        && !name.ends_with(['/', '.'])
+        && !name.contains("..")
+        && !name.contains("//")
+        && !name.contains('@')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        && name.parse::<u64>().is_err();
+    if ok {
+        Ok(())
+    } else {
+        Err(RepoError::InvalidBranchName { name: name.into() })
+    }
+}
+
+impl Repository {
+    /// Create a repository in `dir` (its data in `dir/.ckvc`), with the
+    /// default branch `main` and no commits.
+    pub fn init(dir: &Path, config: Config) -> Result<Repository, RepoError> {
+        let dot = dir.join(DOT_DIR);
+        if dot.exists() {
+            return Err(RepoError::AlreadyExists { path: dot });
+        }
+        std::fs::create_dir_all(&dot).map_err(|source| RepoError::Io {
+            path: dot.clone(),
+            source,
+        })?;
+        let store = RocksStore::open(dot.join("db"), Mode::ReadWrite)?;
+        Self::init_store(dir.to_path_buf(), Arc::new(store), config)
+    }
+
+    /// A repository over any store (tests use [`crate::store::MemStore`]).
+    pub fn init_store(
+        root: PathBuf,
+        store: Arc<dyn Store>,
+        config: Config,
+    ) -> Result<Repository, RepoError> {
+        let mut b = crate::store::Batch::new();
+        b.expect(Space::Meta, b"format", None);
+        b.put(Space::Meta, b"format", vec![REPO_FORMAT]);
+        b.put(
+            Space::Meta,
+            b"config",
+            serde_json::to_vec(&config).expect("config serialises"),
+        );
+        b.put(Space::Refs, HEAD, format!("ref: {HEADS}main").into_bytes());
+        store.write(b)?;
+        store.flush()?;
+        Ok(Repository {
+            root,
+            store,
+            config,
+        })
+    }
+
+    /// Find the repository containing `start` (walking up like git) and
+    /// open it. `write` takes the single-writer lock; readers do not.
+    pub fn discover(start: &Path, write: bool) -> Result<Repository, RepoError> {
+        let start = std::fs::canonicalize(start).map_err(|source| RepoError::Io {
+            path: start.to_path_buf(),
+            source,
+        })?;
+        let mut dir = Some(start.as_path());
+        while let Some(d) = dir {
+            if d.join(DOT_DIR).is_dir() {
+                return Self::open(d, write);
+            }
+            dir = d.parent();
+        }
+        Err(RepoError::NotARepository { path: start })
+    }
+
+    /// Open the repository whose root is `root`.
+    pub fn open(root: &Path, write: bool) -> Result<Repository, RepoError> {
+        let db = root.join(DOT_DIR).join("db");
+        let mode = if write {
+            Mode::ReadWrite
+        } else {
+            Mode::ReadOnly
+        };
+        let store = RocksStore::open(&db, mode)?;
+        Self::open_store(root.to_path_buf(), Arc::new(store))
+    }
+
+    /// Open a repository over an existing store.
+    pub fn open_store(root: PathBuf, store: Arc<dyn Store>) -> Result<Repository, RepoError> {
+        let format = store
+            .get_vec(Space::Meta, b"format")?
+            .ok_or(RepoError::NotARepository { path: root.clone() })?;
+        if format.as_slice() != [REPO_FORMAT] {
+            return Err(RepoError::Corrupt {
+                what: "repository format".into(),
+                reason: format!("version {format:?}, this build reads [{REPO_FORMAT}]"),
+            });
+        }
+        let config = match store.get_vec(Space::Meta, b"config")? {
+            Some(c) => serde_json::from_slice(&c).map_err(|e| RepoError::Corrupt {
+                what: "repository config".into(),
+                reason: e.to_string(),
+            })?,
+            None => Config::default(),
+        };
+        Ok(Repository {
+            root,
+            store,
+            config,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+
+    /// The branch `HEAD` names.
+    pub fn current_branch(&self) -> Result<String, RepoError> {
+        let head = self
+            .store
+            .get_vec(Space::Refs, HEAD)?
+            .ok_or(RepoError::Corrupt {
+                what: "HEAD".into(),
+                reason: "missing".into(),
+            })?;
+        let s = String::from_utf8(head).map_err(|_| RepoError::Corrupt {
+            what: "HEAD".into(),
+            reason: "not UTF-8".into(),
+        })?;
+        s.strip_prefix("ref: ")
+            .and_then(|r| r.strip_prefix(HEADS))
+            .map(str::to_string)
+            .ok_or(RepoError::Corrupt {
+                what: "HEAD".into(),
+                reason: format!("{s:?} is not a branch ref"),
+            })
+    }
+
+    /// The commit a branch points at, or `None` for a branch with no commits.
+    pub fn branch_head(&self, name: &str) -> Result<Option<CommitId>, RepoError> {
+        match self.store.get_vec(Space::Refs, &branch_key(name))? {
+            None => Ok(None),
+            Some(v) => CommitId::from_slice(&v)
+                .map(Some)
+                .ok_or(RepoError::Corrupt {
+                    what: format!("branch {name}"),
+                    reason: "ref is not a 32-byte id".into(),
+                }),
+        }
+    }
+
+    /// Every branch with its head, sorted by name.
+    pub fn branches(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
+        let mut out = Vec::new();
+        self.store
+            .scan_prefix(Space::Refs, HEADS.as_bytes(), &mut |k, v| {
+                if let (Ok(name), Some(id)) = (
+                    std::str::from_utf8(&k[HEADS.len()..]),
+                    CommitId::from_slice(v),
+                ) {
+                    out.push((name.to_string(), id));
+                }
+                Ok(true)
+            })?;
+        Ok(out)
+    }
+
+    pub fn commit_object(&self, id: &CommitId) -> Result<Commit, RepoError> {
+        let what = format!("commit {}", id.short(12));
+        let bytes = self.object(
+            objects::KIND_COMMIT,
+            &ObjectId::from_bytes(*id.as_bytes()),
+            &what,
+        )?;
+        Commit::decode(&bytes).map_err(corrupt(what))
+    }
+
+    pub fn tree(&self, id: &ObjectId) -> Result<Tree, RepoError> {
+        let what = format!("tree {}", id.short(12));
+        Tree::decode(&self.object(objects::KIND_TREE, id, &what)?).map_err(corrupt(what))
+    }
+
+    pub fn manifest(&self, id: &ObjectId, path: &str) -> Result<FileManifest, RepoError> {
+        let what = format!("manifest of {path}");
+        FileManifest::decode(&self.object(objects::KIND_MANIFEST, id, &what)?)
+            .map_err(corrupt(what))
+    }
+
+    /// An object's bytes, checked against its id.
+    fn object(&self, kind: u8, id: &ObjectId, what: &str) -> Result<Vec<u8>, RepoError> {
+        let bytes = self
+            .store
+            .get_vec(Space::Objects, &object_key(kind, id))?
+            .ok_or(RepoError::Missing { what: what.into() })?;
+        if ObjectId::digest(&bytes) != *id {
+            return Err(RepoError::Corrupt {
+                what: what.into(),
+                reason: "content does not match its id".into(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// A chunk's stored record.
+    fn chunk_record(&self, id: &ChunkId) -> Result<Option<ChunkRecord>, RepoError> {
+        match self.store.get_vec(Space::Chunks, id.as_bytes())? {
+            None => Ok(None),
+            Some(b) => ChunkRecord::decode(&b)
+                .map(Some)
+                .map_err(corrupt(format!("chunk {}", id.short(12)))),
+        }
+    }
+
+    /// The raw bytes of a chunk, decoded through its delta chain and
+    /// verified against its id.
+    pub fn read_chunk(&self, id: &ChunkId) -> Result<Vec<u8>, RepoError> {
+        self.read_chunk_depth(id, 0).map(|(raw, _)| raw)
+    }
+
+    /// The raw bytes and the stored delta depth of a chunk.
+    fn read_chunk_depth(&self, id: &ChunkId, hops: u16) -> Result<(Vec<u8>, u16), RepoError> {
+        let what = || format!("chunk {}", id.short(12));
+        if hops > HARD_MAX_CHAIN {
+            return Err(RepoError::Corrupt {
+                what: what(),
+                reason: format!("delta chain longer than {HARD_MAX_CHAIN} (a cycle?)"),
+            });
+        }
+        let rec = self
+            .chunk_record(id)?
+            .ok_or(RepoError::Missing { what: what() })?;
+        let raw = match rec.payload {
+            Payload::Zstd => {
+                if rec.base.is_some() {
+                    return Err(RepoError::Corrupt {
+                        what: what(),
+                        reason: "a zstd chunk with a delta base".into(),
+                    });
+                }
+                let limit = rec.raw_len.min(codec::HARD_MAX_RAW_LEN) as usize;
+                zstd::bulk::decompress(&rec.data, limit).map_err(|e| RepoError::Corrupt {
+                    what: what(),
+                    reason: format!("zstd: {e}"),
+                })?
+            }
+            Payload::Codec => {
+                let base = match &rec.base {
+                    Some(b) => Some(self.read_chunk_depth(b, hops + 1)?.0),
+                    None => None,
+                };
+                codec::decode(&rec.data, base.as_deref()).map_err(|source| RepoError::Decode {
+                    what: what(),
+                    source,
+                })?
+            }
+        };
+        if raw.len() as u64 != rec.raw_len || ChunkId::digest(&raw) != *id {
+            return Err(RepoError::Corrupt {
+                what: what(),
+                reason: "decoded bytes do not match the chunk id (blake3)".into(),
+            });
+        }
+        Ok((raw, rec.depth))
+    }
+
+    /// Resolve a revision: `HEAD`, `HEAD~N`, a branch, `branch@step`, a bare
+    /// step number on the current branch, or a commit id (or unique prefix
+    /// of at least 4 hex digits).
+    pub fn resolve(&self, rev: &str) -> Result<CommitId, RepoError> {
+        let unknown = || RepoError::UnknownRevision { rev: rev.into() };
+        let (base, back) = match rev.rsplit_once('~') {
+            Some((b, n)) => (b, n.parse::<usize>().map_err(|_| unknown())?),
+            None => (rev, 0),
+        };
+        let mut id = if base == "HEAD" {
+            let b = self.current_branch()?;
+            self.branch_head(&b)?.ok_or(RepoError::Empty)?
+        } else if let Some((branch, step)) = base.split_once('@') {
+            let step: u64 = step.parse().map_err(|_| unknown())?;
+            let head = self.branch_head(branch)?.ok_or(RepoError::NoSuchBranch {
+                name: branch.into(),
+            })?;
+            self.find_step(head, step)?.ok_or_else(unknown)?
+        } else if let Ok(step) = base.parse::<u64>() {
+            let b = self.current_branch()?;
+            let head = self.branch_head(&b)?.ok_or(RepoError::Empty)?;
+            match self.find_step(head, step)? {
+                Some(id) => id,
+                None => self.by_prefix(base)?.ok_or_else(unknown)?,
+            }
+        } else if let Some(id) = self.branch_head(base)? {
+            id
+        } else {
+            self.by_prefix(base)?.ok_or_else(unknown)?
+        };
+        for _ in 0..back {
+            id = *self
+                .commit_object(&id)?
+                .parents
+                .first()
+                .ok_or_else(unknown)?;
+        }
+        Ok(id)
+    }
+
+    /// The newest commit with `step` on the first-parent line from `head`.
+    fn find_step(&self, head: CommitId, step: u64) -> Result<Option<CommitId>, RepoError> {
+        let mut cur = Some(head);
+        while let Some(id) = cur {
+            let c = self.commit_object(&id)?;
+            if c.step == step {
+                return Ok(Some(id));
+            }
+            cur = c.parents.first().copied();
+        }
+        Ok(None)
+    }
+
+    /// A commit whose hex id starts with `prefix` (at least 4 digits).
+    fn by_prefix(&self, prefix: &str) -> Result<Option<CommitId>, RepoError> {
+        let p = prefix.to_ascii_lowercase();
+        if p.len() < 4 || p.len() > 64 || !p.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Ok(None);
+        }
+        let whole: Vec<u8> = (0..p.len() / 2)
+            .map(|i| u8::from_str_radix(&p[2 * i..2 * i + 2], 16).expect("hex digits"))
+            .collect();
+        let mut key = vec![objects::KIND_COMMIT];
+        key.extend_from_slice(&whole);
+        let mut found = Vec::new();
+        self.store.scan_prefix(Space::Objects, &key, &mut |k, _| {
+            if crate::store::to_hex(&k[1..]).starts_with(&p) {
+                found.push(CommitId::from_slice(&k[1..]));
+            }
+            Ok(found.len() < 2)
+        })?;
+        match found.as_slice() {
+            [] => Ok(None),
+            [Some(id)] => Ok(Some(*id)),
+            [None] => Ok(None),
+            _ => Err(RepoError::AmbiguousRevision { rev: prefix.into() }),
+        }
+    }
+}

@@ -1,0 +1,614 @@
+//! The repository's stored objects and their byte encodings
+//! (`docs/format/objects.md`): chunk records, file manifests, trees and
+//! commits. Every encoding starts with a version byte; decoders check every
+//! length and return [`RepoError::Corrupt`] instead of panicking.
+
+use crate::codec::DType;
+use crate::format::FileKind;
+use crate::store::{ChunkId, CommitId, ObjectId};
+
+use super::RepoError;
+
+/// Version byte of every object encoding written by this build.
+pub const OBJECT_VERSION: u8 = 1;
+
+/// Object kinds: the first byte of an `Objects` key.
+pub const KIND_MANIFEST: u8 = b'F';
+pub const KIND_TREE: u8 = b'T';
+pub const KIND_COMMIT: u8 = b'C';
+
+/// The key of an object in the `Objects` space.
+pub fn object_key(kind: u8, id: &ObjectId) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = kind;
+    k[1..].copy_from_slice(id.as_bytes());
+    k
+}
+
+/// How a chunk's payload is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Payload {
+    /// A chunk codec frame (`docs/format/codec.md`).
+    Codec = 0,
+    /// A zstd frame (opaque bytes: headers, json, pickles).
+    Zstd = 1,
+}
+
+/// A stored chunk: how to turn the payload back into the raw bytes whose
+/// blake3 is the chunk's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRecord {
+    pub payload: Payload,
+    pub raw_len: u64,
+    /// The chunk the codec frame is a delta against, if any.
+    pub base: Option<ChunkId>,
+    /// Delta steps to a full chunk: 0 for a full chunk, base depth + 1.
+    pub depth: u16,
+    pub data: Vec<u8>,
+}
+
+impl ChunkRecord {
+    /// `version u8 | payload u8 | raw_len u64 | has_base u8 | [base 32] | depth u16 | data`
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.data.len() + 45);
+        out.push(OBJECT_VERSION);
+        out.push(self.payload as u8);
+        out.extend_from_slice(&self.raw_len.to_le_bytes());
+        match &self.base {
+            Some(b) => {
+                out.push(1);
+                out.extend_from_slice(b.as_bytes());
+            }
+            None => out.push(0),
+        }
+        out.extend_from_slice(&self.depth.to_le_bytes());
+        out.extend_from_slice(&self.data);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, String> {
+        let mut r = Reader::new(bytes);
+        let v = r.u8()?;
+        if v != OBJECT_VERSION {
+            return Err(format!(
+                "chunk record version {v}, this build reads {OBJECT_VERSION}"
+            ));
+        }
+        let payload = match r.u8()? {
+            0 => Payload::Codec,
+            1 => Payload::Zstd,
+            p => return Err(format!("unknown chunk payload kind {p}")),
+        };
+        let raw_len = r.u64()?;
+        let base = match r.u8()? {
+            0 => None,
+            1 => Some(ChunkId::from_bytes(r.array32()?)),
+            f => return Err(format!("bad base flag {f}")),
+        };
+        let depth = r.u16()?;
+        Ok(ChunkRecord {
+            payload,
+            raw_len,
+            base,
+            depth,
+            data: r.rest().to_vec(),
+        })
+    }
+}
+
+/// One segment of a file, in file order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SegmentRef {
+    Tensor {
+        name: String,
+        dtype: DType,
+        shape: Vec<u64>,
+        len: u64,
+        chunks: Vec<ChunkId>,
+    },
+    Opaque {
+        len: u64,
+        chunks: Vec<ChunkId>,
+    },
+}
+
+impl SegmentRef {
+    pub fn len(&self) -> u64 {
+        match self {
+            SegmentRef::Tensor { len, .. } | SegmentRef::Opaque { len, .. } => *len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn chunks(&self) -> &[ChunkId] {
+        match self {
+            SegmentRef::Tensor { chunks, .. } | SegmentRef::Opaque { chunks, .. } => chunks,
+        }
+    }
+}
+
+/// A file of a commit: its segments and what the whole must hash to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileManifest {
+    pub kind: FileKind,
+    pub len: u64,
+    /// blake3 of the whole file, checked on checkout.
+    pub hash: [u8; 32],
+    /// Unix permission bits.
+    pub mode: u32,
+    pub segments: Vec<SegmentRef>,
+}
+
+fn kind_code(k: FileKind) -> u8 {
+    match k {
+        FileKind::Safetensors => 1,
+        FileKind::TorchZip => 2,
+        FileKind::Npy => 3,
+        _ => 0,
+    }
+}
+
+fn kind_from_code(c: u8) -> Result<FileKind, String> {
+    Ok(match c {
+        0 => FileKind::Opaque,
+        1 => FileKind::Safetensors,
+        2 => FileKind::TorchZip,
+        3 => FileKind::Npy,
+        _ => return Err(format!("unknown file kind {c}")),
+    })
+}
+
+impl FileManifest {
+    /// `version | kind u8 | len u64 | hash 32 | mode u32 | nseg varint | segments`;
+    /// a segment is `0 | name str | dtype u8 | ndim varint | dims u64.. | len u64 | chunks`
+    /// or `1 | len u64 | chunks`; chunks are `count varint | ids 32..`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::new();
+        w.push(OBJECT_VERSION);
+        w.push(kind_code(self.kind));
+        w.extend_from_slice(&self.len.to_le_bytes());
+        w.extend_from_slice(&self.hash);
+        w.extend_from_slice(&self.mode.to_le_bytes());
+        put_varint(&mut w, self.segments.len() as u64);
+        for s in &self.segments {
+            match s {
+                SegmentRef::Tensor {
+                    name,
+                    dtype,
+                    shape,
+                    len,
+                    chunks,
+                } => {
+                    w.push(0);
+                    put_str(&mut w, name);
+                    w.push(dtype.code());
+                    put_varint(&mut w, shape.len() as u64);
+                    for d in shape {
+                        w.extend_from_slice(&d.to_le_bytes());
+                    }
+                    w.extend_from_slice(&len.to_le_bytes());
+                    put_ids(&mut w, chunks);
+                }
+                SegmentRef::Opaque { len, chunks } => {
+                    w.push(1);
+                    w.extend_from_slice(&len.to_le_bytes());
+                    put_ids(&mut w, chunks);
+                }
+            }
+        }
+        w
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<FileManifest, String> {
+        let mut r = Reader::new(bytes);
+        r.version()?;
+        let kind = kind_from_code(r.u8()?)?;
+        let len = r.u64()?;
+        let hash = r.array32()?;
+        let mode = r.u32()?;
+        let n = r.count(10)?;
+        let mut segments = Vec::with_capacity(n);
+        for _ in 0..n {
+            segments.push(match r.u8()? {
+                0 => {
+                    let name = r.string()?;
+                    let code = r.u8()?;
+                    let dtype = DType::from_code(code).ok_or(format!("unknown dtype {code}"))?;
+                    let ndim = r.count(8)?;
+                    let mut shape = Vec::with_capacity(ndim);
+                    for _ in 0..ndim {
+                        shape.push(r.u64()?);
+                    }
+                    let len = r.u64()?;
+                    let chunks = r.ids()?;
+                    SegmentRef::Tensor {
+                        name,
+                        dtype,
+                        shape,
+                        len,
+                        chunks,
+                    }
+                }
+                1 => {
+                    let len = r.u64()?;
+                    SegmentRef::Opaque {
+                        len,
+                        chunks: r.ids()?,
+                    }
+                }
+                t => return Err(format!("unknown segment type {t}")),
+            });
+        }
+        r.end()?;
+        let total: u64 = segments.iter().map(|s| s.len()).sum();
+        if total != len {
+            return Err(format!("segments cover {total} bytes of a {len}-byte file"));
+        }
+        Ok(FileManifest {
+            kind,
+            len,
+            hash,
+            mode,
+            segments,
+        })
+    }
+}
+
+/// A commit's files: sorted relative paths -> manifest ids.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tree {
+    pub entries: Vec<(String, ObjectId)>,
+}
+
+impl Tree {
+    /// `version | count varint | (path str | manifest id 32)..`, sorted by path.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = vec![OBJECT_VERSION];
+        put_varint(&mut w, self.entries.len() as u64);
+        for (p, id) in &self.entries {
+            put_str(&mut w, p);
+            w.extend_from_slice(id.as_bytes());
+        }
+        w
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Tree, String> {
+        let mut r = Reader::new(bytes);
+        r.version()?;
+        let n = r.count(33)?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let p = r.string()?;
+            check_path(&p)?;
+            entries.push((p, ObjectId::from_bytes(r.array32()?)));
+        }
+        r.end()?;
+        if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err("tree paths are not sorted and unique".into());
+        }
+        Ok(Tree { entries })
+    }
+}
+
+/// A path as stored in a tree: relative, `/`-separated, no empty, `.` or
+/// `..` components, so it can never escape the checkout directory.
+pub fn check_path(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.starts_with('/') || p.contains('\\') || p.contains('\0') {
+        return Err(format!("path {p:?} is not a relative path"));
+    }
+    if p.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return Err(format!("path {p:?} has an empty, '.' or '..' component"));
+    }
+    Ok(())
+}
+
+/// A checkpoint in the history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    pub tree: ObjectId,
+    pub parents: Vec<CommitId>,
+    pub step: u64,
+    /// The branch it was committed on.
+    pub branch: String,
+    pub message: String,
+    /// Seconds since the Unix epoch.
+    pub time: u64,
+    /// Metrics from `trainer_state.json` (loss, eval_loss, learning_rate, ...), as JSON.
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+    pub stats: CommitStats,
+}
+
+/// Sizes recorded at commit time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommitStats {
+    pub files: u64,
+    /// Bytes of the checkpoint's files.
+    pub logical_bytes: u64,
+    /// Bytes this commit added to the store (new chunk records and objects).
+    pub stored_bytes: u64,
+    pub chunks: u64,
+    pub new_chunks: u64,
+    /// Deepest delta chain among the commit's chunks (0: a full snapshot).
+    pub max_depth: u16,
+}
+
+impl Commit {
+    /// `version | tree 32 | nparents varint | parents 32.. | step u64 | time u64 |
+    /// branch str | message str | metrics str (JSON) | files, logical, stored,
+    /// chunks, new_chunks (u64 each) | max_depth u16`
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = vec![OBJECT_VERSION];
+        w.extend_from_slice(self.tree.as_bytes());
+        put_varint(&mut w, self.parents.len() as u64);
+        for p in &self.parents {
+            w.extend_from_slice(p.as_bytes());
+        }
+        w.extend_from_slice(&self.step.to_le_bytes());
+        w.extend_from_slice(&self.time.to_le_bytes());
+        put_str(&mut w, &self.branch);
+        put_str(&mut w, &self.message);
+        put_str(
+            &mut w,
+            &serde_json::Value::Object(self.metrics.clone()).to_string(),
+        );
+        let s = &self.stats;
+        for v in [
+            s.files,
+            s.logical_bytes,
+            s.stored_bytes,
+            s.chunks,
+            s.new_chunks,
+        ] {
+            w.extend_from_slice(&v.to_le_bytes());
+        }
+        w.extend_from_slice(&s.max_depth.to_le_bytes());
+        w
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Commit, String> {
+        let mut r = Reader::new(bytes);
+        r.version()?;
+        let tree = ObjectId::from_bytes(r.array32()?);
+        let np = r.count(32)?;
+        let mut parents = Vec::with_capacity(np);
+        for _ in 0..np {
+            parents.push(CommitId::from_bytes(r.array32()?));
+        }
+        let step = r.u64()?;
+        let time = r.u64()?;
+        let branch = r.string()?;
+        let message = r.string()?;
+        let metrics = match serde_json::from_str(&r.string()?) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => return Err("commit metrics are not a JSON object".into()),
+        };
+        let mut v = [0u64; 5];
+        for x in v.iter_mut() {
+            *x = r.u64()?;
+        }
+        let max_depth = r.u16()?;
+        r.end()?;
+        Ok(Commit {
+            tree,
+            parents,
+            step,
+            branch,
+            message,
+            time,
+            metrics,
+            stats: CommitStats {
+                files: v[0],
+                logical_bytes: v[1],
+                stored_bytes: v[2],
+                chunks: v[3],
+                new_chunks: v[4],
+                max_depth,
+            },
+        })
+    }
+}
+
+fn put_varint(w: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        w.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    w.push(v as u8);
+}
+
+fn put_str(w: &mut Vec<u8>, s: &str) {
+    put_varint(w, s.len() as u64);
+    w.extend_from_slice(s.as_bytes());
+}
+
+fn put_ids(w: &mut Vec<u8>, ids: &[ChunkId]) {
+    put_varint(w, ids.len() as u64);
+    for id in ids {
+        w.extend_from_slice(id.as_bytes());
+    }
+}
+
+/// Bounds-checked reads over an encoded object.
+struct Reader<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Reader { b, p: 0 }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.p.checked_add(n).filter(|&e| e <= self.b.len());
+        let end = end.ok_or_else(|| format!("truncated at byte {} (need {n} more)", self.p))?;
+        let s = &self.b[self.p..end];
+        self.p = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn array32(&mut self) -> Result<[u8; 32], String> {
+        Ok(self.take(32)?.try_into().expect("32 bytes"))
+    }
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for i in 0..10 {
+            let b = self.u8()?;
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint longer than 10 bytes".into())
+    }
+    /// A count of items of at least `min_size` bytes each: bounded by what
+    /// is left, so a corrupt count cannot make us allocate.
+    fn count(&mut self, min_size: usize) -> Result<usize, String> {
+        let n = self.varint()?;
+        let left = (self.b.len() - self.p) as u64;
+        if n.saturating_mul(min_size.max(1) as u64) > left {
+            return Err(format!("count {n} exceeds the {left} bytes left"));
+        }
+        Ok(n as usize)
+    }
+    fn string(&mut self) -> Result<String, String> {
+        let n = self.count(1)?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "string is not UTF-8".to_string())
+    }
+    fn ids(&mut self) -> Result<Vec<ChunkId>, String> {
+        let n = self.count(32)?;
+        (0..n)
+            .map(|_| Ok(ChunkId::from_bytes(self.array32()?)))
+            .collect()
+    }
+    fn version(&mut self) -> Result<(), String> {
+        match self.u8()? {
+            OBJECT_VERSION => Ok(()),
+            v => Err(format!(
+                "object version {v}, this build reads {OBJECT_VERSION}"
+            )),
+        }
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        let s = &self.b[self.p..];
+        self.p = self.b.len();
+        s
+    }
+    fn end(&self) -> Result<(), String> {
+        if self.p == self.b.len() {
+            Ok(())
+        } else {
+            Err(format!("{} trailing bytes", self.b.len() - self.p))
+        }
+    }
+}
+
+/// Map a decode failure of an object to the repository error.
+pub fn corrupt(what: impl Into<String>) -> impl FnOnce(String) -> RepoError {
+    let what = what.into();
+    move |reason| RepoError::Corrupt { what, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_round_trip_and_reject_truncation() {
+        let id = ChunkId::digest(b"x");
+        let m = FileManifest {
+            kind: FileKind::Safetensors,
+            len: 30,
+            hash: [7; 32],
+            mode: 0o644,
+            segments: vec![
+                SegmentRef::Opaque {
+                    len: 10,
+                    chunks: vec![id],
+                },
+                SegmentRef::Tensor {
+                    name: "w".into(),
+                    dtype: DType::BF16,
+                    shape: vec![2, 5],
+                    len: 20,
+                    chunks: vec![id, id],
+                },
+            ],
+        };
+        let e = m.encode();
+        assert_eq!(FileManifest::decode(&e).unwrap(), m);
+        for cut in 0..e.len() {
+            assert!(FileManifest::decode(&e[..cut]).is_err());
+        }
+        let t = Tree {
+            entries: vec![
+                ("a/b.bin".into(), ObjectId::digest(b"1")),
+                ("c".into(), ObjectId::digest(b"2")),
+            ],
+        };
+        assert_eq!(Tree::decode(&t.encode()).unwrap(), t);
+        let c = Commit {
+            tree: ObjectId::digest(b"t"),
+            parents: vec![CommitId::digest(b"p")],
+            step: 600,
+            branch: "main".into(),
+            message: "m".into(),
+            time: 1,
+            metrics: serde_json::from_str(r#"{"loss": 1.5}"#).unwrap(),
+            stats: CommitStats {
+                files: 4,
+                logical_bytes: 10,
+                stored_bytes: 5,
+                chunks: 3,
+                new_chunks: 2,
+                max_depth: 1,
+            },
+        };
+        assert_eq!(Commit::decode(&c.encode()).unwrap(), c);
+        let r = ChunkRecord {
+            payload: Payload::Codec,
+            raw_len: 8,
+            base: Some(id),
+            depth: 3,
+            data: vec![1, 2, 3],
+        };
+        assert_eq!(ChunkRecord::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn paths_that_could_escape_are_rejected() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a\\b",
+            "a/.",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad}");
+        }
+        for good in ["a", "step-1/model.safetensors", "a.b/c..d"] {
+            assert!(check_path(good).is_ok(), "{good}");
+        }
+    }
+}

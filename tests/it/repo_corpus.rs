@@ -1,0 +1,292 @@
+//! The repository on the real corpus: every step committed in order and
+//! checked out byte for byte, a branch resumed mid-run, and bad input that
+//! must leave the repository unchanged.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ckvc::repo::{CheckoutOptions, CommitOptions, Config, RepoError, Repository};
+
+fn steps() -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(super::corpus())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            ckvc::format::step_of_dir_name(&n).map(|s| (s, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn same_tree(a: &Path, b: &Path) {
+    let mut names: Vec<_> = std::fs::read_dir(a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    let mut other: Vec<_> = std::fs::read_dir(b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    other.sort();
+    assert_eq!(names, other, "{} vs {}", a.display(), b.display());
+    for n in names {
+        let (x, y) = (
+            std::fs::read(a.join(&n)).unwrap(),
+            std::fs::read(b.join(&n)).unwrap(),
+        );
+        assert!(x == y, "{} differs", b.join(&n).display());
+    }
+}
+
+#[test]
+fn every_step_commits_and_checks_out_byte_exact_and_a_branch_resumes_mid_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let mut ids = Vec::new();
+    let mut logical = 0;
+    let mut stored = 0;
+    for (step, dir) in steps() {
+        let r = repo.commit(&dir, &CommitOptions::default()).unwrap();
+        assert_eq!(r.step, step, "step from trainer_state.json");
+        logical += r.stats.logical_bytes;
+        stored += r.stats.stored_bytes;
+        ids.push((step, r.id, dir));
+    }
+    assert_eq!(ids.len(), 11);
+    assert!(
+        stored < logical * 85 / 100,
+        "the run compresses: {stored} of {logical}"
+    );
+    // Same content again: (almost) nothing new.
+    let again = repo
+        .commit(
+            &ids[10].2,
+            &CommitOptions {
+                step: Some(601),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(again.stats.new_chunks, 0);
+    assert!(
+        again.stats.stored_bytes < 4096,
+        "{}",
+        again.stats.stored_bytes
+    );
+
+    drop(repo);
+    // A reader (no lock) checks every step out.
+    let reader = Repository::open(tmp.path(), false).unwrap();
+    for (step, id, dir) in &ids {
+        assert_eq!(reader.resolve(&step.to_string()).unwrap(), *id);
+        let out = tmp.path().join(format!("out-{step}"));
+        let r = reader
+            .checkout(id, &out, &CheckoutOptions::default())
+            .unwrap();
+        assert_eq!(r.step, *step);
+        same_tree(dir, &out);
+    }
+    let log = reader.log(None, None).unwrap();
+    assert_eq!(log.len(), 12);
+    assert_eq!(log[0].commit.step, 601);
+    assert!(
+        log.iter().any(|e| e.commit.stats.max_depth > 0),
+        "deltas are used"
+    );
+    assert_eq!(reader.resolve("HEAD~1").unwrap(), ids[10].1);
+    drop(reader);
+
+    // Resume from step 240 on a branch: its log is 240's history plus the
+    // new commit; main is untouched.
+    let repo = Repository::open(tmp.path(), true).unwrap();
+    let at = repo.resolve("240").unwrap();
+    repo.create_branch("exp", &at).unwrap();
+    let r = repo
+        .commit(
+            &ids[7].2,
+            &CommitOptions {
+                step: Some(241),
+                branch: Some("exp".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let exp = repo.log(Some("exp"), None).unwrap();
+    assert_eq!(
+        exp.iter().map(|e| e.commit.step).collect::<Vec<_>>(),
+        vec![241, 240, 180, 120, 60, 0]
+    );
+    assert_eq!(repo.log(Some("main"), None).unwrap().len(), 12);
+    assert_eq!(repo.resolve("exp@241").unwrap(), r.id);
+    let out = tmp.path().join("out-exp");
+    repo.checkout(&r.id, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&ids[7].2, &out);
+    // --only, and refusing a non-empty output.
+    let out = tmp.path().join("only");
+    repo.checkout(
+        &r.id,
+        &out,
+        &CheckoutOptions {
+            only: vec!["*.json".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+    assert!(matches!(
+        repo.checkout(&r.id, &out, &CheckoutOptions::default()),
+        Err(RepoError::OutputNotEmpty { .. })
+    ));
+    // A second writer is refused while this one holds the lock.
+    assert!(matches!(
+        Repository::open(tmp.path(), true),
+        Err(RepoError::Store(ckvc::store::StoreError::Locked { .. }))
+    ));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_leaves_the_branch_where_it_was() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let good = super::corpus().join("step-60");
+    let first = repo.commit(&good, &CommitOptions::default()).unwrap();
+    let unchanged =
+        |repo: &Repository| assert_eq!(repo.branch_head("main").unwrap(), Some(first.id));
+
+    // safetensors whose header lies about its offsets
+    let bad = tmp.path().join("bad-st");
+    copy_dir(&good, &bad);
+    let mut st = std::fs::read(bad.join("model.safetensors")).unwrap();
+    st.truncate(st.len() - 100);
+    std::fs::write(bad.join("model.safetensors"), &st).unwrap();
+    let e = repo.commit(&bad, &CommitOptions::default()).unwrap_err();
+    assert!(matches!(e, RepoError::Format { .. }), "{e}");
+    assert!(e.to_string().contains("model.safetensors"), "{e}");
+    unchanged(&repo);
+
+    // a zip whose central directory is damaged
+    let bad = tmp.path().join("bad-zip");
+    copy_dir(&good, &bad);
+    let mut pt = std::fs::read(bad.join("optimizer.pt")).unwrap();
+    let n = pt.len();
+    pt[n - 22..n - 18].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+    let eocd = (0..n - 3)
+        .rev()
+        .find(|&i| pt[i..i + 4] == [0x50, 0x4b, 0x01, 0x02])
+        .unwrap();
+    pt[eocd + 10] ^= 0xff;
+    std::fs::write(bad.join("optimizer.pt"), &pt).unwrap();
+    let e = repo.commit(&bad, &CommitOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("optimizer.pt"), "{e}");
+    unchanged(&repo);
+
+    // a symlink and a path with no step
+    let bad = tmp.path().join("bad-link");
+    copy_dir(&good, &bad);
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink("/etc/passwd", bad.join("evil")).unwrap();
+        let e = repo.commit(&bad, &CommitOptions::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("evil") && e.to_string().contains("symbolic link"),
+            "{e}"
+        );
+        unchanged(&repo);
+        std::fs::remove_file(bad.join("evil")).unwrap();
+    }
+    std::fs::remove_file(bad.join("trainer_state.json")).unwrap();
+    let e = repo.commit(&bad, &CommitOptions::default()).unwrap_err();
+    assert!(matches!(e, RepoError::NoStep { .. }), "{e}");
+    unchanged(&repo);
+
+    // an unreadable file
+    #[cfg(unix)]
+    if !is_root() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = bad.join("model.bf16.safetensors");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let e = repo
+            .commit(
+                &bad,
+                &CommitOptions {
+                    step: Some(1),
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("model.bf16.safetensors"), "{e}");
+        unchanged(&repo);
+    }
+}
+
+#[cfg(unix)]
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(true)
+}
+
+#[test]
+fn cli_quick_start_init_commit_log_checkout_branch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckvc = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_ckvc"))
+            .current_dir(tmp.path())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let c = super::corpus();
+    assert_eq!(ckvc(&["init"]).0, Some(0));
+    for s in ["step-0", "step-60", "step-120"] {
+        let (code, out, err) = ckvc(&["commit", c.join(s).to_str().unwrap(), "-m", s]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(out.contains("ratio"), "{out}");
+    }
+    let (code, out, _) = ckvc(&["log", "--json"]);
+    assert_eq!(code, Some(0));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["step"], 120);
+    assert_eq!(rows[0]["metrics"]["eval_loss"], 2.3734);
+    let (code, out, err) = ckvc(&["checkout", "60"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("step-60"), "{out}");
+    same_tree(&c.join("step-60"), &tmp.path().join("step-60"));
+    assert_eq!(
+        ckvc(&["checkout", "60"]).0,
+        Some(1),
+        "refuses a non-empty output"
+    );
+    let (code, _, err) = ckvc(&["checkout", "-b", "exp", "60", "-o", "resume"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = ckvc(&["branch"]);
+    assert!(out.contains("* exp") && out.contains("main"), "{out}");
+    let (code, _, err) = ckvc(&["checkout", "nope"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("unknown revision"), "{err}");
+    // outside any repository
+    let (code, _, err) = ckvc(&["-C", "/", "log"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not a ckvc repository"), "{err}");
+}
