@@ -1,0 +1,222 @@
+//! The checks the fuzz targets run, shared with the regression replay.
+//!
+//! One function per fuzz target, each taking the raw input bytes the fuzzer
+//! produced. `fuzz/fuzz_targets/*.rs` include this file with `#[path]`, and
+//! `tests/fuzz_regressions.rs` includes it as a module, so a crash file
+//! saved under `tests/fuzz-regressions/<target>/` is replayed by plain
+//! `cargo test` through exactly the code that found it. It lives in a
+//! subdirectory of `tests/` so cargo does not build it as a test binary of
+//! its own, and it only uses ckvc's public API (no extra dependencies).
+//!
+//! The input encodings are documented on each function; `examples/fuzz_seeds.rs`
+//! writes seed corpora in the same encodings with the `*_input` builders.
+
+// Each includer uses only part of this file (one check, or only builders).
+#![allow(dead_code)]
+
+use std::io::Cursor;
+
+use ckvc::codec::{self, DType, FrameInfo, Options, Scratch};
+use ckvc::format::{self, FileKind};
+
+/// Decoded sizes above this are refused (a `TooLarge` error), so a frame that
+/// merely declares a big size cannot push the fuzzer into its memory limit.
+pub const DECODE_MAX_RAW_LEN: u64 = 16 << 20;
+
+/// A derived base is only built for frames up to this raw length.
+pub const DECODE_MAX_BASE_LEN: u64 = 1 << 20;
+
+/// `decode` target: `[mode][rest]`.
+///
+/// Even `mode`: `rest` is the frame, decoded with no base. Odd `mode`:
+/// `rest` is `[frame_len: u16 LE][frame][base material]`; when the frame's
+/// header asks for a base of `raw_len <= 1 MiB` bytes, the base is the
+/// material repeated to `raw_len` bytes (zeros when there is none), so a
+/// seed can carry the exact base its frame was encoded against. Otherwise
+/// the material itself is passed as the base (a length the decoder must
+/// reject, or ignore when the frame needs none).
+///
+/// Checks: no panic; a successful decode has `raw_len` bytes and needed no
+/// base it did not get; decoding again with the now dirty scratch and
+/// output buffers gives the same bytes.
+pub fn check_decode(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let (frame, base) = if mode & 1 == 0 {
+        (rest, None)
+    } else {
+        let (frame, material) = split_u16_prefixed(rest);
+        let base = match FrameInfo::parse(frame) {
+            Ok(info) if info.needs_base() && info.raw_len <= DECODE_MAX_BASE_LEN => {
+                Some(repeat_to(material, info.raw_len as usize))
+            }
+            _ => Some(material.to_vec()),
+        };
+        (frame, base)
+    };
+    let base = base.as_deref();
+    let mut out = Vec::new();
+    let mut scratch = Scratch::default();
+    let first = codec::decode_into(frame, base, DECODE_MAX_RAW_LEN, &mut out, &mut scratch);
+    if first.is_err() {
+        return;
+    }
+    let info = FrameInfo::parse(frame).expect("a frame that decoded has a valid header");
+    assert_eq!(out.len() as u64, info.raw_len, "decoded length");
+    assert!(
+        base.is_some() || !info.needs_base(),
+        "delta decoded without a base"
+    );
+    let mut again = vec![0xa5; 3];
+    codec::decode_into(frame, base, DECODE_MAX_RAW_LEN, &mut again, &mut scratch)
+        .expect("the same frame decodes again with reused buffers");
+    assert!(
+        again == out,
+        "decoding with reused buffers changed the output"
+    );
+}
+
+/// Builds a `decode` input that decodes `frame` against exactly `base`.
+pub fn decode_input(frame: &[u8], base: Option<&[u8]>) -> Vec<u8> {
+    match base {
+        None => [&[0u8][..], frame].concat(),
+        Some(base) => {
+            let len = u16::try_from(frame.len()).expect("seed frames are below 64 KiB");
+            [&[1u8][..], &len.to_le_bytes(), frame, base].concat()
+        }
+    }
+}
+
+/// `roundtrip` target: `[dtype][flags][rest]`.
+///
+/// `dtype` is a code modulo 15. `flags` bit 0 selects [`Options::lmc`]
+/// instead of the default options; bits 1-2 how the base is made from
+/// `rest`: 0 no base (`raw = rest`), 1 `rest` split in halves (`raw`, then a
+/// base of the same length), 2 `raw = rest` and the base is `raw` with a
+/// sparse perturbation (a likely delta), 3 `raw = rest` and a base one byte
+/// short (which the encoder must ignore).
+///
+/// Checks: the frame's header states the dtype and length, and decoding it
+/// (with the base when its header asks for one) returns `raw`, also under a
+/// `max_raw_len` of exactly `raw.len()`.
+pub fn check_roundtrip(data: &[u8]) {
+    let [d, flags, rest @ ..] = data else {
+        return;
+    };
+    let dtype = DType::from_code(d % DType::ALL.len() as u8).expect("code below 15");
+    let opts = if flags & 1 == 0 {
+        Options::default()
+    } else {
+        Options::lmc()
+    };
+    let (raw, base): (&[u8], Option<Vec<u8>>) = match (flags >> 1) & 3 {
+        0 => (rest, None),
+        1 => {
+            let h = rest.len() / 2;
+            (&rest[..h], Some(rest[h..2 * h].to_vec()))
+        }
+        2 => (rest, Some(perturb(rest))),
+        _ => (rest, Some(rest[..rest.len().saturating_sub(1)].to_vec())),
+    };
+    let base = base.as_deref();
+    let frame = codec::encode(raw, base, dtype, &opts);
+    let info = FrameInfo::parse(&frame).expect("the encoder writes a valid header");
+    assert_eq!(info.dtype, dtype, "frame dtype");
+    assert_eq!(info.raw_len, raw.len() as u64, "frame raw_len");
+    if info.needs_base() {
+        assert!(
+            base.is_some_and(|b| b.len() == raw.len()),
+            "the encoder used a base it was not given (or of the wrong length)"
+        );
+    }
+    let base = base.filter(|_| info.needs_base());
+    let mut out = Vec::new();
+    codec::decode_into(
+        &frame,
+        base,
+        raw.len() as u64,
+        &mut out,
+        &mut Scratch::default(),
+    )
+    .expect("a frame the encoder wrote decodes");
+    assert!(out == raw, "round trip changed the bytes");
+}
+
+/// Builds a `roundtrip` input encoding `raw` against `base` (same length).
+pub fn roundtrip_input(dtype: DType, lmc: bool, raw: &[u8], base: Option<&[u8]>) -> Vec<u8> {
+    let mut v = vec![dtype.code(), lmc as u8];
+    v.extend_from_slice(raw);
+    if let Some(base) = base {
+        assert_eq!(base.len(), raw.len(), "a seed base has the raw length");
+        v[1] |= 1 << 1;
+        v.extend_from_slice(base);
+    }
+    v
+}
+
+/// The file names the `format_parse` target chooses from.
+pub const FILE_NAMES: [&str; 5] = [
+    "model.safetensors",
+    "optimizer.pt",
+    "x.bin",
+    "a.npy",
+    "notes.txt",
+];
+
+/// `format_parse` target: `[name][file]`, the name being
+/// `FILE_NAMES[name % 5]`.
+///
+/// Checks: no panic; a successful parse covers the file exactly
+/// (`Layout::validate` and `layout.len`), and `notes.txt` is opaque.
+pub fn check_format_parse(data: &[u8]) {
+    let Some((&sel, file)) = data.split_first() else {
+        return;
+    };
+    let name = FILE_NAMES[sel as usize % FILE_NAMES.len()];
+    let len = file.len() as u64;
+    let Ok(layout) = format::parse(name, &mut Cursor::new(file), len) else {
+        return;
+    };
+    assert_eq!(layout.len, len, "layout length");
+    if let Err(e) = layout.validate() {
+        panic!("parse of {name} returned an invalid layout: {e}");
+    }
+    if name == "notes.txt" {
+        assert_eq!(
+            layout.kind,
+            FileKind::Opaque,
+            "unknown extensions are opaque"
+        );
+    }
+}
+
+/// Builds a `format_parse` input parsing `file` under `FILE_NAMES[name]`.
+pub fn format_parse_input(name: usize, file: &[u8]) -> Vec<u8> {
+    assert!(name < FILE_NAMES.len());
+    [&[name as u8][..], file].concat()
+}
+
+fn split_u16_prefixed(data: &[u8]) -> (&[u8], &[u8]) {
+    let [a, b, rest @ ..] = data else {
+        return (data, &[]);
+    };
+    let n = (u16::from_le_bytes([*a, *b]) as usize).min(rest.len());
+    rest.split_at(n)
+}
+
+fn repeat_to(material: &[u8], len: usize) -> Vec<u8> {
+    if material.is_empty() {
+        return vec![0; len];
+    }
+    material.iter().copied().cycle().take(len).collect()
+}
+
+/// `raw` with a small change in every 13th byte: close enough that the
+/// encoder's delta search picks a delta, different enough to matter.
+fn perturb(raw: &[u8]) -> Vec<u8> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, &b)| if i % 13 == 0 { b.wrapping_add(1) } else { b })
+        .collect()
+}
