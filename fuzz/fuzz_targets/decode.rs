@@ -1,7 +1,7 @@
 #![no_main]
 
 //! The check lives in `tests/fuzz_checks/mod.rs`, shared with the replay of
-//! saved crash inputs in `tests/fuzz_regressions.rs`.
+//! saved crash inputs in `tests/it/fuzz_regressions.rs`.
 
 #[path = "../../tests/fuzz_checks/mod.rs"]
 mod fuzz_checks;

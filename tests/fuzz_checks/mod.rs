@@ -2,7 +2,7 @@
 //!
 //! One function per fuzz target, each taking the raw input bytes the fuzzer
 //! produced. `fuzz/fuzz_targets/*.rs` include this file with `#[path]`, and
-//! `tests/fuzz_regressions.rs` includes it as a module, so a crash file
+//! `tests/it/fuzz_regressions.rs` includes it as a module, so a crash file
 //! saved under `tests/fuzz-regressions/<target>/` is replayed by plain
 //! `cargo test` through exactly the code that found it. It lives in a
 //! subdirectory of `tests/` so cargo does not build it as a test binary of

@@ -2,6 +2,7 @@
 
 mod cli;
 mod codec_corpus;
+mod fuzz_regressions;
 mod repo_corpus;
 
 use std::path::PathBuf;

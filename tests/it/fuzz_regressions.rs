@@ -4,6 +4,7 @@
 //!
 //! Every file in those folders is an input except `README.md` and dot files.
 
+#[path = "../fuzz_checks/mod.rs"]
 mod fuzz_checks;
 
 use std::path::{Path, PathBuf};
