@@ -50,6 +50,10 @@ pub enum RepoCommand {
         /// Commit on this branch (created if missing) instead of the current one.
         #[arg(long)]
         branch: Option<String>,
+        /// The training code's directory, for provenance (default: the
+        /// current directory's git repository, if any).
+        #[arg(long, value_name = "DIR")]
+        code: Option<PathBuf>,
     },
     /// Show the history of a branch, newest first.
     Log {
@@ -145,18 +149,16 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             step,
             message,
             branch,
+            code,
         } => {
             let repo = w.open(true)?;
-            let r = repo
-                .commit(
-                    &checkpoint,
-                    &CommitOptions {
-                        step,
-                        message,
-                        branch,
-                    },
-                )
-                .map_err(fail)?;
+            let opts = CommitOptions {
+                step,
+                message,
+                branch,
+                code,
+            };
+            let r = repo.commit(&checkpoint, &opts).map_err(fail)?;
             let s = r.stats;
             out(&format!(
                 "[{} {}] step {}: {} files, {} logical, {} new stored ({} of {} chunks new), ratio {:.4}\n",
@@ -198,6 +200,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                             "new_chunks": c.stats.new_chunks,
                             "snapshot": c.stats.max_depth == 0,
                             "chain_depth": c.stats.max_depth,
+                            "code": c.provenance.as_ref().map(|p| serde_json::json!({
+                                "repo": p.repo, "commit": p.commit, "branch": p.branch, "dirty": p.dirty,
+                            })),
                         })
                     })
                     .collect();

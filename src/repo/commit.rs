@@ -35,6 +35,10 @@ pub struct CommitOptions {
     /// The branch to commit on (created if it does not exist); default the
     /// current branch.
     pub branch: Option<String>,
+    /// Where the training code is (a directory inside its git repository);
+    /// default the current directory. Outside a git repository the commit
+    /// records no provenance.
+    pub code: Option<PathBuf>,
 }
 
 /// What a commit did.
@@ -131,6 +135,9 @@ impl Repository {
                 .map_or(0, |d| d.as_secs()),
             metrics,
             stats,
+            provenance: super::provenance::git_provenance(
+                opts.code.as_deref().unwrap_or(Path::new(".")),
+            ),
         };
         let bytes = commit.encode();
         let id = CommitId::digest(&bytes);

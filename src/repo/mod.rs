@@ -26,6 +26,7 @@ mod checkout;
 mod commit;
 mod log;
 pub mod objects;
+pub mod provenance;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport};

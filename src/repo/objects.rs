@@ -318,6 +318,9 @@ pub struct Commit {
     /// Metrics from `trainer_state.json` (loss, eval_loss, learning_rate, ...), as JSON.
     pub metrics: serde_json::Map<String, serde_json::Value>,
     pub stats: CommitStats,
+    /// The training code's git state, when the commit ran inside a git
+    /// repository (or was given `--code DIR`).
+    pub provenance: Option<super::provenance::Provenance>,
 }
 
 /// Sizes recorded at commit time.
@@ -337,7 +340,8 @@ pub struct CommitStats {
 impl Commit {
     /// `version | tree 32 | nparents varint | parents 32.. | step u64 | time u64 |
     /// branch str | message str | metrics str (JSON) | files, logical, stored,
-    /// chunks, new_chunks (u64 each) | max_depth u16`
+    /// chunks, new_chunks (u64 each) | max_depth u16 | has_provenance u8 |
+    /// [code repo str | code commit str | code branch str | dirty u8]`
     pub fn encode(&self) -> Vec<u8> {
         let mut w = vec![OBJECT_VERSION];
         w.extend_from_slice(self.tree.as_bytes());
@@ -364,6 +368,16 @@ impl Commit {
             w.extend_from_slice(&v.to_le_bytes());
         }
         w.extend_from_slice(&s.max_depth.to_le_bytes());
+        match &self.provenance {
+            None => w.push(0),
+            Some(p) => {
+                w.push(1);
+                put_str(&mut w, &p.repo);
+                put_str(&mut w, &p.commit);
+                put_str(&mut w, &p.branch);
+                w.push(p.dirty as u8);
+            }
+        }
         w
     }
 
@@ -389,6 +403,20 @@ impl Commit {
             *x = r.u64()?;
         }
         let max_depth = r.u16()?;
+        let provenance = match r.u8()? {
+            0 => None,
+            1 => Some(super::provenance::Provenance {
+                repo: r.string()?,
+                commit: r.string()?,
+                branch: r.string()?,
+                dirty: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    d => return Err(format!("bad dirty flag {d}")),
+                },
+            }),
+            f => return Err(format!("bad provenance flag {f}")),
+        };
         r.end()?;
         Ok(Commit {
             tree,
@@ -406,6 +434,7 @@ impl Commit {
                 new_chunks: v[4],
                 max_depth,
             },
+            provenance,
         })
     }
 }
@@ -581,6 +610,12 @@ mod tests {
                 new_chunks: 2,
                 max_depth: 1,
             },
+            provenance: Some(crate::repo::provenance::Provenance {
+                repo: "/src".into(),
+                commit: "abc".into(),
+                branch: "main".into(),
+                dirty: true,
+            }),
         };
         assert_eq!(Commit::decode(&c.encode()).unwrap(), c);
         let r = ChunkRecord {

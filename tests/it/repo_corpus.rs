@@ -290,3 +290,69 @@ fn cli_quick_start_init_commit_log_checkout_branch() {
     assert_eq!(code, Some(1));
     assert!(err.contains("not a ckvc repository"), "{err}");
 }
+
+#[test]
+fn commit_records_the_training_code_git_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let code = tmp.path().join("code");
+    std::fs::create_dir_all(&code).unwrap();
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .current_dir(&code)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    git(&["init", "-q", "-b", "trainer"]);
+    std::fs::write(code.join("train.py"), "print(1)\n").unwrap();
+    git(&["add", "train.py"]);
+    git(&["commit", "-q", "-m", "v1"]);
+    let head = git(&["rev-parse", "HEAD"]);
+    let repo_dir = tmp.path().join("repo");
+    let repo = Repository::init(&repo_dir, Config::default()).unwrap();
+    let step0 = super::corpus().join("step-0");
+    let opts = CommitOptions {
+        code: Some(code.clone()),
+        ..Default::default()
+    };
+    let r = repo.commit(&step0, &opts).unwrap();
+    let p = repo
+        .commit_object(&r.id)
+        .unwrap()
+        .provenance
+        .expect("inside a git repository");
+    assert_eq!(
+        (p.commit.as_str(), p.branch.as_str(), p.dirty),
+        (head.as_str(), "trainer", false)
+    );
+    std::fs::write(code.join("train.py"), "print(2)\n").unwrap();
+    let r = repo
+        .commit(
+            &step0,
+            &CommitOptions {
+                step: Some(1),
+                ..opts
+            },
+        )
+        .unwrap();
+    assert!(repo.commit_object(&r.id).unwrap().provenance.unwrap().dirty);
+    // Outside any git repository: no provenance, and the commit still works.
+    let r = repo
+        .commit(
+            &step0,
+            &CommitOptions {
+                step: Some(2),
+                code: Some(PathBuf::from("/")),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(repo.commit_object(&r.id).unwrap().provenance, None);
+}
