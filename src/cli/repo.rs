@@ -299,24 +299,26 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
         }
         RepoCommand::Status => {
             let repo = w.open(false)?;
-            let cur = repo.current_branch().map_err(fail)?;
-            let head = repo.branch_head(&cur).map_err(fail)?;
-            let mut s = format!("repository {}\non branch {cur}\n", repo.root().display());
-            match head {
-                Some(id) => {
-                    let c = repo.commit_object(&id).map_err(fail)?;
-                    s.push_str(&format!("HEAD {} at step {}\n", id.short(12), c.step));
-                }
+            let st = repo.status().map_err(fail)?;
+            let mut s = format!(
+                "repository {}\non branch {}\n",
+                repo.root().display(),
+                st.branch
+            );
+            match st.head {
+                Some((id, step)) => s.push_str(&format!("HEAD {} at step {step}\n", id.short(12))),
                 None => s.push_str("no commits yet\n"),
             }
-            let commits = repo.log(None, None).map_err(fail)?;
-            let logical: u64 = commits.iter().map(|e| e.commit.stats.logical_bytes).sum();
-            let stored: u64 = commits.iter().map(|e| e.commit.stats.stored_bytes).sum();
             s.push_str(&format!(
-                "{} commits on this branch: {} logical, {} stored by them\n",
-                commits.len(),
-                human(logical),
-                human(stored)
+                "{} branches, {} commits reachable; objects: {} commits, {} trees, {} file manifests\n",
+                st.branches, st.commits, st.commit_objects, st.trees, st.manifests
+            ));
+            s.push_str(&format!(
+                "checkpoints {} logical, {} stored by their commits, {} on disk ({:.3} of logical)\n",
+                human(st.logical_bytes),
+                human(st.stored_bytes),
+                human(st.disk_bytes),
+                st.disk_bytes as f64 / st.logical_bytes.max(1) as f64
             ));
             out(&s)
         }

@@ -27,11 +27,13 @@ mod commit;
 mod log;
 pub mod objects;
 pub mod provenance;
+mod status;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport};
 pub use log::LogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
+pub use status::{dir_size, Status};
 
 /// The directory under a repository's root that holds its data.
 pub const DOT_DIR: &str = ".ckvc";

@@ -282,6 +282,12 @@ fn cli_quick_start_init_commit_log_checkout_branch() {
     assert_eq!(code, Some(0), "{err}");
     let (_, out, _) = ckvc(&["branch"]);
     assert!(out.contains("* exp") && out.contains("main"), "{out}");
+    let (code, out, _) = ckvc(&["status"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("on branch exp") && out.contains("2 branches, 3 commits reachable"),
+        "{out}"
+    );
     let (code, _, err) = ckvc(&["checkout", "nope"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("unknown revision"), "{err}");
