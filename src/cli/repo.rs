@@ -87,6 +87,11 @@ pub enum RepoCommand {
         #[arg(short, long, value_name = "NAME")]
         delete: Option<String>,
     },
+    /// List tags, or tag a revision (default HEAD).
+    Tag {
+        name: Option<String>,
+        rev: Option<String>,
+    },
     /// The repository, current branch, HEAD step and sizes.
     Status,
 }
@@ -297,6 +302,25 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 }
             }
         }
+        RepoCommand::Tag { name, rev } => match name {
+            Some(n) => {
+                let repo = w.open(true)?;
+                let id = repo
+                    .resolve(rev.as_deref().unwrap_or("HEAD"))
+                    .map_err(fail)?;
+                repo.create_tag(&n, &id).map_err(fail)?;
+                out(&format!("tagged {} as {n}\n", id.short(12)))
+            }
+            None => {
+                let repo = w.open(false)?;
+                let mut s = String::new();
+                for (t, id) in repo.tags().map_err(fail)? {
+                    let step = repo.commit_object(&id).map_err(fail)?.step;
+                    s.push_str(&format!("{t:<20} {}  step {step}\n", id.short(12)));
+                }
+                out(&s)
+            }
+        },
         RepoCommand::Status => {
             let repo = w.open(false)?;
             let st = repo.status().map_err(fail)?;

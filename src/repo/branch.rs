@@ -1,8 +1,9 @@
-//! `branch`: create, list, delete and switch branches.
+//! `branch` and `tag`: create, list, delete and switch branches; name
+//! commits with tags.
 
-use crate::store::{Batch, CommitId, Space};
+use crate::store::{Batch, CommitId, Space, StoreExt};
 
-use super::{branch_key, check_branch_name, RepoError, Repository, HEAD, HEADS};
+use super::{branch_key, check_branch_name, RepoError, Repository, HEAD, HEADS, TAGS};
 
 impl Repository {
     /// Create branch `name` at `at`.
@@ -56,5 +57,53 @@ impl Repository {
         self.store.write(b)?;
         self.store.flush()?;
         Ok(())
+    }
+
+    /// Tag `at` as `name` (tags never move; names follow the branch rules).
+    pub fn create_tag(&self, name: &str, at: &CommitId) -> Result<(), RepoError> {
+        check_branch_name(name)?;
+        self.commit_object(at)?;
+        let key = format!("{TAGS}{name}").into_bytes();
+        let mut b = Batch::new();
+        b.expect(Space::Refs, &key, None);
+        b.put(Space::Refs, &key, at.as_bytes().to_vec());
+        self.store.write(b).map_err(|e| match e {
+            crate::store::StoreError::Conflict { .. } => RepoError::TagExists { name: name.into() },
+            e => e.into(),
+        })?;
+        self.store.flush()?;
+        Ok(())
+    }
+
+    /// The commit a tag names.
+    pub fn tag(&self, name: &str) -> Result<Option<CommitId>, RepoError> {
+        match self
+            .store
+            .get_vec(Space::Refs, format!("{TAGS}{name}").as_bytes())?
+        {
+            None => Ok(None),
+            Some(v) => CommitId::from_slice(&v)
+                .map(Some)
+                .ok_or(RepoError::Corrupt {
+                    what: format!("tag {name}"),
+                    reason: "ref is not a 32-byte id".into(),
+                }),
+        }
+    }
+
+    /// Every tag with its commit, sorted by name.
+    pub fn tags(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
+        let mut out = Vec::new();
+        self.store
+            .scan_prefix(Space::Refs, TAGS.as_bytes(), &mut |k, v| {
+                if let (Ok(name), Some(id)) = (
+                    std::str::from_utf8(&k[TAGS.len()..]),
+                    CommitId::from_slice(v),
+                ) {
+                    out.push((name.to_string(), id));
+                }
+                Ok(true)
+            })?;
+        Ok(out)
     }
 }

@@ -79,6 +79,8 @@ pub enum RepoError {
     BranchExists { name: String },
     #[error("no branch {name:?}")]
     NoSuchBranch { name: String },
+    #[error("tag {name:?} already exists")]
+    TagExists { name: String },
     #[error("invalid branch name {name:?}")]
     InvalidBranchName { name: String },
     #[error("cannot delete the current branch {name:?}")]
@@ -146,6 +148,7 @@ impl std::fmt::Debug for Repository {
 
 const HEAD: &[u8] = b"HEAD";
 const HEADS: &str = "refs/heads/";
+const TAGS: &str = "refs/tags/";
 
 fn branch_key(name: &str) -> Vec<u8> {
     format!("{HEADS}{name}").into_bytes()
@@ -425,9 +428,9 @@ impl Repository {
         Ok((raw, rec.depth))
     }
 
-    /// Resolve a revision: `HEAD`, `HEAD~N`, a branch, `branch@step`, a bare
-    /// step number on the current branch, or a commit id (or unique prefix
-    /// of at least 4 hex digits).
+    /// Resolve a revision: `HEAD`, `HEAD~N` (also `REV~N`), a branch, a
+    /// tag, `branch@step`, a bare step number on the current branch, or a
+    /// commit id (or unique prefix of at least 4 hex digits).
     pub fn resolve(&self, rev: &str) -> Result<CommitId, RepoError> {
         let unknown = || RepoError::UnknownRevision { rev: rev.into() };
         let (base, back) = match rev.rsplit_once('~') {
@@ -451,6 +454,8 @@ impl Repository {
                 None => self.by_prefix(base)?.ok_or_else(unknown)?,
             }
         } else if let Some(id) = self.branch_head(base)? {
+            id
+        } else if let Some(id) = self.tag(base)? {
             id
         } else {
             self.by_prefix(base)?.ok_or_else(unknown)?

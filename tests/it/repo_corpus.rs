@@ -282,6 +282,11 @@ fn cli_quick_start_init_commit_log_checkout_branch() {
     assert_eq!(code, Some(0), "{err}");
     let (_, out, _) = ckvc(&["branch"]);
     assert!(out.contains("* exp") && out.contains("main"), "{out}");
+    assert_eq!(ckvc(&["tag", "best", "main@60"]).0, Some(0));
+    assert_eq!(ckvc(&["tag", "best"]).0, Some(1), "tags do not move");
+    let (code, out, err) = ckvc(&["checkout", "best", "-o", "tagged"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("step 60"), "{out}");
     let (code, out, _) = ckvc(&["status"]);
     assert_eq!(code, Some(0));
     assert!(
