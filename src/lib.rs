@@ -12,7 +12,7 @@
 //! | [`codec`] | the chunk codec: bytes in, bytes out, no I/O |
 //! | [`format`] | checkpoint files <-> tensors and opaque byte segments |
 //! | [`store`] | the object database: key spaces, atomic batches, locking (RocksDB behind a trait) |
-//! | [`repo`] | the user's verbs: init, commit, log, checkout, branch |
+//! | [`repo`] | the user's verbs: init, commit, log, checkout, branch, show, diff |
 //! | [`bench`] | side-by-side measurements of the codec against its peers |
 //!
 //! The command-line interface lives only in the binary (`src/main.rs`,

@@ -1,10 +1,16 @@
-//! The repository commands: init, commit, log, checkout, branch, status.
+//! The repository commands: init, commit, log, checkout, branch, show, diff,
+//! status.
 
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 
-use ckvc::repo::{CheckoutOptions, CommitOptions, Config, RepoError, Repository};
+use ckvc::codec::DType;
+use ckvc::format::FileKind;
+use ckvc::repo::{
+    CheckoutOptions, CommitOptions, Config, DiffReport, ElementDiff, FileStatus, RepoError,
+    Repository, SegmentShow, ShowReport, Storage, TensorChange,
+};
 
 use super::{exit, out, Failure};
 
@@ -91,6 +97,21 @@ pub enum RepoCommand {
     Tag {
         name: Option<String>,
         rev: Option<String>,
+    },
+    /// A commit's metadata, files and tensors, and how they are stored.
+    Show {
+        /// A step, branch, commit id (prefix), HEAD~N or branch@step.
+        #[arg(default_value = "HEAD")]
+        rev: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What changed between two commits: files, and per tensor how much.
+    Diff {
+        rev_a: String,
+        rev_b: String,
+        #[arg(long)]
+        json: bool,
     },
     /// The repository, current branch, HEAD step and sizes.
     Status,
@@ -321,6 +342,27 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 out(&s)
             }
         },
+        RepoCommand::Show { rev, json } => {
+            let repo = w.open(false)?;
+            let id = repo.resolve(&rev).map_err(fail)?;
+            let r = repo.show(&id).map_err(fail)?;
+            if json {
+                out(&(serde_json::to_string_pretty(&show_json(&r)).expect("JSON") + "\n"))
+            } else {
+                out(&show_text(&r))
+            }
+        }
+        RepoCommand::Diff { rev_a, rev_b, json } => {
+            let repo = w.open(false)?;
+            let a = repo.resolve(&rev_a).map_err(fail)?;
+            let b = repo.resolve(&rev_b).map_err(fail)?;
+            let r = repo.diff(&a, &b).map_err(fail)?;
+            if json {
+                out(&(serde_json::to_string_pretty(&diff_json(&r)).expect("JSON") + "\n"))
+            } else {
+                out(&diff_text(&r))
+            }
+        }
         RepoCommand::Status => {
             let repo = w.open(false)?;
             let st = repo.status().map_err(fail)?;
@@ -368,4 +410,394 @@ fn time_str(secs: u64) -> String {
         rem / 3600,
         rem % 3600 / 60
     )
+}
+
+fn kind_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::Safetensors => "safetensors",
+        FileKind::TorchZip => "torch-zip",
+        FileKind::Npy => "npy",
+        _ => "opaque",
+    }
+}
+
+fn shape_str(shape: &[u64]) -> String {
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+fn storage_str(s: &Storage) -> String {
+    if s.is_delta() {
+        format!("delta d{}", s.max_depth)
+    } else {
+        "full".to_string()
+    }
+}
+
+fn storage_json(s: &Storage) -> serde_json::Value {
+    serde_json::json!({
+        "chunks": s.chunks,
+        "stored_as": if s.is_delta() { "delta" } else { "full" },
+        "delta_chunks": s.delta_chunks,
+        "max_depth": s.max_depth,
+        "stored_bytes": s.stored_bytes,
+    })
+}
+
+fn show_json(r: &ShowReport) -> serde_json::Value {
+    let c = &r.commit;
+    let files: Vec<serde_json::Value> = r
+        .files
+        .iter()
+        .map(|f| {
+            let mut tensors = Vec::new();
+            let mut opaque = Vec::new();
+            for s in &f.segments {
+                match s {
+                    SegmentShow::Tensor(t) => tensors.push(serde_json::json!({
+                        "name": t.name,
+                        "dtype": t.dtype.safetensors_name(),
+                        "shape": t.shape,
+                        "bytes": t.bytes,
+                        "storage": storage_json(&t.storage),
+                    })),
+                    SegmentShow::Opaque { bytes, storage } => opaque.push(serde_json::json!({
+                        "bytes": bytes,
+                        "storage": storage_json(storage),
+                    })),
+                }
+            }
+            serde_json::json!({
+                "path": f.path,
+                "kind": kind_name(f.kind),
+                "bytes": f.len,
+                "blake3": f.hash_hex(),
+                "mode": format!("{:o}", f.mode),
+                "storage": storage_json(&f.storage()),
+                "tensors": tensors,
+                "opaque": opaque,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "id": r.id.to_string(),
+        "step": c.step,
+        "branch": c.branch,
+        "parents": c.parents.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        "time": c.time,
+        "message": c.message,
+        "metrics": c.metrics,
+        "stats": {
+            "files": c.stats.files,
+            "logical_bytes": c.stats.logical_bytes,
+            "stored_bytes": c.stats.stored_bytes,
+            "chunks": c.stats.chunks,
+            "new_chunks": c.stats.new_chunks,
+            "max_depth": c.stats.max_depth,
+        },
+        "files": files,
+    })
+}
+
+fn show_text(r: &ShowReport) -> String {
+    let c = &r.commit;
+    let mut s = format!(
+        "commit   {}\nstep     {}\nbranch   {}\n",
+        r.id, c.step, c.branch
+    );
+    let parents: Vec<String> = c.parents.iter().map(|p| p.short(12)).collect();
+    s.push_str(&format!(
+        "parents  {}\n",
+        if parents.is_empty() {
+            "(none)".to_string()
+        } else {
+            parents.join(" ")
+        }
+    ));
+    s.push_str(&format!("date     {} UTC\n", time_str(c.time)));
+    if !c.message.is_empty() {
+        s.push_str(&format!("message  {}\n", c.message));
+    }
+    if !c.metrics.is_empty() {
+        let m: Vec<String> = c.metrics.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        s.push_str(&format!("metrics  {}\n", m.join(", ")));
+    }
+    let st = &c.stats;
+    s.push_str(&format!(
+        "stats    {} files, {} logical, {} new stored ({} of {} chunks new), {}\n",
+        st.files,
+        human(st.logical_bytes),
+        human(st.stored_bytes),
+        st.new_chunks,
+        st.chunks,
+        if st.max_depth == 0 {
+            "snapshot".to_string()
+        } else {
+            format!("delta depth {}", st.max_depth)
+        }
+    ));
+    for f in &r.files {
+        let fs = f.storage();
+        s.push_str(&format!(
+            "\n{}  {}  {}  mode {:o}  stored {} ({})  blake3 {}\n",
+            f.path,
+            kind_name(f.kind),
+            human(f.len),
+            f.mode,
+            human(fs.stored_bytes),
+            storage_str(&fs),
+            f.hash_hex()
+        ));
+        let nw = f
+            .tensors()
+            .map(|t| t.name.len())
+            .chain([8])
+            .max()
+            .unwrap_or(8);
+        let shapes: Vec<String> = f.tensors().map(|t| shape_str(&t.shape)).collect();
+        let sw = shapes.iter().map(String::len).chain([5]).max().unwrap_or(5);
+        s.push_str(&format!(
+            "  {:<nw$}  {:<7}  {:<sw$}  {:>10}  {:>6}  {:<9}  {:>10}\n",
+            "segment", "dtype", "shape", "bytes", "chunks", "stored as", "stored"
+        ));
+        let mut shapes = shapes.into_iter();
+        for seg in &f.segments {
+            let (name, dtype, shape, bytes, st) = match seg {
+                SegmentShow::Tensor(t) => (
+                    t.name.as_str(),
+                    t.dtype.safetensors_name(),
+                    shapes.next().unwrap_or_default(),
+                    t.bytes,
+                    &t.storage,
+                ),
+                SegmentShow::Opaque { bytes, storage } => {
+                    ("(opaque)", "-", "-".to_string(), *bytes, storage)
+                }
+            };
+            s.push_str(&format!(
+                "  {:<nw$}  {:<7}  {:<sw$}  {:>10}  {:>6}  {:<9}  {:>10}\n",
+                name,
+                dtype,
+                shape,
+                human(bytes),
+                st.chunks,
+                storage_str(st),
+                human(st.stored_bytes)
+            ));
+        }
+    }
+    s
+}
+
+/// A float for JSON: non-finite values (which JSON cannot hold) as null.
+fn num(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x)
+        .map(serde_json::Value::Number)
+        .unwrap_or(serde_json::Value::Null)
+}
+
+fn element_json(d: &ElementDiff) -> serde_json::Value {
+    serde_json::json!({
+        "elements": d.elements,
+        "changed": d.changed,
+        "nonfinite": d.nonfinite,
+        "fraction_changed": num(d.fraction_changed()),
+        "max_abs_diff": num(d.max_abs),
+        "mean_abs_diff": num(d.mean_abs),
+        "rel_l2": d.rel_l2().map(num),
+        "norm_a": num(d.norm_a),
+        "norm_diff": num(d.norm_diff),
+    })
+}
+
+fn diff_json(r: &DiffReport) -> serde_json::Value {
+    let files: Vec<serde_json::Value> = r
+        .files
+        .iter()
+        .map(|f| {
+            let tensors: Vec<serde_json::Value> = f
+                .tensors
+                .iter()
+                .map(|t| {
+                    let mut v = serde_json::json!({
+                        "name": t.name,
+                        "status": t.change.as_str(),
+                    });
+                    let o = v.as_object_mut().expect("an object");
+                    let mut put = |k: &str, x: serde_json::Value| {
+                        o.insert(k.to_string(), x);
+                    };
+                    match &t.change {
+                        TensorChange::Unchanged { dtype, shape }
+                        | TensorChange::Added { dtype, shape }
+                        | TensorChange::Removed { dtype, shape } => {
+                            put("dtype", dtype.safetensors_name().into());
+                            put("shape", serde_json::json!(shape));
+                        }
+                        TensorChange::Changed { dtype, shape, diff } => {
+                            put("dtype", dtype.safetensors_name().into());
+                            put("shape", serde_json::json!(shape));
+                            if let serde_json::Value::Object(m) = element_json(diff) {
+                                for (k, x) in m {
+                                    put(&k, x);
+                                }
+                            }
+                        }
+                        TensorChange::Reshaped {
+                            dtype_a,
+                            shape_a,
+                            dtype_b,
+                            shape_b,
+                        } => {
+                            put("dtype_a", dtype_a.safetensors_name().into());
+                            put("shape_a", serde_json::json!(shape_a));
+                            put("dtype", dtype_b.safetensors_name().into());
+                            put("shape", serde_json::json!(shape_b));
+                        }
+                    }
+                    v
+                })
+                .collect();
+            serde_json::json!({
+                "path": f.path,
+                "status": f.status.as_str(),
+                "kind": kind_name(f.kind),
+                "bytes_a": f.len_a,
+                "bytes_b": f.len_b,
+                "opaque_changed": f.opaque_changed,
+                "tensors": tensors,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "a": { "id": r.a.to_string(), "step": r.step_a },
+        "b": { "id": r.b.to_string(), "step": r.step_b },
+        "summary": {
+            "added": r.count(FileStatus::Added),
+            "removed": r.count(FileStatus::Removed),
+            "changed": r.count(FileStatus::Changed),
+            "unchanged": r.count(FileStatus::Unchanged),
+        },
+        "files": files,
+    })
+}
+
+fn dtype_shape(d: DType, shape: &[u64]) -> String {
+    format!("{} {}", d.safetensors_name(), shape_str(shape))
+}
+
+fn diff_text(r: &DiffReport) -> String {
+    let mut s = format!(
+        "diff {} (step {}) -> {} (step {}): {} changed, {} added, {} removed, {} unchanged files\n",
+        r.a.short(12),
+        r.step_a,
+        r.b.short(12),
+        r.step_b,
+        r.count(FileStatus::Changed),
+        r.count(FileStatus::Added),
+        r.count(FileStatus::Removed),
+        r.count(FileStatus::Unchanged),
+    );
+    for f in &r.files {
+        let mark = match f.status {
+            FileStatus::Added => "A",
+            FileStatus::Removed => "D",
+            FileStatus::Changed => "M",
+            FileStatus::Unchanged => "=",
+        };
+        let size = match (f.len_a, f.len_b) {
+            (Some(a), Some(b)) if a == b => human(a),
+            (Some(a), Some(b)) => format!("{} -> {}", human(a), human(b)),
+            (Some(a), None) => human(a),
+            (None, Some(b)) => human(b),
+            (None, None) => String::new(),
+        };
+        let count = |k: &str| f.tensors.iter().filter(|t| t.change.as_str() == k).count();
+        let mut line = format!("{mark} {}  {}  {size}", f.path, kind_name(f.kind));
+        if !f.tensors.is_empty() {
+            line.push_str(&format!("  {} tensors", f.tensors.len()));
+            for k in ["changed", "unchanged", "added", "removed", "reshaped"] {
+                let n = count(k);
+                if n > 0 && !(k == "unchanged" && n == f.tensors.len()) {
+                    line.push_str(&format!(", {n} {k}"));
+                }
+            }
+        }
+        if f.opaque_changed && !f.tensors.is_empty() {
+            line.push_str(", other bytes changed");
+        }
+        s.push_str(&line);
+        s.push('\n');
+        let shown: Vec<_> = f
+            .tensors
+            .iter()
+            .filter(|t| !matches!(t.change, TensorChange::Unchanged { .. }))
+            .collect();
+        if shown.is_empty() {
+            continue;
+        }
+        let nw = shown
+            .iter()
+            .map(|t| t.name.len())
+            .chain([6])
+            .max()
+            .unwrap_or(6);
+        if shown
+            .iter()
+            .any(|t| matches!(t.change, TensorChange::Changed { .. }))
+        {
+            s.push_str(&format!(
+                "    {:<nw$}  {:>8}  {:>10}  {:>10}  {:>10}  {}\n",
+                "tensor", "changed", "max |d|", "mean |d|", "rel L2", "dtype shape"
+            ));
+        }
+        for t in shown {
+            match &t.change {
+                TensorChange::Changed { dtype, shape, diff } => {
+                    let rel = diff
+                        .rel_l2()
+                        .map(|x| format!("{x:.3e}"))
+                        .unwrap_or_else(|| "n/a".into());
+                    let nonfinite = if diff.nonfinite > 0 {
+                        format!("  ({} non-finite)", diff.nonfinite)
+                    } else {
+                        String::new()
+                    };
+                    s.push_str(&format!(
+                        "    {:<nw$}  {:>7.2}%  {:>10.3e}  {:>10.3e}  {:>10}  {}{}\n",
+                        t.name,
+                        100.0 * diff.fraction_changed(),
+                        diff.max_abs,
+                        diff.mean_abs,
+                        rel,
+                        dtype_shape(*dtype, shape),
+                        nonfinite
+                    ));
+                }
+                TensorChange::Added { dtype, shape } => s.push_str(&format!(
+                    "    {:<nw$}  added {}\n",
+                    t.name,
+                    dtype_shape(*dtype, shape)
+                )),
+                TensorChange::Removed { dtype, shape } => s.push_str(&format!(
+                    "    {:<nw$}  removed (was {})\n",
+                    t.name,
+                    dtype_shape(*dtype, shape)
+                )),
+                TensorChange::Reshaped {
+                    dtype_a,
+                    shape_a,
+                    dtype_b,
+                    shape_b,
+                } => s.push_str(&format!(
+                    "    {:<nw$}  {} -> {}\n",
+                    t.name,
+                    dtype_shape(*dtype_a, shape_a),
+                    dtype_shape(*dtype_b, shape_b)
+                )),
+                TensorChange::Unchanged { .. } => {}
+            }
+        }
+    }
+    s
 }

@@ -1,5 +1,5 @@
 //! The repository: the user's verbs on top of the store, one file each
-//! (`commit`, `checkout`, `log`, `branch`).
+//! (`commit`, `checkout`, `log`, `branch`, `show`, `diff`).
 //!
 //! Owns the object model (chunk records, file manifests, trees, commits:
 //! [`objects`], specified in `docs/format/objects.md`), refs (`HEAD`,
@@ -24,15 +24,19 @@ use crate::store::{
 mod branch;
 mod checkout;
 mod commit;
+mod diff;
 mod log;
 pub mod objects;
 pub mod provenance;
+mod show;
 mod status;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport};
+pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
 pub use log::LogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
+pub use show::{FileShow, SegmentShow, ShowReport, Storage, TensorShow};
 pub use status::{dir_size, Status};
 
 /// The directory under a repository's root that holds its data.

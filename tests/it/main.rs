@@ -4,6 +4,7 @@ mod cli;
 mod codec_corpus;
 mod fuzz_regressions;
 mod repo_corpus;
+mod show_diff;
 
 use std::path::PathBuf;
 

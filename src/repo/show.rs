@@ -1,0 +1,215 @@
+//! `show`: one commit's metadata, files, tensors and how they are stored.
+//!
+//! Reads the commit, its tree, every manifest and every chunk *record* (to
+//! learn its stored size, delta base and chain depth); it never decodes a
+//! chunk payload, so it costs one store read per distinct chunk and no
+//! codec work. Returns data only: the CLI prints.
+
+use std::collections::HashMap;
+
+use crate::codec::DType;
+use crate::format::FileKind;
+use crate::store::{ChunkId, CommitId, Space, StoreExt};
+
+use super::objects::{corrupt, ChunkRecord, Commit, SegmentRef};
+use super::{RepoError, Repository};
+
+/// What `show` reports about one commit.
+#[derive(Debug, Clone)]
+pub struct ShowReport {
+    pub id: CommitId,
+    /// Step, branch, parents, time, message, metrics and commit-time stats.
+    pub commit: Commit,
+    /// In tree order (sorted by path).
+    pub files: Vec<FileShow>,
+}
+
+/// One file of a commit.
+#[derive(Debug, Clone)]
+pub struct FileShow {
+    pub path: String,
+    pub kind: FileKind,
+    pub len: u64,
+    /// blake3 of the whole file.
+    pub hash: [u8; 32],
+    /// Unix permission bits.
+    pub mode: u32,
+    /// In file order.
+    pub segments: Vec<SegmentShow>,
+}
+
+impl FileShow {
+    /// The whole-file blake3 in hex.
+    pub fn hash_hex(&self) -> String {
+        crate::store::to_hex(&self.hash)
+    }
+
+    /// The file's tensors, in file order.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorShow> {
+        self.segments.iter().filter_map(|s| match s {
+            SegmentShow::Tensor(t) => Some(t),
+            SegmentShow::Opaque { .. } => None,
+        })
+    }
+
+    /// What all the file's segments occupy in the store.
+    pub fn storage(&self) -> Storage {
+        self.segments.iter().fold(Storage::default(), |acc, s| {
+            let st = match s {
+                SegmentShow::Tensor(t) => &t.storage,
+                SegmentShow::Opaque { storage, .. } => storage,
+            };
+            acc.merge(st)
+        })
+    }
+}
+
+/// One segment of a file.
+#[derive(Debug, Clone)]
+pub enum SegmentShow {
+    Tensor(TensorShow),
+    /// Bytes that are not tensor data (headers, pickles, json, ...).
+    Opaque {
+        bytes: u64,
+        storage: Storage,
+    },
+}
+
+/// One tensor of a file.
+#[derive(Debug, Clone)]
+pub struct TensorShow {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Raw bytes of the tensor data.
+    pub bytes: u64,
+    pub storage: Storage,
+}
+
+/// How a segment's chunks are stored.
+///
+/// A chunk shared with other segments or commits is counted in full for
+/// each segment that names it (a chunk named twice within one segment is
+/// counted twice), so sizes are "what this segment needs", not "what this
+/// commit added" (that is [`super::objects::CommitStats::stored_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Storage {
+    /// Number of chunks.
+    pub chunks: u64,
+    /// Chunks stored as a delta against a base chunk.
+    pub delta_chunks: u64,
+    /// Deepest delta chain among the chunks (0: all stored full).
+    pub max_depth: u16,
+    /// Sum of the sizes of the chunk records in the store (header and
+    /// encoded payload).
+    pub stored_bytes: u64,
+}
+
+impl Storage {
+    /// True when at least one chunk is a delta.
+    pub fn is_delta(&self) -> bool {
+        self.delta_chunks > 0
+    }
+
+    fn merge(self, o: &Storage) -> Storage {
+        Storage {
+            chunks: self.chunks + o.chunks,
+            delta_chunks: self.delta_chunks + o.delta_chunks,
+            max_depth: self.max_depth.max(o.max_depth),
+            stored_bytes: self.stored_bytes + o.stored_bytes,
+        }
+    }
+}
+
+/// What one chunk record says about its storage.
+#[derive(Debug, Clone, Copy)]
+struct RecordInfo {
+    size: u64,
+    delta: bool,
+    depth: u16,
+}
+
+impl Repository {
+    /// The metadata, files, tensors and storage of `commit`.
+    pub fn show(&self, commit: &CommitId) -> Result<ShowReport, RepoError> {
+        let c = self.commit_object(commit)?;
+        let tree = self.tree(&c.tree)?;
+        // Chunks recur (zero-filled tensors, identical opaque headers):
+        // read each record once.
+        let mut seen: HashMap<ChunkId, RecordInfo> = HashMap::new();
+        let mut files = Vec::with_capacity(tree.entries.len());
+        for (path, mid) in &tree.entries {
+            let m = self.manifest(mid, path)?;
+            let mut segments = Vec::with_capacity(m.segments.len());
+            for seg in &m.segments {
+                let storage = self.storage_of(seg.chunks(), &mut seen, path)?;
+                segments.push(match seg {
+                    SegmentRef::Tensor {
+                        name,
+                        dtype,
+                        shape,
+                        len,
+                        ..
+                    } => SegmentShow::Tensor(TensorShow {
+                        name: name.clone(),
+                        dtype: *dtype,
+                        shape: shape.clone(),
+                        bytes: *len,
+                        storage,
+                    }),
+                    SegmentRef::Opaque { len, .. } => SegmentShow::Opaque {
+                        bytes: *len,
+                        storage,
+                    },
+                });
+            }
+            files.push(FileShow {
+                path: path.clone(),
+                kind: m.kind,
+                len: m.len,
+                hash: m.hash,
+                mode: m.mode,
+                segments,
+            });
+        }
+        Ok(ShowReport {
+            id: *commit,
+            commit: c,
+            files,
+        })
+    }
+
+    fn storage_of(
+        &self,
+        chunks: &[ChunkId],
+        seen: &mut HashMap<ChunkId, RecordInfo>,
+        path: &str,
+    ) -> Result<Storage, RepoError> {
+        let mut s = Storage::default();
+        for id in chunks {
+            let info = match seen.get(id) {
+                Some(i) => *i,
+                None => {
+                    let what = || format!("chunk {} of {path}", id.short(12));
+                    let bytes = self
+                        .store
+                        .get_vec(Space::Chunks, id.as_bytes())?
+                        .ok_or_else(|| RepoError::Missing { what: what() })?;
+                    let rec = ChunkRecord::decode(&bytes).map_err(corrupt(what()))?;
+                    let info = RecordInfo {
+                        size: bytes.len() as u64,
+                        delta: rec.base.is_some(),
+                        depth: rec.depth,
+                    };
+                    seen.insert(*id, info);
+                    info
+                }
+            };
+            s.chunks += 1;
+            s.delta_chunks += u64::from(info.delta);
+            s.max_depth = s.max_depth.max(info.depth);
+            s.stored_bytes += info.size;
+        }
+        Ok(s)
+    }
+}
