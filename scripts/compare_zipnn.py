@@ -5,6 +5,20 @@ Usage:
     python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small
     python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small --json
     python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small --threads 4
+    python3 scripts/compare_zipnn.py ../shared/corpus/gpt-small --files > zipnn-files.json
+
+--files: the run kept as ZipNN files, for `ckvc debug repo-bench --peer`.
+Every file of every checkpoint is compressed on its own, as ZipNN would store
+it: in safetensors files and PyTorch zips (.pt/.pth/.bin) every bf16, fp16
+or fp32 tensor of at least 16 elements is compressed with ZipNN (same
+settings as below, dtype from the safetensors header or from the storage
+types in data.pkl, read without executing the pickle); all the other bytes
+of the file (headers, zip structure, pickle, small or other-dtype tensors)
+are concatenated and compressed with zstd -19, as are other files whole.
+No delta between checkpoints (ZipNN files are independent). Every ZipNN
+blob is decompressed and compared. Prints one JSON object on stdout:
+  {"codec": "zipnn-files", "bytes": N, "bytes_in": M, "files": K}
+(bytes = total compressed bytes, bytes_in = total file bytes).
 
 Input is a directory holding the checkpoint directories of one training run
 (e.g. step-0 ... step-600, ordered by the number in the name). Each checkpoint
@@ -291,6 +305,132 @@ def run(root, threads):
     return rows, notes
 
 
+class _Any:
+    """Stands for every global a torch pickle names; accepts anything."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Any()
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+class _StorageScan(__import__("pickle").Unpickler):
+    """Reads data.pkl of a torch zip only to learn each storage's type:
+    persistent ids are ('storage', <torch.XStorage>, key, location, numel).
+    Every global becomes _Any (or the storage type's name), so nothing of
+    the pickle is executed."""
+
+    def __init__(self, f):
+        super().__init__(f)
+        self.storages = {}
+
+    def find_class(self, module, name):
+        if module == "torch" and name.endswith("Storage"):
+            return name
+        return _Any
+
+    def persistent_load(self, pid):
+        if isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
+            self.storages[str(pid[2])] = pid[1] if isinstance(pid[1], str) else ""
+        return _Any()
+
+
+STORAGE_DTYPE = {"FloatStorage": ("float32", 4), "BFloat16Storage": ("bfloat16", 2), "HalfStorage": ("float16", 2)}
+SAFETENSORS_DTYPE = {"F32": ("float32", 4), "BF16": ("bfloat16", 2), "F16": ("float16", 2)}
+
+
+def file_tensor_ranges(path, blob):
+    """[(start, end, zipnn dtype)] of the float tensors in a checkpoint file."""
+    import io
+    import zipfile
+
+    name = os.path.basename(path)
+    out = []
+    if name.endswith(".safetensors"):
+        (hlen,) = struct.unpack("<Q", blob[:8])
+        base = 8 + hlen
+        for tname, meta in json.loads(blob[8:base]).items():
+            if tname == "__metadata__" or meta["dtype"] not in SAFETENSORS_DTYPE:
+                continue
+            dt, width = SAFETENSORS_DTYPE[meta["dtype"]]
+            start, end = meta["data_offsets"]
+            if (end - start) // width >= MIN_ELEMENTS:
+                out.append((base + start, base + end, dt))
+    elif name.endswith((".pt", ".pth", ".bin")) and zipfile.is_zipfile(io.BytesIO(blob)):
+        z = zipfile.ZipFile(io.BytesIO(blob))
+        pkl = [i for i in z.infolist() if i.filename.endswith("data.pkl")]
+        types = {}
+        if pkl:
+            scan = _StorageScan(io.BytesIO(z.read(pkl[0])))
+            scan.load()
+            types = scan.storages
+        for info in z.infolist():
+            m = re.search(r"(?:^|/)data/(\d+)$", info.filename)
+            if not m or info.compress_type != zipfile.ZIP_STORED:
+                continue
+            kind = STORAGE_DTYPE.get(types.get(m.group(1), ""))
+            if kind is None or info.file_size // kind[1] < MIN_ELEMENTS:
+                continue
+            h = info.header_offset
+            fn_len, extra_len = struct.unpack("<HH", blob[h + 26 : h + 30])
+            start = h + 30 + fn_len + extra_len
+            out.append((start, start + info.file_size, kind[0]))
+    return sorted(out)
+
+
+def zstd19_len(data):
+    if not data:
+        return 0
+    try:
+        import zstandard
+
+        return len(zstandard.ZstdCompressor(level=19).compress(data))
+    except ImportError:
+        import subprocess
+
+        r = subprocess.run(["zstd", "-19", "-q", "-c"], input=data, stdout=subprocess.PIPE, check=True)
+        return len(r.stdout)
+
+
+def run_files(root, threads):
+    ZipNN, ver = import_zipnn()
+    codecs = {}
+    total_in = total_out = nfiles = 0
+    for _, _, cdir in list_checkpoints(root):
+        for dirpath, _, names in sorted(os.walk(cdir)):
+            for fname in sorted(names):
+                path = os.path.join(dirpath, fname)
+                with open(path, "rb") as f:
+                    blob = f.read()
+                rest, pos, out = [], 0, 0
+                for start, end, dt in file_tensor_ranges(path, blob):
+                    rest.append(blob[pos:start])
+                    pos = end
+                    if dt not in codecs:
+                        kw = dict(method="AUTO", input_format="byte", bytearray_dtype=dt, threads=threads)
+                        codecs[dt] = (ZipNN(**kw), ZipNN(**kw))
+                    comp, decomp = codecs[dt]
+                    data = blob[start:end]
+                    z = comp.compress(bytearray(data))  # zipnn mutates byte input in place
+                    if bytes(decomp.decompress(z)) != data:
+                        raise AssertionError(f"ZipNN round trip mismatch in {path}")
+                    out += len(z)
+                rest.append(blob[pos:])
+                out += zstd19_len(b"".join(rest))
+                total_in += len(blob)
+                total_out += out
+                nfiles += 1
+    print(f"# zipnn {ver}, threads={threads}; {nfiles} files; ratio {total_out / max(total_in, 1):.4f}", file=sys.stderr)
+    return {"codec": "zipnn-files", "bytes": total_out, "bytes_in": total_in, "files": nfiles}
+
+
 def print_table(rows, notes):
     hdr = ("mode", "dtype", "group", "tensors", "bytes_in", "ratio", "comp MiB/s", "decomp MiB/s")
     lines = [
@@ -328,9 +468,18 @@ def main():
     ap.add_argument("corpus", help="directory of checkpoint directories of one run (e.g. step-0 ... step-600)")
     ap.add_argument("--threads", type=int, default=1, help="ZipNN threads (default 1 = single core)")
     ap.add_argument("--json", action="store_true", help="print a JSON array of rows on stdout")
+    ap.add_argument(
+        "--files",
+        action="store_true",
+        help="total bytes of the run kept as per-file ZipNN files (JSON, for ckvc debug repo-bench --peer)",
+    )
     args = ap.parse_args()
     if args.threads < 1:
         ap.error("--threads must be >= 1 (ZipNN treats 0 as 'all cores')")
+    if args.files:
+        json.dump(run_files(args.corpus, args.threads), sys.stdout)
+        sys.stdout.write("\n")
+        return
 
     rows, notes = run(args.corpus, args.threads)
     if args.json:

@@ -12,8 +12,8 @@
 //! | [`codec`] | the chunk codec: bytes in, bytes out, no I/O |
 //! | [`format`] | checkpoint files <-> tensors and opaque byte segments |
 //! | [`store`] | the object database: key spaces, atomic batches, locking (RocksDB behind a trait) |
-//! | [`repo`] | the user's verbs: init, commit, log, checkout, branch, show, diff |
-//! | [`bench`] | side-by-side measurements of the codec against its peers |
+//! | [`repo`] | the user's verbs: init, commit, log, checkout, branch, tag, show, diff, status |
+//! | [`bench`] | side-by-side measurements of the codec and of the whole repository against their peers |
 //!
 //! The command-line interface lives only in the binary (`src/main.rs`,
 //! `src/cli/`): the library never prints.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
+use ckvc::bench::repo::{PeerSize, RepoBenchOptions, RepoBenchReport};
 use ckvc::bench::{self, BenchOptions, Row};
 
 use super::{out, Failure};
@@ -15,6 +16,30 @@ pub enum DebugCommand {
     /// Measure the chunk codec against LMC, zstd and the entropy bound on a
     /// run's checkpoints (directories like step-500/ in one folder).
     CodecBench(CodecBenchArgs),
+    /// Commit a whole run into a fresh repository, check every step out and
+    /// compare; bytes on disk and speeds beside cp -r and per-file zstd -19.
+    RepoBench(RepoBenchArgs),
+}
+
+#[derive(Args)]
+pub struct RepoBenchArgs {
+    /// Folder holding the run's checkpoint directories.
+    dir: PathBuf,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Create the work directory (repository, checkouts, copies) in DIR
+    /// instead of the system temporary directory.
+    #[arg(long, value_name = "DIR")]
+    work: Option<PathBuf>,
+    /// Keep the work directory.
+    #[arg(long)]
+    keep: bool,
+    /// JSON sizes measured by another tool on the same files, e.g.
+    /// `{"codec":"zipnn-files","bytes":N}` from
+    /// `scripts/compare_zipnn.py --files` (one object or an array).
+    #[arg(long, value_name = "FILE")]
+    peer: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -42,7 +67,161 @@ pub struct CodecBenchArgs {
 pub fn run(cmd: DebugCommand) -> Result<(), Failure> {
     match cmd {
         DebugCommand::CodecBench(a) => codec_bench(a),
+        DebugCommand::RepoBench(a) => repo_bench(a),
     }
+}
+
+fn repo_bench(a: RepoBenchArgs) -> Result<(), Failure> {
+    let mut peers = Vec::new();
+    for p in &a.peer {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| Failure::user(format!("reading {}: {e}", p.display())))?;
+        let bad = |e: serde_json::Error| {
+            Failure::user(format!(
+                "{}: not a {{\"codec\", \"bytes\"}} object or an array of them: {e}",
+                p.display()
+            ))
+        };
+        if text.trim_start().starts_with('[') {
+            peers.extend(serde_json::from_str::<Vec<PeerSize>>(&text).map_err(bad)?);
+        } else {
+            peers.push(serde_json::from_str::<PeerSize>(&text).map_err(bad)?);
+        }
+    }
+    let opts = RepoBenchOptions {
+        work: a.work,
+        keep_work: a.keep,
+        ..RepoBenchOptions::default()
+    };
+    let mut report = bench::repo::repo_bench(&a.dir, &opts).map_err(|e| {
+        let code = match &e {
+            bench::BenchError::Mismatch { .. } | bench::BenchError::CheckoutMismatch { .. } => {
+                super::exit::CORRUPT
+            }
+            bench::BenchError::Repo(r) if r.is_corruption() => super::exit::CORRUPT,
+            _ => super::exit::USER,
+        };
+        Failure {
+            code,
+            message: e.to_string(),
+            hint: None,
+        }
+    })?;
+    report.peers = peers;
+    if a.json {
+        let s = serde_json::to_string_pretty(&report).expect("the report serialises");
+        return out(&(s + "\n"));
+    }
+    out(&repo_table(&report))
+}
+
+fn repo_table(r: &RepoBenchReport) -> String {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let ratio = |b: u64| b as f64 / r.logical_bytes.max(1) as f64;
+    let rss = |v: Option<u64>| v.map_or("n/a".to_string(), |b| format!("{:.0} MiB", mib(b)));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}: {} checkpoints, {} files, steps {}..{}\n",
+        r.run.display(),
+        r.checkpoints,
+        r.files,
+        r.steps.first().map_or(0, |x| x.step),
+        r.steps.last().map_or(0, |x| x.step)
+    );
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>12} {:>10} {:>8}",
+        "kept as", "bytes", "MiB", "ratio"
+    );
+    let mut size = |name: &str, b: u64| {
+        let _ = writeln!(s, "  {name:<28} {b:>12} {:>10.1} {:>8.4}", mib(b), ratio(b));
+    };
+    size("files (logical)", r.logical_bytes);
+    size("ckvc repository on disk", r.disk.total);
+    size(
+        &format!("zstd -{} per file", r.zstd_level),
+        r.zstd_files_bytes,
+    );
+    for p in &r.peers {
+        size(&format!("{} (peer)", p.codec), p.bytes);
+    }
+    let _ = writeln!(
+        s,
+        "  (repository: blob files {:.1} MiB, sst {:.1} MiB, wal/manifest/logs {:.2} MiB)",
+        mib(r.disk.blob),
+        mib(r.disk.sst),
+        mib(r.disk.other)
+    );
+    for p in &r.peers {
+        if let Some(n) = p.bytes_in.filter(|&n| n != r.logical_bytes) {
+            let _ = writeln!(
+                s,
+                "  note: {} read {n} bytes, not the run's {}",
+                p.codec, r.logical_bytes
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n  {:<28} {:>9} {:>9}",
+        "speed (logical bytes)", "secs", "MiB/s"
+    );
+    for (name, t) in [
+        ("ckvc commit (all steps)", r.commit),
+        ("ckvc checkout (all steps)", r.checkout),
+        ("cp -r", r.copy),
+        ("cp -r + fsync", r.copy_fsync),
+        (
+            &*format!("zstd -{} per file (1 core)", r.zstd_level),
+            r.zstd_files,
+        ),
+    ] {
+        let _ = writeln!(s, "  {name:<28} {:>9.2} {:>9.1}", t.secs, t.mib_s);
+    }
+    let _ = writeln!(
+        s,
+        "  checkout of the first step (step {}) {:.3} s, of the newest (step {}) {:.3} s",
+        r.steps.first().map_or(0, |x| x.step),
+        r.checkout_first_secs,
+        r.steps.last().map_or(0, |x| x.step),
+        r.checkout_newest_secs
+    );
+    let _ = writeln!(
+        s,
+        "  peak RSS{}: commit {}, checkout {}",
+        if r.peak_rss_per_phase {
+            " per phase"
+        } else {
+            " (process, cumulative)"
+        },
+        rss(r.peak_rss_commit),
+        rss(r.peak_rss_checkout)
+    );
+    let _ = writeln!(
+        s,
+        "  every checkout byte-identical to its original: {}",
+        if r.all_verified { "yes" } else { "NO" }
+    );
+    let _ = writeln!(
+        s,
+        "\n  {:>6} {:>10} {:>10} {:>8} {:>5} {:>9} {:>9}",
+        "step", "MiB", "stored", "ratio", "depth", "commit s", "checkout s"
+    );
+    for x in &r.steps {
+        let _ = writeln!(
+            s,
+            "  {:>6} {:>10.2} {:>10.2} {:>8.4} {:>5} {:>9.3} {:>9.3}",
+            x.step,
+            mib(x.logical_bytes),
+            mib(x.stored_bytes),
+            x.stored_bytes as f64 / x.logical_bytes.max(1) as f64,
+            x.max_depth,
+            x.commit_secs,
+            x.checkout_secs
+        );
+    }
+    s
 }
 
 fn codec_bench(a: CodecBenchArgs) -> Result<(), Failure> {

@@ -1,4 +1,5 @@
-//! Side-by-side measurements of the chunk codec on a real training run.
+//! Side-by-side measurements on a real training run: the chunk codec here,
+//! the whole repository (commit, checkout, bytes on disk) in [`repo`].
 //!
 //! Owns `ckvc debug codec-bench`: it walks the checkpoint directories of one
 //! run in step order, reads every tensor through [`crate::format`], and
@@ -16,6 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, layout, DType, Options, Scratch};
 use crate::format;
+
+pub mod repo;
 
 /// One line of the benchmark table (also the `--json` schema).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,6 +83,14 @@ pub enum BenchError {
     Empty { path: PathBuf },
     #[error("round trip failed for {tensor}: the codec returned different bytes")]
     Mismatch { tensor: String },
+    #[error(transparent)]
+    Repo(#[from] crate::repo::RepoError),
+    #[error("step {step}: checked-out {path} differs from the original at byte {offset}")]
+    CheckoutMismatch {
+        step: u64,
+        path: PathBuf,
+        offset: u64,
+    },
 }
 
 /// One tensor of one checkpoint.
