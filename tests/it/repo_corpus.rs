@@ -193,6 +193,42 @@ fn bad_input_is_a_clear_error_and_leaves_the_branch_where_it_was() {
     assert!(e.to_string().contains("optimizer.pt"), "{e}");
     unchanged(&repo);
 
+    // a pickle with an opcode torch never writes (nothing is executed)
+    let bad = tmp.path().join("bad-pickle");
+    copy_dir(&good, &bad);
+    let mut pt = std::fs::read(bad.join("optimizer.pt")).unwrap();
+    let at = pt
+        .windows(3)
+        .position(|w| w == [0x80, 0x02, b'}'])
+        .expect("the pickle's PROTO 2 and EMPTY_DICT");
+    pt[at + 2] = 0xfe;
+    std::fs::write(bad.join("optimizer.pt"), &pt).unwrap();
+    let e = repo.commit(&bad, &CommitOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("optimizer.pt") && e.to_string().contains("opcode"),
+        "{e}"
+    );
+    unchanged(&repo);
+
+    // a special file (a named pipe)
+    #[cfg(unix)]
+    {
+        let bad = tmp.path().join("bad-fifo");
+        copy_dir(&good, &bad);
+        let ok = Command::new("mkfifo")
+            .arg(bad.join("pipe"))
+            .status()
+            .map(|s| s.success());
+        if ok.unwrap_or(false) {
+            let e = repo.commit(&bad, &CommitOptions::default()).unwrap_err();
+            assert!(
+                e.to_string().contains("pipe") && e.to_string().contains("special file"),
+                "{e}"
+            );
+            unchanged(&repo);
+        }
+    }
+
     // a symlink and a path with no step
     let bad = tmp.path().join("bad-link");
     copy_dir(&good, &bad);
