@@ -1,7 +1,7 @@
 //! `branch` and `tag`: create, list, delete and switch branches; name
 //! commits with tags.
 
-use crate::store::{Batch, CommitId, Space, StoreExt};
+use crate::store::{Batch, CommitId, Space};
 
 use super::{branch_key, check_branch_name, RepoError, Repository, HEAD, HEADS, TAGS};
 
@@ -77,33 +77,11 @@ impl Repository {
 
     /// The commit a tag names.
     pub fn tag(&self, name: &str) -> Result<Option<CommitId>, RepoError> {
-        match self
-            .store
-            .get_vec(Space::Refs, format!("{TAGS}{name}").as_bytes())?
-        {
-            None => Ok(None),
-            Some(v) => CommitId::from_slice(&v)
-                .map(Some)
-                .ok_or(RepoError::Corrupt {
-                    what: format!("tag {name}"),
-                    reason: "ref is not a 32-byte id".into(),
-                }),
-        }
+        self.ref_target(TAGS, name)
     }
 
     /// Every tag with its commit, sorted by name.
     pub fn tags(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
-        let mut out = Vec::new();
-        self.store
-            .scan_prefix(Space::Refs, TAGS.as_bytes(), &mut |k, v| {
-                if let (Ok(name), Some(id)) = (
-                    std::str::from_utf8(&k[TAGS.len()..]),
-                    CommitId::from_slice(v),
-                ) {
-                    out.push((name.to_string(), id));
-                }
-                Ok(true)
-            })?;
-        Ok(out)
+        self.refs_under(TAGS)
     }
 }

@@ -307,24 +307,37 @@ impl Repository {
 
     /// The commit a branch points at, or `None` for a branch with no commits.
     pub fn branch_head(&self, name: &str) -> Result<Option<CommitId>, RepoError> {
-        match self.store.get_vec(Space::Refs, &branch_key(name))? {
+        self.ref_target(HEADS, name)
+    }
+
+    /// Every branch with its head, sorted by name.
+    pub fn branches(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
+        self.refs_under(HEADS)
+    }
+
+    /// The commit the ref `prefix + name` holds, if it exists.
+    fn ref_target(&self, prefix: &str, name: &str) -> Result<Option<CommitId>, RepoError> {
+        match self
+            .store
+            .get_vec(Space::Refs, format!("{prefix}{name}").as_bytes())?
+        {
             None => Ok(None),
             Some(v) => CommitId::from_slice(&v)
                 .map(Some)
                 .ok_or(RepoError::Corrupt {
-                    what: format!("branch {name}"),
+                    what: format!("ref {prefix}{name}"),
                     reason: "ref is not a 32-byte id".into(),
                 }),
         }
     }
 
-    /// Every branch with its head, sorted by name.
-    pub fn branches(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
+    /// Every ref under `prefix` with its commit, sorted by name.
+    fn refs_under(&self, prefix: &str) -> Result<Vec<(String, CommitId)>, RepoError> {
         let mut out = Vec::new();
         self.store
-            .scan_prefix(Space::Refs, HEADS.as_bytes(), &mut |k, v| {
+            .scan_prefix(Space::Refs, prefix.as_bytes(), &mut |k, v| {
                 if let (Ok(name), Some(id)) = (
-                    std::str::from_utf8(&k[HEADS.len()..]),
+                    std::str::from_utf8(&k[prefix.len()..]),
                     CommitId::from_slice(v),
                 ) {
                     out.push((name.to_string(), id));
