@@ -128,7 +128,11 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            max_chain: 16,
+            // Measured on the corpus (11 steps): max_chain 16 -> 0.769 of
+            // logical on disk, newest-step checkout 0.37 s; 4 -> 0.778,
+            // 0.09 s; 0 (no deltas) -> 0.807, 0.05 s. Checkout time grows
+            // with the chain; 4 keeps most of the delta gain.
+            max_chain: 4,
             chunk_bytes: 4 << 20,
             zstd_level: 9,
         }
