@@ -64,6 +64,23 @@ pub struct CodecBenchArgs {
     peer: Vec<PathBuf>,
 }
 
+/// A benchmark that found wrong bytes is corruption (exit 3); anything else
+/// (a missing directory, an unreadable file) is the user's to fix.
+fn bench_failure(e: bench::BenchError) -> Failure {
+    let code = match &e {
+        bench::BenchError::Mismatch { .. } | bench::BenchError::CheckoutMismatch { .. } => {
+            super::exit::CORRUPT
+        }
+        bench::BenchError::Repo(r) if r.is_corruption() => super::exit::CORRUPT,
+        _ => super::exit::USER,
+    };
+    Failure {
+        code,
+        message: e.to_string(),
+        hint: None,
+    }
+}
+
 pub fn run(cmd: DebugCommand) -> Result<(), Failure> {
     match cmd {
         DebugCommand::CodecBench(a) => codec_bench(a),
@@ -93,20 +110,7 @@ fn repo_bench(a: RepoBenchArgs) -> Result<(), Failure> {
         keep_work: a.keep,
         ..RepoBenchOptions::default()
     };
-    let mut report = bench::repo::repo_bench(&a.dir, &opts).map_err(|e| {
-        let code = match &e {
-            bench::BenchError::Mismatch { .. } | bench::BenchError::CheckoutMismatch { .. } => {
-                super::exit::CORRUPT
-            }
-            bench::BenchError::Repo(r) if r.is_corruption() => super::exit::CORRUPT,
-            _ => super::exit::USER,
-        };
-        Failure {
-            code,
-            message: e.to_string(),
-            hint: None,
-        }
-    })?;
+    let mut report = bench::repo::repo_bench(&a.dir, &opts).map_err(bench_failure)?;
     report.peers = peers;
     if a.json {
         let s = serde_json::to_string_pretty(&report).expect("the report serialises");
@@ -231,17 +235,7 @@ fn codec_bench(a: CodecBenchArgs) -> Result<(), Failure> {
         zstd19: !a.no_zstd19,
         ..BenchOptions::default()
     };
-    let mut rows = bench::codec_bench(&a.dir, &opts).map_err(|e| {
-        let code = match e {
-            bench::BenchError::Mismatch { .. } => super::exit::CORRUPT,
-            _ => super::exit::USER,
-        };
-        Failure {
-            code,
-            message: e.to_string(),
-            hint: None,
-        }
-    })?;
+    let mut rows = bench::codec_bench(&a.dir, &opts).map_err(bench_failure)?;
     for p in &a.peer {
         let text = std::fs::read_to_string(p)
             .map_err(|e| Failure::user(format!("reading {}: {e}", p.display())))?;

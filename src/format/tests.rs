@@ -9,7 +9,8 @@ use proptest::prelude::*;
 use super::*;
 
 /// The developer corpus (`../shared/corpus/gpt-small` next to the
-/// repository, or `$CKVC_CORPUS`). `None` when it is not there.
+/// repository, or `$CKVC_CORPUS`). Required: a missing corpus fails the
+/// tests that need it rather than skipping them silently.
 fn corpus() -> Option<PathBuf> {
     let dir = std::env::var_os("CKVC_CORPUS")
         .map(PathBuf::from)
@@ -19,12 +20,12 @@ fn corpus() -> Option<PathBuf> {
                 "/../shared/corpus/gpt-small"
             ))
         });
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        eprintln!("corpus {} not found; skipping", dir.display());
-        None
-    }
+    assert!(
+        dir.is_dir(),
+        "the corpus {} is missing (set CKVC_CORPUS)",
+        dir.display()
+    );
+    Some(dir)
 }
 
 fn parse_file(path: &std::path::Path) -> (Layout, Vec<u8>) {
