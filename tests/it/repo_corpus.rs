@@ -142,11 +142,19 @@ fn every_step_commits_and_checks_out_byte_exact_and_a_branch_resumes_mid_run() {
         repo.checkout(&r.id, &out, &CheckoutOptions::default()),
         Err(RepoError::OutputNotEmpty { .. })
     ));
-    // A second writer is refused while this one holds the lock.
+    // A second writer is refused while this one holds the lock; a reader
+    // beside it sees every commit and checks out.
     assert!(matches!(
         Repository::open(tmp.path(), true),
         Err(RepoError::Store(ckvc::store::StoreError::Locked { .. }))
     ));
+    let reader = Repository::open(tmp.path(), false).unwrap();
+    assert_eq!(reader.resolve("exp@241").unwrap(), r.id);
+    let out = tmp.path().join("beside-writer");
+    reader
+        .checkout(&r.id, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&ids[7].2, &out);
 }
 
 fn copy_dir(from: &Path, to: &Path) {
