@@ -115,6 +115,9 @@ impl Repository {
             w.stats.logical_bytes += manifest.len;
         }
         w.flush()?;
+        // The chunk batches skipped the WAL: make them durable before the
+        // batch that references them moves the branch.
+        self.store.flush()?;
         let tree = Tree { entries };
         let tree_bytes = tree.encode();
         let tree_id = ObjectId::digest(&tree_bytes);
@@ -368,6 +371,7 @@ impl Writer<'_> {
             })
             .collect();
         let mut batch = Batch::new();
+        batch.unlogged();
         for r in records {
             let (id, bytes, depth) = r?;
             self.stats.new_chunks += 1;

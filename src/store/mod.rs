@@ -153,6 +153,7 @@ pub struct Batch {
     ops: Vec<Op>,
     expects: Vec<Expect>,
     bytes: usize,
+    unlogged: bool,
 }
 
 impl Batch {
@@ -204,6 +205,20 @@ impl Batch {
 
     pub fn expectations(&self) -> &[Expect] {
         &self.expects
+    }
+
+    /// Skip the write-ahead log: the batch is still atomic and visible at
+    /// once, but survives a crash only after a later [`Store::flush`]. For
+    /// content-addressed chunks that nothing references yet (a commit
+    /// flushes before the batch that moves its ref): it halves the bytes
+    /// written and saves an fsync per batch.
+    pub fn unlogged(&mut self) -> &mut Self {
+        self.unlogged = true;
+        self
+    }
+
+    pub fn is_unlogged(&self) -> bool {
+        self.unlogged
     }
 
     /// Number of writes (not counting preconditions).

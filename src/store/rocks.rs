@@ -288,6 +288,7 @@ impl Store for RocksStore {
                 });
             }
         }
+        let unlogged = batch.is_unlogged();
         let mut wb = WriteBatch::default();
         for op in batch.ops {
             let cf = self.cf(op.space)?;
@@ -297,7 +298,8 @@ impl Store for RocksStore {
             }
         }
         let mut wo = WriteOptions::default();
-        wo.set_sync(self.sync);
+        wo.set_sync(self.sync && !unlogged);
+        wo.disable_wal(unlogged);
         self.db.write_opt(wb, &wo).map_err(backend)
     }
 

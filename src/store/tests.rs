@@ -396,6 +396,36 @@ conformance!(
 // ---- RocksDB only ----
 
 #[test]
+fn rocks_unlogged_batches_are_visible_at_once_and_durable_after_flush() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    {
+        let s = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+        let mut b = Batch::new();
+        b.unlogged();
+        b.put(Space::Chunks, &[7; 32], vec![9u8; 50_000]);
+        b.put(Space::Chunks, &[8; 32], vec![1u8; 10]);
+        s.write(b).unwrap();
+        assert_eq!(
+            s.get_vec(Space::Chunks, &[8; 32]).unwrap(),
+            Some(vec![1u8; 10])
+        );
+        s.flush().unwrap();
+        // then a logged batch that depends on them, as a commit does
+        put1(&s, Space::Refs, b"refs/heads/main", b"c");
+    }
+    let s = RocksStore::open(&path, Mode::ReadWrite).unwrap();
+    assert_eq!(
+        s.get_vec(Space::Chunks, &[7; 32]).unwrap(),
+        Some(vec![9u8; 50_000])
+    );
+    assert_eq!(
+        s.get_vec(Space::Refs, b"refs/heads/main").unwrap(),
+        Some(b"c".to_vec())
+    );
+}
+
+#[test]
 fn rocks_reopen_persists() {
     let dir = tmp();
     let path = dir.path().join("db");
