@@ -256,14 +256,16 @@ pub fn decode(
     let (d2, d3) = rest.split_at_mut(q.min(rest.len()));
     let mut pos = [0usize; 4];
     let multi = n >= MULTI_MIN_SYMBOLS;
-    // A single-symbol table only needs as many index bits as the longest code.
-    let bits = if multi {
+    let fast = n >= FAST_MIN_SYMBOLS;
+    // The fast loop indexes with 11 bits; a small block's single-symbol
+    // table only needs as many as the longest code.
+    let bits = if fast {
         MAX_BITS
     } else {
         lens.iter().copied().max().unwrap_or(1) as u32
     };
     build_table(&lens, multi, bits, table);
-    if n >= MULTI_MIN_SYMBOLS {
+    if fast {
         let t: &[u64; TABLE_SIZE] = table.as_slice().try_into().expect("table size");
         let [r0, r1, r2, r3] = &mut r;
         let [p0, p1, p2, p3] = &mut pos;
@@ -285,9 +287,12 @@ pub fn decode(
     Ok(())
 }
 
-/// Blocks shorter than this skip the multi-symbol table: building it costs
-/// more than it saves.
+/// Blocks shorter than this use a single-symbol table: building the
+/// multi-symbol one (2048 entries, up to four codes each) costs more than it
+/// saves on fewer symbols.
 const MULTI_MIN_SYMBOLS: usize = 8192;
+/// Blocks shorter than this skip the four-lane loop altogether.
+const FAST_MIN_SYMBOLS: usize = 256;
 
 /// Decode table, indexed by the next 11 bits of a stream. Entry: the bits
 /// its symbols take in bits 0..8 (so the entry itself is the shift
