@@ -370,14 +370,23 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let mut ctx = Vec::new();
     layout::context_bytes(&sample_base, w, float, &mut ctx);
     let model = rans::CtxModel::new(&ctx);
-    let cost = |t: &[u8]| block_cost(t).min(model.cost_bits(t, &ctx));
+    // Context modelling only pays on streams with structure; near-noise
+    // streams (>= 7.5 bits/symbol, low mantissa bytes) skip its estimate.
+    let with_ctx = |t: &[u8], plain: f64| {
+        if plain < 7.5 * t.len() as f64 {
+            plain.min(model.cost_bits(t, &ctx))
+        } else {
+            plain
+        }
+    };
+    let cost = |t: &[u8]| with_ctx(t, block_cost(t));
     let mut ops = Vec::with_capacity(w);
     let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
     let mut t = Vec::new();
     for k in 0..w {
         let plain = block_cost(s[k]);
         no_delta_bits += plain;
-        let mut best = (plain.min(model.cost_bits(s[k], &ctx)), StreamOp::Keep);
+        let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
         for op in [StreamOp::Xor, StreamOp::Diff] {
             t.clear();
             t.extend_from_slice(s[k]);
