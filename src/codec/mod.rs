@@ -266,9 +266,9 @@ pub fn encode_into(
             }
         }
         match delta {
-            Delta::None => group_into(body, w, rotate, streams),
+            Delta::None => layout::group(body, w, rotate, streams),
             Delta::PerStream => {
-                group_into(body, w, rotate, streams);
+                layout::group(body, w, rotate, streams);
                 base_streams.resize_with(w, Vec::new);
                 layout::group(base, w, rotate, base_streams);
                 for k in 0..w {
@@ -282,7 +282,7 @@ pub fn encode_into(
             }
         }
     } else {
-        group_into(body, w, rotate, streams);
+        layout::group(body, w, rotate, streams);
     }
 
     if let (Some(base), true) = (base, delta != Delta::None) {
@@ -328,10 +328,6 @@ pub fn encode_into(
             entry += 4;
         }
     }
-}
-
-fn group_into(body: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
-    layout::group(body, w, rotate, streams);
 }
 
 enum Choice {

@@ -91,34 +91,13 @@ impl Repository {
                 for seg in &m.segments {
                     let mut written = 0u64;
                     for id in seg.chunks() {
-                        let raw = self.read_chunk(id).map_err(|e| match e {
-                            RepoError::Corrupt { what, reason } => RepoError::Corrupt {
-                                what: format!(
-                                    "{what} of {} in {rel} (commit {}, step {})",
-                                    seg_name(seg),
-                                    commit.short(12),
-                                    c.step
-                                ),
-                                reason,
-                            },
-                            RepoError::Decode { what, source } => RepoError::Decode {
-                                what: format!(
-                                    "{what} of {} in {rel} (commit {}, step {})",
-                                    seg_name(seg),
-                                    commit.short(12),
-                                    c.step
-                                ),
-                                source,
-                            },
-                            RepoError::Missing { what } => RepoError::Missing {
-                                what: format!(
-                                    "{what} of {} in {rel} (commit {}, step {})",
-                                    seg_name(seg),
-                                    commit.short(12),
-                                    c.step
-                                ),
-                            },
-                            e => e,
+                        let raw = self.read_chunk(id).map_err(|e| {
+                            e.within(&format!(
+                                "{} in {rel} (commit {}, step {})",
+                                seg_name(seg),
+                                commit.short(12),
+                                c.step
+                            ))
                         })?;
                         hasher.update(&raw);
                         w.write_all(&raw).map_err(io(&tmp))?;

@@ -313,7 +313,7 @@ impl Repository {
                         chunk_source(self, ta.chunks),
                         chunk_source(self, tb.chunks),
                     )
-                    .map_err(|e| with_context(e, &what))?;
+                    .map_err(|e| e.within(&what))?;
                     TensorChange::Changed {
                         dtype: ta.dtype,
                         shape: ta.shape.to_vec(),
@@ -409,24 +409,6 @@ fn opaque_parts(m: &FileManifest) -> Vec<(u64, &[ChunkId])> {
             SegmentRef::Tensor { .. } => None,
         })
         .collect()
-}
-
-/// Prefix `what` of a chunk error with where the chunk was needed.
-fn with_context(e: RepoError, ctx: &str) -> RepoError {
-    match e {
-        RepoError::Corrupt { what, reason } if !what.contains(ctx) => RepoError::Corrupt {
-            what: format!("{what} of {ctx}"),
-            reason,
-        },
-        RepoError::Decode { what, source } => RepoError::Decode {
-            what: format!("{what} of {ctx}"),
-            source,
-        },
-        RepoError::Missing { what } => RepoError::Missing {
-            what: format!("{what} of {ctx}"),
-        },
-        e => e,
-    }
 }
 
 /// The raw bytes of `chunks`, one chunk per call, `None` after the last.

@@ -104,6 +104,26 @@ pub enum RepoError {
 }
 
 impl RepoError {
+    /// Name where damaged data sits: `what` becomes "`what` of `place`" for
+    /// corruption errors (once: a place already named is not repeated);
+    /// other errors pass through unchanged.
+    pub fn within(self, place: &str) -> RepoError {
+        match self {
+            RepoError::Corrupt { what, reason } if !what.contains(place) => RepoError::Corrupt {
+                what: format!("{what} of {place}"),
+                reason,
+            },
+            RepoError::Decode { what, source } => RepoError::Decode {
+                what: format!("{what} of {place}"),
+                source,
+            },
+            RepoError::Missing { what } => RepoError::Missing {
+                what: format!("{what} of {place}"),
+            },
+            e => e,
+        }
+    }
+
     /// True for damaged or missing stored data (as opposed to user error).
     pub fn is_corruption(&self) -> bool {
         matches!(

@@ -17,3 +17,17 @@ pub fn corpus() -> PathBuf {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus/gpt-small")
         })
 }
+
+/// Run the `ckvc` binary in `dir`: exit code, stdout, stderr.
+pub fn run_ckvc(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ckvc"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("ckvc runs");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}

@@ -288,18 +288,7 @@ fn is_root() -> bool {
 #[test]
 fn cli_quick_start_init_commit_log_checkout_branch() {
     let tmp = tempfile::tempdir().unwrap();
-    let ckvc = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_ckvc"))
-            .current_dir(tmp.path())
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let ckvc = |args: &[&str]| super::run_ckvc(tmp.path(), args);
     let c = super::corpus();
     assert_eq!(ckvc(&["init"]).0, Some(0));
     for s in ["step-0", "step-60", "step-120"] {

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -292,17 +291,9 @@ fn diff_step_60_to_600_measures_every_tensor_and_matches_a_direct_computation() 
 fn cli_show_and_diff_json_have_the_expected_keys() {
     let tmp = tempfile::tempdir().unwrap();
     let ckvc = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_ckvc"))
-            .current_dir(tmp.path())
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
+        let (code, out, err) = super::run_ckvc(tmp.path(), args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
     };
     ckvc(&["init"]);
     for s in ["step-0", "step-60"] {
