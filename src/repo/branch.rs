@@ -3,17 +3,15 @@
 
 use crate::store::{Batch, CommitId, Space};
 
-use super::{branch_key, check_branch_name, RepoError, Repository, HEAD, HEADS, TAGS};
+use super::{branch_ref, check_branch_name, RepoError, Repository, HEAD, HEADS, TAGS};
 
 impl Repository {
     /// Create branch `name` at `at`.
     pub fn create_branch(&self, name: &str, at: &CommitId) -> Result<(), RepoError> {
         check_branch_name(name)?;
         self.commit_object(at)?;
-        let key = branch_key(name);
         let mut b = Batch::new();
-        b.expect(Space::Refs, &key, None);
-        b.put(Space::Refs, &key, at.as_bytes().to_vec());
+        self.move_ref(&mut b, &branch_ref(name), None, Some(at), "branch");
         self.store.write(b).map_err(|e| match e {
             crate::store::StoreError::Conflict { .. } => {
                 RepoError::BranchExists { name: name.into() }
@@ -32,10 +30,8 @@ impl Repository {
         let head = self
             .branch_head(name)?
             .ok_or(RepoError::NoSuchBranch { name: name.into() })?;
-        let key = branch_key(name);
         let mut b = Batch::new();
-        b.expect(Space::Refs, &key, Some(head.as_bytes()));
-        b.delete(Space::Refs, &key);
+        self.move_ref(&mut b, &branch_ref(name), Some(&head), None, "branch -d");
         self.store.write(b)?;
         self.store.flush()?;
         Ok(head)
@@ -63,10 +59,8 @@ impl Repository {
     pub fn create_tag(&self, name: &str, at: &CommitId) -> Result<(), RepoError> {
         check_branch_name(name)?;
         self.commit_object(at)?;
-        let key = format!("{TAGS}{name}").into_bytes();
         let mut b = Batch::new();
-        b.expect(Space::Refs, &key, None);
-        b.put(Space::Refs, &key, at.as_bytes().to_vec());
+        self.move_ref(&mut b, &format!("{TAGS}{name}"), None, Some(at), "tag");
         self.store.write(b).map_err(|e| match e {
             crate::store::StoreError::Conflict { .. } => RepoError::TagExists { name: name.into() },
             e => e.into(),

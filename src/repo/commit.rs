@@ -23,7 +23,7 @@ use super::objects::{
     check_path, object_key, ChunkRecord, Commit, CommitStats, FileManifest, Payload, SegmentRef,
     Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
-use super::{branch_key, check_branch_name, RepoError, Repository};
+use super::{branch_ref, check_branch_name, RepoError, Repository};
 
 /// What to commit besides the directory.
 #[derive(Debug, Clone, Default)]
@@ -133,9 +133,7 @@ impl Repository {
             step,
             branch: branch.clone(),
             message: opts.message.clone(),
-            time: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            time: now_secs(),
             metrics,
             stats,
             provenance: super::provenance::git_provenance(
@@ -149,13 +147,13 @@ impl Repository {
             &object_key(KIND_COMMIT, &ObjectId::from_bytes(*id.as_bytes())),
             bytes,
         );
-        let key = branch_key(&branch);
-        objects.expect(
-            Space::Refs,
-            &key,
-            parent.as_ref().map(|p| p.as_bytes().as_slice()),
+        self.move_ref(
+            &mut objects,
+            &branch_ref(&branch),
+            parent.as_ref(),
+            Some(&id),
+            "commit",
         );
-        objects.put(Space::Refs, &key, id.as_bytes().to_vec());
         self.store.write(objects)?;
         self.store.flush()?;
         Ok(CommitReport {
@@ -165,6 +163,64 @@ impl Repository {
             stats: commit.stats,
         })
     }
+}
+
+/// The record storing `raw`: zstd for opaque bytes (`dtype` `None`), else a
+/// codec frame, a delta against `base` (id, raw bytes, depth) when that
+/// pays. Written now.
+pub(crate) fn encode_record(
+    raw: &[u8],
+    dtype: Option<DType>,
+    base: Option<(ChunkId, &[u8], u16)>,
+    zstd_level: i32,
+    scratch: &mut Scratch,
+) -> Result<ChunkRecord, RepoError> {
+    let written = now_secs();
+    let Some(dtype) = dtype else {
+        return Ok(ChunkRecord {
+            payload: Payload::Zstd,
+            raw_len: raw.len() as u64,
+            base: None,
+            depth: 0,
+            written,
+            data: zstd::bulk::compress(raw, zstd_level).map_err(|e| RepoError::Corrupt {
+                what: "zstd".into(),
+                reason: e.to_string(),
+            })?,
+        });
+    };
+    let mut frame = Vec::new();
+    codec::encode_into(
+        raw,
+        base.map(|b| b.1),
+        dtype,
+        &Options::default(),
+        &mut frame,
+        scratch,
+    );
+    let uses_base = codec::FrameInfo::parse(&frame)
+        .map(|i| i.needs_base())
+        .unwrap_or(false);
+    let (base, depth) = match base {
+        Some((b, _, d)) if uses_base => (Some(b), d + 1),
+        _ => (None, 0),
+    };
+    Ok(ChunkRecord {
+        payload: Payload::Codec,
+        raw_len: raw.len() as u64,
+        base,
+        depth,
+        written,
+        data: frame,
+    })
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// Streams files into chunks and chunks into the store.
@@ -314,59 +370,25 @@ impl Writer<'_> {
         let records: Vec<Result<Encoded, RepoError>> = jobs
             .into_par_iter()
             .map_init(Scratch::default, |scratch, job| {
-                let rec = match job.dtype {
-                    None => ChunkRecord {
-                        payload: Payload::Zstd,
-                        raw_len: job.raw.len() as u64,
-                        base: None,
-                        depth: 0,
-                        data: zstd::bulk::compress(&job.raw, level).map_err(|e| {
-                            RepoError::Corrupt {
-                                what: "zstd".into(),
-                                reason: e.to_string(),
-                            }
-                        })?,
-                    },
-                    Some(dtype) => {
-                        // The base must be readable and its chain short enough.
-                        let base = match job.base {
-                            Some(b) => match repo.read_chunk_depth(&b, 0) {
-                                Ok((raw, depth))
-                                    if depth < max_chain && raw.len() == job.raw.len() =>
-                                {
-                                    Some((b, raw, depth))
-                                }
-                                Ok(_) => None,
-                                Err(e) if e.is_corruption() => None,
-                                Err(e) => return Err(e),
-                            },
-                            None => None,
-                        };
-                        let mut frame = Vec::new();
-                        codec::encode_into(
-                            &job.raw,
-                            base.as_ref().map(|b| b.1.as_slice()),
-                            dtype,
-                            &Options::default(),
-                            &mut frame,
-                            scratch,
-                        );
-                        let uses_base = codec::FrameInfo::parse(&frame)
-                            .map(|i| i.needs_base())
-                            .unwrap_or(false);
-                        let (base, depth) = match base {
-                            Some((b, _, d)) if uses_base => (Some(b), d + 1),
-                            _ => (None, 0),
-                        };
-                        ChunkRecord {
-                            payload: Payload::Codec,
-                            raw_len: job.raw.len() as u64,
-                            base,
-                            depth,
-                            data: frame,
+                // The base must be readable and its chain short enough.
+                let base = match (job.dtype, job.base) {
+                    (Some(_), Some(b)) => match repo.read_chunk_depth(&b, 0) {
+                        Ok((raw, depth)) if depth < max_chain && raw.len() == job.raw.len() => {
+                            Some((b, raw, depth))
                         }
-                    }
+                        Ok(_) => None,
+                        Err(e) if e.is_corruption() => None,
+                        Err(e) => return Err(e),
+                    },
+                    _ => None,
                 };
+                let rec = encode_record(
+                    &job.raw,
+                    job.dtype,
+                    base.as_ref().map(|(b, raw, d)| (*b, raw.as_slice(), *d)),
+                    level,
+                    scratch,
+                )?;
                 Ok((job.id, rec.encode(), rec.depth))
             })
             .collect();

@@ -28,6 +28,8 @@ mod diff;
 mod log;
 pub mod objects;
 pub mod provenance;
+mod reach;
+mod reflog;
 mod show;
 mod status;
 
@@ -35,7 +37,9 @@ pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
 pub use log::LogEntry;
+pub use objects::RefLogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
+pub use reach::{ChunkUse, Reachable, WalkOptions};
 pub use show::{FileShow, SegmentShow, ShowReport, Storage, TensorShow};
 pub use status::{dir_size, Status};
 
@@ -178,8 +182,9 @@ const HEAD: &[u8] = b"HEAD";
 const HEADS: &str = "refs/heads/";
 const TAGS: &str = "refs/tags/";
 
-fn branch_key(name: &str) -> Vec<u8> {
-    format!("{HEADS}{name}").into_bytes()
+/// The ref name of branch `name`: `refs/heads/<name>`.
+pub(crate) fn branch_ref(name: &str) -> String {
+    format!("{HEADS}{name}")
 }
 
 /// Branch names: like git's, conservatively: letters, digits, `-_./`, no

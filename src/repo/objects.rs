@@ -9,8 +9,12 @@ use crate::store::{ChunkId, CommitId, ObjectId};
 
 use super::RepoError;
 
-/// Version byte of every object encoding written by this build.
+/// Version byte of every object encoding written by this build (chunk
+/// records have their own, [`CHUNK_RECORD_VERSION`]).
 pub const OBJECT_VERSION: u8 = 1;
+/// Version byte of chunk records written by this build (2 added the write
+/// time; version 1 records are still read, as written at time 0).
+pub const CHUNK_RECORD_VERSION: u8 = 2;
 
 /// Object kinds: the first byte of an `Objects` key.
 pub const KIND_MANIFEST: u8 = b'F';
@@ -45,14 +49,30 @@ pub struct ChunkRecord {
     pub base: Option<ChunkId>,
     /// Delta steps to a full chunk: 0 for a full chunk, base depth + 1.
     pub depth: u16,
+    /// When the record was written (Unix seconds): gc spares unreferenced
+    /// records younger than its grace period.
+    pub written: u64,
     pub data: Vec<u8>,
 }
 
+/// A chunk record without its payload (see [`ChunkRecord::decode_header`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub payload: Payload,
+    pub raw_len: u64,
+    pub base: Option<ChunkId>,
+    pub depth: u16,
+    pub written: u64,
+    /// Where the payload starts in the encoded record.
+    pub payload_offset: usize,
+}
+
 impl ChunkRecord {
-    /// `version u8 | payload u8 | raw_len u64 | has_base u8 | [base 32] | depth u16 | data`
+    /// `version u8 | payload u8 | raw_len u64 | has_base u8 | [base 32] | depth u16 |
+    /// written u64 | data`
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.data.len() + 45);
-        out.push(OBJECT_VERSION);
+        let mut out = Vec::with_capacity(self.data.len() + 53);
+        out.push(CHUNK_RECORD_VERSION);
         out.push(self.payload as u8);
         out.extend_from_slice(&self.raw_len.to_le_bytes());
         match &self.base {
@@ -63,16 +83,30 @@ impl ChunkRecord {
             None => out.push(0),
         }
         out.extend_from_slice(&self.depth.to_le_bytes());
+        out.extend_from_slice(&self.written.to_le_bytes());
         out.extend_from_slice(&self.data);
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, String> {
+        let h = Self::decode_header(bytes)?;
+        Ok(ChunkRecord {
+            payload: h.payload,
+            raw_len: h.raw_len,
+            base: h.base,
+            depth: h.depth,
+            written: h.written,
+            data: bytes[h.payload_offset..].to_vec(),
+        })
+    }
+
+    /// The fields before the payload, without copying it.
+    pub fn decode_header(bytes: &[u8]) -> Result<ChunkHeader, String> {
         let mut r = Reader::new(bytes);
         let v = r.u8()?;
-        if v != OBJECT_VERSION {
+        if v != 1 && v != CHUNK_RECORD_VERSION {
             return Err(format!(
-                "chunk record version {v}, this build reads {OBJECT_VERSION}"
+                "chunk record version {v}, this build reads 1 and {CHUNK_RECORD_VERSION}"
             ));
         }
         let payload = match r.u8()? {
@@ -87,12 +121,14 @@ impl ChunkRecord {
             f => return Err(format!("bad base flag {f}")),
         };
         let depth = r.u16()?;
-        Ok(ChunkRecord {
+        let written = if v >= 2 { r.u64()? } else { 0 };
+        Ok(ChunkHeader {
             payload,
             raw_len,
             base,
             depth,
-            data: r.rest().to_vec(),
+            written,
+            payload_offset: r.p,
         })
     }
 }
@@ -536,17 +572,71 @@ impl<'a> Reader<'a> {
             )),
         }
     }
-    fn rest(&mut self) -> &'a [u8] {
-        let s = &self.b[self.p..];
-        self.p = self.b.len();
-        s
-    }
     fn end(&self) -> Result<(), String> {
         if self.p == self.b.len() {
             Ok(())
         } else {
             Err(format!("{} trailing bytes", self.b.len() - self.p))
         }
+    }
+}
+
+/// One move of a ref, as the ref log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefLogEntry {
+    /// `refs/heads/<branch>` or `refs/tags/<tag>`.
+    pub refname: String,
+    /// `None`: the ref was created.
+    pub old: Option<CommitId>,
+    /// `None`: the ref was deleted.
+    pub new: Option<CommitId>,
+    /// Unix seconds.
+    pub time: u64,
+    /// What moved it: `commit`, `branch`, `gc --keep`, `pull`, ...
+    pub op: String,
+}
+
+impl RefLogEntry {
+    /// `version | has_old u8 | [old 32] | has_new u8 | [new 32] | time u64 | op str`
+    /// (the ref name is in the key).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = vec![OBJECT_VERSION];
+        for id in [&self.old, &self.new] {
+            match id {
+                Some(id) => {
+                    w.push(1);
+                    w.extend_from_slice(id.as_bytes());
+                }
+                None => w.push(0),
+            }
+        }
+        w.extend_from_slice(&self.time.to_le_bytes());
+        put_str(&mut w, &self.op);
+        w
+    }
+
+    pub fn decode(refname: &str, bytes: &[u8]) -> Result<RefLogEntry, String> {
+        let mut r = Reader::new(bytes);
+        r.version()?;
+        let mut ids = [None, None];
+        for id in &mut ids {
+            *id = match r.u8()? {
+                0 => None,
+                1 => Some(CommitId::from_bytes(r.array32()?)),
+                f => return Err(format!("bad id flag {f}")),
+            };
+        }
+        let time = r.u64()?;
+        let op = r.string()?;
+        r.end()?;
+        let [old, new] = ids;
+        Ok(RefLogEntry {
+            refname: refname.into(),
+            old,
+            new,
+            time,
+            op,
+        })
     }
 }
 
@@ -623,6 +713,7 @@ mod tests {
             raw_len: 8,
             base: Some(id),
             depth: 3,
+            written: 1_700_000_000,
             data: vec![1, 2, 3],
         };
         assert_eq!(ChunkRecord::decode(&r.encode()).unwrap(), r);

@@ -1,0 +1,262 @@
+//! Reachability: which stored objects a set of commits needs. One walk
+//! serves gc (mark), fsck (what to prove), and transfers (what the other
+//! side lacks): commits through their parents, each commit's tree, the
+//! trees' file manifests, the manifests' chunks, and the chunks' delta
+//! bases, transitively.
+//!
+//! The walk never stops at the first damaged object: it records what it
+//! could not read (with the commit and file that name it) and goes on, so
+//! fsck can report everything and gc can refuse to sweep a damaged graph.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::codec::DType;
+use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
+
+use super::objects::{corrupt, ChunkHeader, ChunkRecord, SegmentRef};
+use super::{RepoError, Repository, HARD_MAX_CHAIN};
+
+/// Where a chunk is used: the first file and tensor found naming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkUse {
+    pub commit: CommitId,
+    pub path: String,
+    /// The tensor's name; `None` for opaque bytes (headers, pickles, blobs).
+    pub tensor: Option<String>,
+    pub dtype: Option<DType>,
+}
+
+/// Everything a set of root commits needs, and what of it is damaged.
+#[derive(Debug, Default)]
+pub struct Reachable {
+    /// Every reachable commit, parents before children.
+    pub commits: Vec<CommitId>,
+    /// Tree of each commit.
+    pub trees: HashSet<ObjectId>,
+    /// Every reachable file manifest, with the first (commit, path) naming it.
+    pub manifests: HashMap<ObjectId, (CommitId, String)>,
+    /// Chunks named by manifests, with where they are used.
+    pub chunks: HashMap<ChunkId, ChunkUse>,
+    /// Chunk headers of `chunks` and of all their delta bases (filled by
+    /// [`Repository::reachable`] when asked for chunk headers).
+    pub headers: HashMap<ChunkId, ChunkHeader>,
+    /// What could not be read, in the order found.
+    pub damage: Vec<RepoError>,
+}
+
+impl Reachable {
+    /// Every chunk id needed: named by manifests or a delta base of one.
+    pub fn all_chunks(&self) -> impl Iterator<Item = &ChunkId> {
+        self.chunks
+            .keys()
+            .chain(self.headers.keys().filter(|k| !self.chunks.contains_key(k)))
+    }
+}
+
+/// How far to walk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WalkOptions {
+    /// Read every chunk's header and follow delta bases (reads chunk records).
+    pub chunk_headers: bool,
+    /// Only the newest `n` commits along parent links from each root
+    /// (a shallow history); `None`: all.
+    pub depth: Option<usize>,
+}
+
+impl Repository {
+    /// Walk from `roots`. Damage is collected in [`Reachable::damage`], not
+    /// returned as an error; store I/O failures are errors.
+    pub fn reachable(&self, roots: &[CommitId], opts: WalkOptions) -> Result<Reachable, RepoError> {
+        let mut r = Reachable::default();
+        // Breadth first with generation numbers, then order parents first.
+        let mut seen: HashMap<CommitId, usize> = HashMap::new();
+        let mut queue: VecDeque<(CommitId, usize)> = roots.iter().map(|&c| (c, 0)).collect();
+        let mut order = Vec::new();
+        let mut parents_of: HashMap<CommitId, Vec<CommitId>> = HashMap::new();
+        while let Some((id, gen)) = queue.pop_front() {
+            if seen.contains_key(&id) || opts.depth.is_some_and(|d| gen >= d) {
+                continue;
+            }
+            seen.insert(id, gen);
+            let commit = match self.commit_object(&id) {
+                Ok(c) => c,
+                Err(e) if e.is_corruption() => {
+                    r.damage.push(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            order.push(id);
+            for p in &commit.parents {
+                queue.push_back((*p, gen + 1));
+            }
+            parents_of.insert(id, commit.parents.clone());
+            let place = format!("commit {} (step {})", id.short(12), commit.step);
+            if !r.trees.insert(commit.tree) {
+                continue;
+            }
+            let tree = match self.tree(&commit.tree) {
+                Ok(t) => t,
+                Err(e) if e.is_corruption() => {
+                    r.damage.push(e.within(&place));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for (path, mid) in tree.entries {
+                if r.manifests.contains_key(&mid) {
+                    continue;
+                }
+                let m = match self.manifest(&mid, &path) {
+                    Ok(m) => m,
+                    Err(e) if e.is_corruption() => {
+                        r.damage.push(e.within(&place));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                for seg in &m.segments {
+                    let (tensor, dtype) = match seg {
+                        SegmentRef::Tensor { name, dtype, .. } => (Some(name), Some(*dtype)),
+                        SegmentRef::Opaque { .. } => (None, None),
+                    };
+                    for c in seg.chunks() {
+                        r.chunks.entry(*c).or_insert_with(|| ChunkUse {
+                            commit: id,
+                            path: path.clone(),
+                            tensor: tensor.cloned(),
+                            dtype,
+                        });
+                    }
+                }
+                r.manifests.insert(mid, (id, path));
+            }
+        }
+        r.commits = parents_first(order, &parents_of);
+        if opts.chunk_headers {
+            let mut stack: Vec<(ChunkId, u16)> = r.chunks.keys().map(|&c| (c, 0)).collect();
+            while let Some((id, hops)) = stack.pop() {
+                if r.headers.contains_key(&id) {
+                    continue;
+                }
+                match self.chunk_header(&id) {
+                    Ok(h) => {
+                        if let Some(b) = h.base {
+                            if hops >= HARD_MAX_CHAIN {
+                                r.damage.push(self.chunk_damage(
+                                    &r,
+                                    &id,
+                                    RepoError::Corrupt {
+                                        what: format!("chunk {}", id.short(12)),
+                                        reason: format!(
+                                            "delta chain longer than {HARD_MAX_CHAIN} (a cycle?)"
+                                        ),
+                                    },
+                                ));
+                            } else {
+                                stack.push((b, hops + 1));
+                            }
+                        }
+                        r.headers.insert(id, h);
+                    }
+                    Err(e) if e.is_corruption() => {
+                        let e = self.chunk_damage(&r, &id, e);
+                        r.damage.push(e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    /// Name the file and tensor a damaged chunk belongs to, when known.
+    fn chunk_damage(&self, r: &Reachable, id: &ChunkId, e: RepoError) -> RepoError {
+        match r.chunks.get(id) {
+            Some(u) => e.within(&u.describe()),
+            None => e.within("a delta base"),
+        }
+    }
+
+    /// A chunk record's header (its payload is read but not copied).
+    pub fn chunk_header(&self, id: &ChunkId) -> Result<ChunkHeader, RepoError> {
+        let what = || format!("chunk {}", id.short(12));
+        let bytes = self
+            .store
+            .get_vec(Space::Chunks, id.as_bytes())?
+            .ok_or(RepoError::Missing { what: what() })?;
+        ChunkRecord::decode_header(&bytes).map_err(corrupt(what()))
+    }
+
+    /// Every root of the repository: branch heads and tags, plus the
+    /// commits of ref-log entries written at or after `since` (Unix
+    /// seconds; `u64::MAX`: none), that still exist.
+    pub fn roots(&self, since: u64) -> Result<Vec<CommitId>, RepoError> {
+        let mut roots: Vec<CommitId> = self.branches()?.into_iter().map(|(_, c)| c).collect();
+        roots.extend(self.tags()?.into_iter().map(|(_, c)| c));
+        if since != u64::MAX {
+            for e in self.reflog(None)? {
+                if e.time >= since {
+                    for c in [e.old, e.new].into_iter().flatten() {
+                        if self.store.contains(
+                            Space::Objects,
+                            &super::objects::object_key(
+                                super::objects::KIND_COMMIT,
+                                &ObjectId::from_bytes(*c.as_bytes()),
+                            ),
+                        )? {
+                            roots.push(c);
+                        }
+                    }
+                }
+            }
+        }
+        roots.sort();
+        roots.dedup();
+        Ok(roots)
+    }
+}
+
+impl ChunkUse {
+    /// "tensor T of file F in commit C" / "file F in commit C".
+    pub fn describe(&self) -> String {
+        match &self.tensor {
+            Some(t) => format!(
+                "tensor {t} of {} in commit {}",
+                self.path,
+                self.commit.short(12)
+            ),
+            None => format!("{} in commit {}", self.path, self.commit.short(12)),
+        }
+    }
+}
+
+/// Order `commits` so every commit comes after its parents (those present).
+fn parents_first(
+    commits: Vec<CommitId>,
+    parents: &HashMap<CommitId, Vec<CommitId>>,
+) -> Vec<CommitId> {
+    let mut out = Vec::with_capacity(commits.len());
+    let mut done: HashSet<CommitId> = HashSet::new();
+    for root in commits {
+        // Iterative post-order: parents, then the commit.
+        let mut stack = vec![(root, false)];
+        while let Some((c, expanded)) = stack.pop() {
+            if done.contains(&c) {
+                continue;
+            }
+            if expanded {
+                done.insert(c);
+                out.push(c);
+                continue;
+            }
+            stack.push((c, true));
+            for p in parents.get(&c).into_iter().flatten() {
+                if parents.contains_key(p) && !done.contains(p) {
+                    stack.push((*p, false));
+                }
+            }
+        }
+    }
+    out
+}
