@@ -25,6 +25,8 @@ mod branch;
 mod checkout;
 mod commit;
 mod diff;
+mod fsck;
+mod gc;
 mod log;
 pub mod objects;
 pub mod provenance;
@@ -36,6 +38,8 @@ mod status;
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
+pub use fsck::{Damage, FsckReport};
+pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, RepoCounts};
 pub use log::LogEntry;
 pub use objects::RefLogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
@@ -105,6 +109,8 @@ pub enum RepoError {
     },
     #[error("{what} is missing from the store")]
     Missing { what: String },
+    #[error("the repository is damaged ({count} problems; first: {first}); run `ckvc fsck` and repair before gc")]
+    Damaged { count: usize, first: String },
 }
 
 impl RepoError {
@@ -132,7 +138,10 @@ impl RepoError {
     pub fn is_corruption(&self) -> bool {
         matches!(
             self,
-            RepoError::Corrupt { .. } | RepoError::Decode { .. } | RepoError::Missing { .. }
+            RepoError::Corrupt { .. }
+                | RepoError::Decode { .. }
+                | RepoError::Missing { .. }
+                | RepoError::Damaged { .. }
         ) || matches!(self, RepoError::Store(StoreError::Corrupt { .. }))
     }
 }
@@ -147,6 +156,13 @@ pub struct Config {
     pub chunk_bytes: u64,
     /// zstd level for opaque chunks.
     pub zstd_level: i32,
+    /// Longest delta chain `gc --compact` leaves.
+    #[serde(default = "default_compact_chain")]
+    pub compact_chain: u16,
+}
+
+fn default_compact_chain() -> u16 {
+    Config::default().compact_chain
 }
 
 impl Default for Config {
@@ -159,6 +175,7 @@ impl Default for Config {
             max_chain: 4,
             chunk_bytes: 4 << 20,
             zstd_level: 9,
+            compact_chain: 2,
         }
     }
 }
