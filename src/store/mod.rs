@@ -101,7 +101,7 @@ pub enum StoreError {
     #[error("no store at {path}")]
     NotFound { path: PathBuf },
     /// A file-system operation on `path` failed.
-    #[error("I/O error at {path}")]
+    #[error("I/O error at {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
