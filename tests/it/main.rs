@@ -2,6 +2,7 @@
 
 mod cli;
 mod codec_corpus;
+mod crash;
 mod fuzz_regressions;
 mod gc_fsck;
 mod repo_bench;
