@@ -499,7 +499,7 @@ impl Repository {
         let mut spare: HashSet<ChunkId> = HashSet::new();
         let mut spared = 0;
         for (id, _, h) in &candidates {
-            if h.is_some_and(|h| h.written >= since) {
+            if h.is_some_and(|h| h.written > since) {
                 spared += 1;
                 let mut cur = Some(*id);
                 let mut hops = 0;

@@ -204,14 +204,14 @@ impl Repository {
     }
 
     /// Every root of the repository: branch heads and tags, plus the
-    /// commits of ref-log entries written at or after `since` (Unix
+    /// commits of ref-log entries written after `since` (Unix
     /// seconds; `u64::MAX`: none), that still exist.
     pub fn roots(&self, since: u64) -> Result<Vec<CommitId>, RepoError> {
         let mut roots: Vec<CommitId> = self.branches()?.into_iter().map(|(_, c)| c).collect();
         roots.extend(self.tags()?.into_iter().map(|(_, c)| c));
         if since != u64::MAX {
             for e in self.reflog(None)? {
-                if e.time >= since {
+                if e.time > since {
                     for c in [e.old, e.new].into_iter().flatten() {
                         if self.store.contains(
                             Space::Objects,

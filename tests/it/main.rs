@@ -5,6 +5,7 @@ mod codec_corpus;
 mod crash;
 mod fuzz_regressions;
 mod gc_fsck;
+mod gc_model;
 mod repo_bench;
 mod repo_corpus;
 mod show_diff;
