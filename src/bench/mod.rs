@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{self, layout, DType, Options, Scratch};
 use crate::format;
 
+pub mod gc;
 pub mod repo;
 
 /// One line of the benchmark table (also the `--json` schema).

@@ -167,9 +167,26 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
 }
 
 /// Removes the work directory when the benchmark ends, on error too.
-struct WorkDir {
-    path: PathBuf,
+pub(crate) struct WorkDir {
+    pub(crate) path: PathBuf,
     keep: bool,
+}
+
+impl WorkDir {
+    /// A fresh `ckvc-<name>-...` directory under `base` (default: the
+    /// system temporary directory).
+    pub(crate) fn create(base: Option<&Path>, name: &str, keep: bool) -> Result<Self, BenchError> {
+        let base = base.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let work = WorkDir {
+            path: base.join(format!("ckvc-{name}-{}-{nanos}", std::process::id())),
+            keep,
+        };
+        std::fs::create_dir_all(&work.path).map_err(io(&work.path))?;
+        Ok(work)
+    }
 }
 
 impl Drop for WorkDir {
@@ -252,15 +269,7 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
         });
     }
 
-    let base = opts.work.clone().unwrap_or_else(std::env::temp_dir);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let work = WorkDir {
-        path: base.join(format!("ckvc-repo-bench-{}-{nanos}", std::process::id())),
-        keep: opts.keep_work,
-    };
-    std::fs::create_dir_all(&work.path).map_err(io(&work.path))?;
+    let work = WorkDir::create(opts.work.as_deref(), "repo-bench", opts.keep_work)?;
     let repo_root = work.path.join("repo");
     std::fs::create_dir_all(&repo_root).map_err(io(&repo_root))?;
 

@@ -11,6 +11,8 @@ use ckvc::bench::{self, BenchOptions, Row};
 
 use super::{out, Failure};
 
+// The variant names are the subcommands users type (`codec-bench`, ...).
+#[allow(clippy::enum_variant_names)]
 #[derive(Subcommand)]
 pub enum DebugCommand {
     /// Measure the chunk codec against LMC, zstd and the entropy bound on a
@@ -19,6 +21,29 @@ pub enum DebugCommand {
     /// Commit a whole run into a fresh repository, check every step out and
     /// compare; bytes on disk and speeds beside cp -r and per-file zstd -19.
     RepoBench(RepoBenchArgs),
+    /// Commit a run with long delta chains, then `gc --compact` copies of
+    /// it with several bounds: bytes on disk and checkout times.
+    GcBench(GcBenchArgs),
+}
+
+#[derive(Args)]
+pub struct GcBenchArgs {
+    /// Folder holding the run's checkpoint directories.
+    dir: PathBuf,
+    /// Longest delta chain while committing.
+    #[arg(long, default_value_t = 1000)]
+    max_chain: u16,
+    /// Compaction bounds to measure (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2,4")]
+    chains: Vec<u16>,
+    /// Timed checkouts per measurement; the fastest counts.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Create the work directory in DIR instead of the system temporary directory.
+    #[arg(long, value_name = "DIR")]
+    work: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -85,7 +110,48 @@ pub fn run(cmd: DebugCommand) -> Result<(), Failure> {
     match cmd {
         DebugCommand::CodecBench(a) => codec_bench(a),
         DebugCommand::RepoBench(a) => repo_bench(a),
+        DebugCommand::GcBench(a) => gc_bench(a),
     }
+}
+
+fn gc_bench(a: GcBenchArgs) -> Result<(), Failure> {
+    let r = bench::gc::gc_bench(&a.dir, a.work.as_deref(), a.max_chain, &a.chains, a.repeat)
+        .map_err(bench_failure)?;
+    if a.json {
+        let s = serde_json::to_string_pretty(&r).expect("the report serialises");
+        return out(&(s + "\n"));
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let mut s = format!(
+        "{} steps, {:.1} MiB logical, committed with max_chain {} in {:.2} s; first step {:.1} MiB, newest {:.1} MiB\n\n",
+        r.steps,
+        mib(r.logical_bytes),
+        r.max_chain,
+        r.commit_secs,
+        mib(r.first_bytes),
+        mib(r.newest_bytes)
+    );
+    let per_byte = r.first_bytes as f64 / r.newest_bytes.max(1) as f64;
+    s.push_str("state             disk MiB  of logical  chain  gc s  checkout newest s  first s  newest/first  per byte\n");
+    for row in &r.rows {
+        let state = match row.compact_chain {
+            None => "committed".to_string(),
+            Some(k) => format!("gc --compact {k}"),
+        };
+        let _ = writeln!(
+            s,
+            "{state:<16} {:>9.1}  {:>10.4}  {:>5}  {:>4.2}  {:>17.3}  {:>7.3}  {:>12.2}  {:>8.2}",
+            mib(row.disk_bytes),
+            row.disk_bytes as f64 / r.logical_bytes.max(1) as f64,
+            row.longest_chain,
+            row.gc_secs,
+            row.checkout_newest_secs,
+            row.checkout_first_secs,
+            row.checkout_newest_secs / row.checkout_first_secs.max(1e-9),
+            row.checkout_newest_secs / row.checkout_first_secs.max(1e-9) * per_byte
+        );
+    }
+    out(&s)
 }
 
 fn repo_bench(a: RepoBenchArgs) -> Result<(), Failure> {
