@@ -312,3 +312,30 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
+
+/// A shared store is a store (so wrappers can hold an `Arc`).
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn get(&self, space: Space, key: &[u8], buf: &mut Vec<u8>) -> Result<bool, StoreError> {
+        (**self).get(space, key, buf)
+    }
+    fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
+        (**self).contains(space, key)
+    }
+    fn write(&self, batch: Batch) -> Result<(), StoreError> {
+        (**self).write(batch)
+    }
+    fn scan_prefix(
+        &self,
+        space: Space,
+        prefix: &[u8],
+        f: &mut ScanFn<'_>,
+    ) -> Result<(), StoreError> {
+        (**self).scan_prefix(space, prefix, f)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        (**self).flush()
+    }
+    fn compact(&self) -> Result<(), StoreError> {
+        (**self).compact()
+    }
+}

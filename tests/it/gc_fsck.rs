@@ -4,14 +4,14 @@
 //! nothing, and killed processes leave a whole repository.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ckvc::repo::objects::SegmentRef;
 use ckvc::repo::{CheckoutOptions, CommitOptions, Config, GcOptions, KeepPolicy, Repository};
-use ckvc::store::{Batch, ChunkId, CommitId, MemStore, ScanFn, Space, Store, StoreError, StoreExt};
+use ckvc::store::{Batch, ChunkId, CommitId, MemStore, Space, Store, StoreExt};
 
-use super::{run_ckvc, same_tree, steps};
+use super::{run_ckvc, same_tree, steps, Instrumented};
 
 fn commit_all(repo: &Repository) -> Vec<(u64, CommitId, std::path::PathBuf)> {
     steps()
@@ -295,41 +295,6 @@ fn damaged_objects_and_rocksdb_files_are_found() {
     assert_eq!(code, Some(3), "{err}");
 }
 
-/// A store whose writes start failing (disk full) after `left` writes.
-struct FailingStore {
-    inner: Arc<MemStore>,
-    left: AtomicIsize,
-}
-
-impl Store for FailingStore {
-    fn get(&self, space: Space, key: &[u8], buf: &mut Vec<u8>) -> Result<bool, StoreError> {
-        self.inner.get(space, key, buf)
-    }
-    fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
-        self.inner.contains(space, key)
-    }
-    fn write(&self, batch: Batch) -> Result<(), StoreError> {
-        if self.left.fetch_sub(1, Ordering::SeqCst) <= 0 {
-            return Err(StoreError::Io {
-                path: "/full".into(),
-                source: std::io::Error::from_raw_os_error(28), // ENOSPC
-            });
-        }
-        self.inner.write(batch)
-    }
-    fn scan_prefix(
-        &self,
-        space: Space,
-        prefix: &[u8],
-        f: &mut ScanFn<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.scan_prefix(space, prefix, f)
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-}
-
 #[test]
 fn a_full_disk_during_commit_or_gc_leaves_the_repository_as_it_was() {
     let s = steps();
@@ -404,10 +369,8 @@ fn a_full_disk_during_commit_or_gc_leaves_the_repository_as_it_was() {
                 }
             }
             copy.write(b).unwrap();
-            let failing = Arc::new(FailingStore {
-                inner: copy.clone(),
-                left: AtomicIsize::new(n),
-            });
+            let failing = Arc::new(Instrumented::new(copy.clone()));
+            failing.writes_left.store(n, Ordering::SeqCst);
             let repo = Repository::open_store(tmp.path().into(), failing).unwrap();
             let before = repo.branch_head("main").unwrap();
             let result = op(&repo);

@@ -11,6 +11,9 @@ mod repo_corpus;
 mod show_diff;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use ckvc::store::{Batch, ScanFn, Space, Store, StoreError};
 
 /// The shared developer corpus: a real training run.
 pub fn corpus() -> PathBuf {
@@ -78,5 +81,60 @@ pub fn copy_dir(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// A store that forwards to `inner` and lets a test watch or break it:
+/// counts reads of the `chunks` space (so a test can say "this read no
+/// chunk" without timing anything) and fails every write after
+/// `writes_left` writes with "No space left on device" (a full disk).
+pub struct Instrumented<S: Store> {
+    pub inner: S,
+    pub chunk_gets: AtomicU64,
+    pub writes_left: AtomicI64,
+}
+
+impl<S: Store> Instrumented<S> {
+    pub fn new(inner: S) -> Self {
+        Instrumented {
+            inner,
+            chunk_gets: AtomicU64::new(0),
+            writes_left: AtomicI64::new(i64::MAX),
+        }
+    }
+}
+
+impl<S: Store> Store for Instrumented<S> {
+    fn get(&self, space: Space, key: &[u8], buf: &mut Vec<u8>) -> Result<bool, StoreError> {
+        if space == Space::Chunks {
+            self.chunk_gets.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.get(space, key, buf)
+    }
+    fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
+        self.inner.contains(space, key)
+    }
+    fn write(&self, batch: Batch) -> Result<(), StoreError> {
+        if self.writes_left.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            return Err(StoreError::Io {
+                path: "/full".into(),
+                source: std::io::Error::from_raw_os_error(28), // ENOSPC
+            });
+        }
+        self.inner.write(batch)
+    }
+    fn scan_prefix(
+        &self,
+        space: Space,
+        prefix: &[u8],
+        f: &mut ScanFn<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.scan_prefix(space, prefix, f)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+    fn compact(&self) -> Result<(), StoreError> {
+        self.inner.compact()
     }
 }

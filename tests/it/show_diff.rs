@@ -3,48 +3,17 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ckvc::repo::{CommitOptions, Config, FileStatus, Repository, SegmentShow, TensorChange};
-use ckvc::store::{Batch, CommitId, Mode, RocksStore, ScanFn, Space, Store, StoreError};
+use ckvc::store::{CommitId, Mode, RocksStore};
 
-/// A store that counts reads of the `chunks` space, so a test can say
-/// "this read no chunk" without timing anything.
-struct Counting {
-    inner: RocksStore,
-    chunk_gets: AtomicU64,
-}
-
-impl Store for Counting {
-    fn get(&self, space: Space, key: &[u8], buf: &mut Vec<u8>) -> Result<bool, StoreError> {
-        if space == Space::Chunks {
-            self.chunk_gets.fetch_add(1, Ordering::Relaxed);
-        }
-        self.inner.get(space, key, buf)
-    }
-    fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
-        self.inner.contains(space, key)
-    }
-    fn write(&self, batch: Batch) -> Result<(), StoreError> {
-        self.inner.write(batch)
-    }
-    fn scan_prefix(
-        &self,
-        space: Space,
-        prefix: &[u8],
-        f: &mut ScanFn<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.scan_prefix(space, prefix, f)
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-}
+use super::Instrumented;
 
 struct Fixture {
     _tmp: tempfile::TempDir,
-    store: Arc<Counting>,
+    store: Arc<Instrumented<RocksStore>>,
     repo: Repository,
     /// Commits of steps 0, 60, 600.
     ids: [CommitId; 3],
@@ -61,10 +30,9 @@ impl Fixture {
 /// streams across chunk boundaries.
 fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
-    let store = Arc::new(Counting {
-        inner: RocksStore::open(tmp.path().join("db"), Mode::ReadWrite).unwrap(),
-        chunk_gets: AtomicU64::new(0),
-    });
+    let store = Arc::new(Instrumented::new(
+        RocksStore::open(tmp.path().join("db"), Mode::ReadWrite).unwrap(),
+    ));
     let config = Config {
         chunk_bytes: 64 << 10,
         ..Config::default()
