@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::store::CommitId;
+use crate::store::{ChunkId, CommitId};
 
 use super::objects::{check_path, FileManifest, SegmentRef};
 use super::{RepoError, Repository};
@@ -87,9 +87,14 @@ impl Repository {
             let result = (|| {
                 let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
                 let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-                self.stream_file(&m, rel, commit, c.step, |raw| {
-                    w.write_all(raw).map_err(io(&tmp))
-                })?;
+                self.stream_file(
+                    &m,
+                    rel,
+                    commit,
+                    c.step,
+                    |id| self.read_chunk(id),
+                    |_, raw| w.write_all(&raw).map_err(io(&tmp)),
+                )?;
                 let file = w.into_inner().map_err(|e| RepoError::Io {
                     path: tmp.clone(),
                     source: e.into_error(),
@@ -110,23 +115,25 @@ impl Repository {
 }
 
 impl Repository {
-    /// Feed the bytes of file `rel` (manifest `m`, in `commit` at `step`) to
-    /// `sink` in order, each chunk verified against its id; then check the
-    /// segment lengths and the whole-file blake3. On error `sink` may have
-    /// seen bytes of a damaged file: callers write to a temporary file.
+    /// Feed the chunks of file `rel` (manifest `m`, in `commit` at `step`)
+    /// to `sink` in order, each read by `read` (which verifies it against
+    /// its id); then check the segment lengths and the whole-file blake3. On
+    /// error `sink` may have seen bytes of a damaged file: callers write to
+    /// a temporary file.
     pub(crate) fn stream_file(
         &self,
         m: &FileManifest,
         rel: &str,
         commit: &CommitId,
         step: u64,
-        mut sink: impl FnMut(&[u8]) -> Result<(), RepoError>,
+        mut read: impl FnMut(&ChunkId) -> Result<Vec<u8>, RepoError>,
+        mut sink: impl FnMut(&ChunkId, Vec<u8>) -> Result<(), RepoError>,
     ) -> Result<(), RepoError> {
         let mut hasher = blake3::Hasher::new();
         for seg in &m.segments {
             let mut written = 0u64;
             for id in seg.chunks() {
-                let raw = self.read_chunk(id).map_err(|e| {
+                let raw = read(id).map_err(|e| {
                     e.within(&format!(
                         "{} in {rel} (commit {}, step {step})",
                         seg_name(seg),
@@ -134,8 +141,8 @@ impl Repository {
                     ))
                 })?;
                 hasher.update(&raw);
-                sink(&raw)?;
                 written += raw.len() as u64;
+                sink(id, raw)?;
             }
             if written != seg.len() {
                 return Err(RepoError::Corrupt {

@@ -19,6 +19,14 @@ use super::objects::Payload;
 use super::reach::WalkOptions;
 use super::{RepoError, Repository};
 
+/// Decoded chunks of a file's previous version kept per path while
+/// verifying the next (bases of its deltas), at most this many bytes.
+const FSCK_CACHE_BYTES: usize = 128 << 20;
+
+/// A version of a file: (position of its first commit in history order,
+/// manifest, that commit).
+type Version<'a> = (usize, &'a ObjectId, &'a CommitId);
+
 /// What fsck found.
 #[derive(Debug, Default)]
 pub struct FsckReport {
@@ -118,28 +126,69 @@ impl Repository {
                 }
             }
         } else {
-            let manifests: Vec<(&ObjectId, &(CommitId, String))> = reach.manifests.iter().collect();
-            let results: Vec<Result<(u64, Option<Damage>), RepoError>> = manifests
+            // Each path's versions in history order, so every delta's base
+            // (the previous version's chunk) is usually decoded already.
+            let pos: HashMap<CommitId, usize> = reach
+                .commits
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (*c, i))
+                .collect();
+            let mut by_path: BTreeMap<&str, Vec<Version>> = BTreeMap::new();
+            for (mid, (commit, path)) in &reach.manifests {
+                by_path.entry(path.as_str()).or_default().push((
+                    pos.get(commit).copied().unwrap_or(0),
+                    mid,
+                    commit,
+                ));
+            }
+            let paths: Vec<(&str, Vec<Version>)> = by_path
+                .into_iter()
+                .map(|(p, mut v)| {
+                    v.sort();
+                    (p, v)
+                })
+                .collect();
+            let results: Vec<Result<(u64, Vec<Damage>), RepoError>> = paths
                 .par_iter()
-                .map(|(mid, (commit, path))| {
-                    let m = match self.manifest(mid, path) {
-                        Ok(m) => m,
-                        Err(e) if e.is_corruption() => return Ok((0, None)),
-                        Err(e) => return Err(e),
-                    };
-                    let step = steps.get(commit).copied().unwrap_or(0);
-                    match self.stream_file(&m, path, commit, step, |_| Ok(())) {
-                        Ok(()) => Ok((m.len, None)),
-                        Err(e) if e.is_corruption() => Ok((
-                            0,
-                            Some(Damage {
+                .map(|(path, versions)| {
+                    let mut prev: HashMap<ChunkId, Vec<u8>> = HashMap::new();
+                    let (mut bytes, mut damage) = (0u64, Vec::new());
+                    for (_, mid, commit) in versions {
+                        let m = match self.manifest(mid, path) {
+                            Ok(m) => m,
+                            Err(e) if e.is_corruption() => continue, // reported by the walk
+                            Err(e) => return Err(e),
+                        };
+                        let step = steps.get(*commit).copied().unwrap_or(0);
+                        let mut next: HashMap<ChunkId, Vec<u8>> = HashMap::new();
+                        let mut kept = 0usize;
+                        let r = self.stream_file(
+                            &m,
+                            path,
+                            commit,
+                            step,
+                            |id| self.read_chunk_cached(id, &prev),
+                            |id, raw| {
+                                if kept + raw.len() <= FSCK_CACHE_BYTES {
+                                    kept += raw.len();
+                                    next.insert(*id, raw);
+                                }
+                                Ok(())
+                            },
+                        );
+                        match r {
+                            Ok(()) => bytes += m.len,
+                            Err(e) if e.is_corruption() => damage.push(Damage {
                                 error: e.to_string(),
-                                path: Some(path.clone()),
+                                path: Some(path.to_string()),
                                 commits: holders.get(*mid).cloned().unwrap_or_default(),
                             }),
-                        )),
-                        Err(e) => Err(e),
+                            Err(e) => return Err(e),
+                        }
+                        prev = next;
                     }
+                    Ok((bytes, damage))
                 })
                 .collect();
             for r in results {

@@ -445,8 +445,28 @@ impl Repository {
         self.read_chunk_depth(id, 0).map(|(raw, _)| raw)
     }
 
+    /// [`read_chunk`](Self::read_chunk), decoding against `cache` when the
+    /// chunk's delta base is in it (the caller verified those bytes), so a
+    /// walk in history order decodes each delta once instead of its chain.
+    pub(crate) fn read_chunk_cached(
+        &self,
+        id: &ChunkId,
+        cache: &std::collections::HashMap<ChunkId, Vec<u8>>,
+    ) -> Result<Vec<u8>, RepoError> {
+        self.read_chunk_with(id, 0, Some(cache)).map(|(raw, _)| raw)
+    }
+
     /// The raw bytes and the stored delta depth of a chunk.
     fn read_chunk_depth(&self, id: &ChunkId, hops: u16) -> Result<(Vec<u8>, u16), RepoError> {
+        self.read_chunk_with(id, hops, None)
+    }
+
+    fn read_chunk_with(
+        &self,
+        id: &ChunkId,
+        hops: u16,
+        cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
+    ) -> Result<(Vec<u8>, u16), RepoError> {
         let what = || format!("chunk {}", id.short(12));
         if hops > HARD_MAX_CHAIN {
             return Err(RepoError::Corrupt {
@@ -472,9 +492,13 @@ impl Repository {
                 })?
             }
             Payload::Codec => {
-                let base = match &rec.base {
-                    Some(b) => Some(self.read_chunk_depth(b, hops + 1)?.0),
-                    None => None,
+                let cached = rec.base.as_ref().and_then(|b| cache?.get(b));
+                let base = match (&rec.base, cached) {
+                    (_, Some(raw)) => Some(std::borrow::Cow::Borrowed(raw.as_slice())),
+                    (Some(b), None) => Some(std::borrow::Cow::Owned(
+                        self.read_chunk_depth(b, hops + 1)?.0,
+                    )),
+                    (None, None) => None,
                 };
                 codec::decode(&rec.data, base.as_deref()).map_err(|source| RepoError::Decode {
                     what: what(),
