@@ -484,39 +484,6 @@ impl Repository {
         live: &HashSet<ChunkId>,
         since: u64,
     ) -> Result<(Vec<(ChunkId, u64)>, usize, Vec<(Vec<u8>, u64)>), RepoError> {
-        let mut candidates: Vec<(ChunkId, u64, Option<ChunkHeader>)> = Vec::new();
-        self.store.scan_prefix(Space::Chunks, &[], &mut |k, v| {
-            if let Some(id) = ChunkId::from_slice(k) {
-                if !live.contains(&id) {
-                    candidates.push((id, v.len() as u64, ChunkRecord::decode_header(v).ok()));
-                }
-            }
-            Ok(true)
-        })?;
-        // Young unreferenced chunks (a commit in flight) and their bases stay.
-        let by_id: HashMap<ChunkId, Option<ChunkHeader>> =
-            candidates.iter().map(|(id, _, h)| (*id, *h)).collect();
-        let mut spare: HashSet<ChunkId> = HashSet::new();
-        let mut spared = 0;
-        for (id, _, h) in &candidates {
-            if h.is_some_and(|h| h.written > since) {
-                spared += 1;
-                let mut cur = Some(*id);
-                let mut hops = 0;
-                while let Some(c) = cur {
-                    if !spare.insert(c) || hops > super::HARD_MAX_CHAIN {
-                        break;
-                    }
-                    hops += 1;
-                    cur = by_id.get(&c).copied().flatten().and_then(|h| h.base);
-                }
-            }
-        }
-        let dead_chunks = candidates
-            .into_iter()
-            .filter(|(id, _, _)| !spare.contains(id))
-            .map(|(id, n, _)| (id, n))
-            .collect();
         let mut dead_objects = Vec::new();
         let reached_commits: HashSet<&CommitId> = reach.commits.iter().collect();
         self.store.scan_prefix(Space::Objects, &[], &mut |k, v| {
@@ -535,6 +502,56 @@ impl Repository {
             }
             Ok(true)
         })?;
+        let mut candidates: Vec<(ChunkId, u64, Option<ChunkHeader>)> = Vec::new();
+        self.store.scan_prefix(Space::Chunks, &[], &mut |k, v| {
+            if let Some(id) = ChunkId::from_slice(k) {
+                if !live.contains(&id) {
+                    candidates.push((id, v.len() as u64, ChunkRecord::decode_header(v).ok()));
+                }
+            }
+            Ok(true)
+        })?;
+        // Chunks of the commits this gc deletes were committed once: they
+        // are garbage whatever their age.
+        let dead_commits: Vec<CommitId> = dead_objects
+            .iter()
+            .filter(|(k, _)| k.first() == Some(&super::objects::KIND_COMMIT))
+            .filter_map(|(k, _)| CommitId::from_slice(&k[1..]))
+            .collect();
+        let committed = self
+            .reachable(
+                &dead_commits,
+                WalkOptions {
+                    chunk_headers: false,
+                    depth: Some(1),
+                },
+            )?
+            .chunks;
+        // Young chunks no commit ever named (a commit in flight) and their
+        // bases stay.
+        let by_id: HashMap<ChunkId, Option<ChunkHeader>> =
+            candidates.iter().map(|(id, _, h)| (*id, *h)).collect();
+        let mut spare: HashSet<ChunkId> = HashSet::new();
+        let mut spared = 0;
+        for (id, _, h) in &candidates {
+            if h.is_some_and(|h| h.written > since) && !committed.contains_key(id) {
+                spared += 1;
+                let mut cur = Some(*id);
+                let mut hops = 0;
+                while let Some(c) = cur {
+                    if !spare.insert(c) || hops > super::HARD_MAX_CHAIN {
+                        break;
+                    }
+                    hops += 1;
+                    cur = by_id.get(&c).copied().flatten().and_then(|h| h.base);
+                }
+            }
+        }
+        let dead_chunks = candidates
+            .into_iter()
+            .filter(|(id, _, _)| !spare.contains(id))
+            .map(|(id, n, _)| (id, n))
+            .collect();
         Ok((dead_chunks, spared, dead_objects))
     }
 

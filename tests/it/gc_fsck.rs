@@ -104,8 +104,14 @@ fn compaction_and_retention_keep_every_surviving_step_byte_exact() {
     assert_eq!(again.keyframes + again.rebased + again.relabelled, 0);
 
     // --keep: the newest 3 and the first of every 200 steps.
+    // With the default grace: the dropped commits' chunks go all the same
+    // (they were committed; the grace protects commits in flight).
     let policy = KeepPolicy::parse(&["last=3,every=200".into()]).unwrap();
-    let r = gc(&repo, |o| o.keep = Some(policy));
+    let r = gc(&repo, |o| {
+        o.keep = Some(policy);
+        o.grace_secs = 3600;
+    });
+    assert_eq!(r.spared_chunks, 0);
     let dropped: Vec<u64> = r.dropped.iter().map(|d| d.step).collect();
     assert_eq!(dropped, [60, 120, 180, 300, 360]);
     assert_eq!(r.after.commits, 6);
@@ -174,8 +180,30 @@ fn a_deleted_branch_survives_the_grace_period_then_is_swept() {
     assert_eq!(rl[0].op, "branch -d");
     assert_eq!(rl[0].old, Some(exp.id));
 
+    // A chunk of a commit in flight (written, not yet named by any commit)
+    // is spared within the grace period.
+    let inflight = ChunkId::digest(b"in flight");
+    let rec = ckvc::repo::objects::ChunkRecord {
+        payload: ckvc::repo::objects::Payload::Zstd,
+        raw_len: 9,
+        base: None,
+        depth: 0,
+        written: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+        data: zstd::bulk::compress(b"in flight", 3).unwrap(),
+    };
+    let mut b = Batch::new();
+    b.put(Space::Chunks, inflight.as_bytes(), rec.encode());
+    repo.store().write(b).unwrap();
+    let r = gc(&repo, |o| o.grace_secs = 3600);
+    assert_eq!(r.spared_chunks, 1);
+    assert_eq!(repo.read_chunk(&inflight).unwrap(), b"in flight");
+
     let r = gc(&repo, |o| o.grace_secs = 0);
     assert!(r.deleted_objects >= 3 && r.deleted_chunks > 0, "{r:?}");
+    assert!(repo.read_chunk(&inflight).is_err());
     assert!(repo.commit_object(&exp.id).is_err());
     checks_out(&repo, &base.id, &s[0].1);
     assert!(repo.fsck(false).unwrap().is_clean());
