@@ -8,7 +8,7 @@
 //! id, then the whole file against its recorded blake3). Damage is reported
 //! per file, with the tensor and every commit that contains the file.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use rayon::prelude::*;
 
@@ -105,22 +105,25 @@ impl Repository {
             });
         }
         // A damaged chunk: every manifest using it is damaged.
-        let mut bad_chunks: HashSet<ChunkId> = HashSet::new();
+        // Damaged chunks (headers, and with `quick` codec frame headers),
+        // reported per file that uses them; the full check finds them again
+        // while reassembling files, with the tensor named.
+        let mut bad_chunks: HashMap<ChunkId, String> = reach
+            .chunk_damage
+            .iter()
+            .map(|(id, e)| (*id, e.to_string()))
+            .collect();
         if quick {
             for (id, h) in &reach.headers {
                 if h.payload == Payload::Codec {
                     if let Some(bytes) = self.store.get_vec(Space::Chunks, id.as_bytes())? {
                         if let Err(e) = FrameInfo::parse(&bytes[h.payload_offset..]) {
-                            bad_chunks.insert(*id);
                             let what = match reach.chunks.get(id) {
                                 Some(u) => u.describe(),
                                 None => "a delta base".into(),
                             };
-                            report.damage.push(Damage {
-                                error: format!("chunk {} of {what}: {e}", id.short(12)),
-                                path: reach.chunks.get(id).map(|u| u.path.clone()),
-                                commits: Vec::new(),
-                            });
+                            bad_chunks
+                                .insert(*id, format!("chunk {} of {what}: {e}", id.short(12)));
                         }
                     }
                 }
@@ -199,25 +202,25 @@ impl Repository {
         }
         if quick {
             // Attribute damaged chunks to the files using them.
-            let mut per_file: BTreeMap<String, Vec<(CommitId, u64)>> = BTreeMap::new();
+            let mut per_file: BTreeMap<String, (String, Vec<(CommitId, u64)>)> = BTreeMap::new();
             for (mid, (_, path)) in &reach.manifests {
                 let Ok(m) = self.manifest(mid, path) else {
                     continue;
                 };
-                if m.segments
-                    .iter()
-                    .flat_map(|s| s.chunks())
-                    .any(|c| bad_chunks.contains(c) || !reach.headers.contains_key(c))
-                {
-                    per_file
-                        .entry(path.clone())
-                        .or_default()
-                        .extend(holders.get(mid).cloned().unwrap_or_default());
+                let first_bad = m.segments.iter().flat_map(|s| s.chunks()).find_map(|c| {
+                    bad_chunks.get(c).cloned().or_else(|| {
+                        (!reach.headers.contains_key(c))
+                            .then(|| format!("chunk {} is missing", c.short(12)))
+                    })
+                });
+                if let Some(error) = first_bad {
+                    let e = per_file.entry(path.clone()).or_insert((error, Vec::new()));
+                    e.1.extend(holders.get(mid).cloned().unwrap_or_default());
                 }
             }
-            for (path, commits) in per_file {
+            for (path, (error, commits)) in per_file {
                 report.damage.push(Damage {
-                    error: format!("{path}: a chunk is missing or damaged"),
+                    error,
                     path: Some(path),
                     commits,
                 });

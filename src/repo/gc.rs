@@ -331,9 +331,13 @@ impl Repository {
             },
             &overlay,
         )?;
-        if let Some(first) = reach.damage.first() {
+        let first = reach
+            .damage
+            .first()
+            .or_else(|| reach.chunk_damage.first().map(|(_, e)| e));
+        if let Some(first) = first {
             return Err(RepoError::Damaged {
-                count: reach.damage.len(),
+                count: reach.damage.len() + reach.chunk_damage.len(),
                 first: first.to_string(),
             });
         }

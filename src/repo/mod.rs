@@ -130,6 +130,24 @@ impl RepoError {
             RepoError::Missing { what } => RepoError::Missing {
                 what: format!("{what} of {place}"),
             },
+            // Damage the storage engine found (a checksum mismatch in its
+            // files): name the place like any other corruption.
+            RepoError::Store(StoreError::Corrupt {
+                space,
+                key_hex,
+                reason,
+            }) => RepoError::Corrupt {
+                what: format!(
+                    "{} {} of {place}",
+                    if space == Space::Chunks {
+                        "chunk"
+                    } else {
+                        "entry"
+                    },
+                    &key_hex[..key_hex.len().min(12)]
+                ),
+                reason: format!("{space} store: {reason}"),
+            },
             e => e,
         }
     }

@@ -40,8 +40,11 @@ pub struct Reachable {
     /// Chunk headers of `chunks` and of all their delta bases (filled by
     /// [`Repository::reachable`] when asked for chunk headers).
     pub headers: HashMap<ChunkId, ChunkHeader>,
-    /// What could not be read, in the order found.
+    /// Commits, trees and manifests that could not be read, in the order found.
     pub damage: Vec<RepoError>,
+    /// Chunks (named or bases) whose record could not be read or is
+    /// malformed, with the error naming where they are used.
+    pub chunk_damage: Vec<(ChunkId, RepoError)>,
 }
 
 impl Reachable {
@@ -158,7 +161,7 @@ impl Repository {
                     Ok(h) => {
                         if let Some(b) = h.base {
                             if hops >= HARD_MAX_CHAIN {
-                                r.damage.push(self.chunk_damage(
+                                let e = self.chunk_damage(
                                     &r,
                                     &id,
                                     RepoError::Corrupt {
@@ -167,7 +170,8 @@ impl Repository {
                                             "delta chain longer than {HARD_MAX_CHAIN} (a cycle?)"
                                         ),
                                     },
-                                ));
+                                );
+                                r.chunk_damage.push((id, e));
                             } else {
                                 stack.push((b, hops + 1));
                             }
@@ -176,7 +180,7 @@ impl Repository {
                     }
                     Err(e) if e.is_corruption() => {
                         let e = self.chunk_damage(&r, &id, e);
-                        r.damage.push(e);
+                        r.chunk_damage.push((id, e));
                     }
                     Err(e) => return Err(e),
                 }

@@ -321,6 +321,13 @@ fn damaged_objects_and_rocksdb_files_are_found() {
     assert!(stdout.contains("damaged"), "{stdout}");
     let (code, _, err) = run_ckvc(tmp.path(), &["checkout", "0", "-o", "out"]);
     assert_eq!(code, Some(3), "{err}");
+    // The storage engine's checksum error is named like any other damage:
+    // chunk, tensor, file, commit; and reported once.
+    assert!(
+        err.contains("of tensor ") && err.contains(".safetensors"),
+        "{err}"
+    );
+    assert_eq!(stdout.matches("damaged:").count(), 1, "{stdout}");
 }
 
 #[test]
