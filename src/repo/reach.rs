@@ -73,6 +73,7 @@ impl Repository {
         let mut queue: VecDeque<(CommitId, usize)> = roots.iter().map(|&c| (c, 0)).collect();
         let mut order = Vec::new();
         let mut parents_of: HashMap<CommitId, Vec<CommitId>> = HashMap::new();
+        let shallow = self.shallow()?;
         while let Some((id, gen)) = queue.pop_front() {
             if seen.contains_key(&id) || opts.depth.is_some_and(|d| gen >= d) {
                 continue;
@@ -87,8 +88,11 @@ impl Repository {
                 Err(e) => return Err(e),
             };
             order.push(id);
-            for p in &commit.parents {
-                queue.push_back((*p, gen + 1));
+            // A shallow clone's boundary: its parents were never fetched.
+            if !shallow.contains(&id) {
+                for p in &commit.parents {
+                    queue.push_back((*p, gen + 1));
+                }
             }
             parents_of.insert(id, commit.parents.clone());
             let place = format!("commit {} (step {})", id.short(12), commit.step);
@@ -188,12 +192,14 @@ impl Repository {
         ChunkRecord::decode_header(&bytes).map_err(corrupt(what()))
     }
 
-    /// Every root of the repository: branch heads and tags, plus the
+    /// Every root of the repository: branch heads, tags and remote-tracking
+    /// refs (`refs/remotes/...`), plus the
     /// commits of ref-log entries written at or after `since` (Unix
     /// seconds; `u64::MAX`: none), that still exist.
     pub fn roots(&self, since: u64) -> Result<Vec<CommitId>, RepoError> {
         let mut roots: Vec<CommitId> = self.branches()?.into_iter().map(|(_, c)| c).collect();
         roots.extend(self.tags()?.into_iter().map(|(_, c)| c));
+        roots.extend(self.all_remote_refs()?.into_iter().map(|(_, c)| c));
         if since != u64::MAX {
             for e in self.reflog(None)? {
                 if e.time >= since {
