@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod debug;
+mod remote;
 mod repo;
 
 /// Exit codes, fixed so scripts can tell failures apart.
@@ -38,6 +39,8 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Repo(repo::RepoCommand),
+    #[command(flatten)]
+    Remote(remote::RemoteCommand),
     /// Developer tools: benchmarks and inspection.
     #[command(subcommand)]
     Debug(debug::DebugCommand),
@@ -74,6 +77,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Repo(cmd) => repo::run(cmd, &cli.at),
+        Command::Remote(cmd) => remote::run(cmd, &cli.at),
         Command::Debug(cmd) => debug::run(cmd),
     };
     match result {

@@ -32,7 +32,7 @@ impl Where {
     fn start(&self) -> PathBuf {
         self.dir.clone().unwrap_or_else(|| PathBuf::from("."))
     }
-    fn open(&self, write: bool) -> Result<Repository, Failure> {
+    pub fn open(&self, write: bool) -> Result<Repository, Failure> {
         Repository::discover(&self.start(), write).map_err(fail)
     }
 }
@@ -141,7 +141,7 @@ pub fn fail(e: RepoError) -> Failure {
     }
 }
 
-fn human(bytes: u64) -> String {
+pub fn human(bytes: u64) -> String {
     let b = bytes as f64;
     if b >= (1u64 << 30) as f64 {
         format!("{:.2} GiB", b / (1u64 << 30) as f64)

@@ -91,9 +91,16 @@ pub fn run(remote: &dyn Remote) {
 }
 
 /// `writers` threads race `rounds` times to create, then to update, one
-/// ref: exactly one wins each round. `open` gives each thread its own
-/// client (as separate processes would have).
-pub fn race(open: &(dyn Fn() -> Box<dyn Remote> + Sync), writers: usize, rounds: usize) {
+/// ref: at least one wins each round, and with `strict` exactly one. `open`
+/// gives each thread its own client (as separate processes would have).
+/// Returns the number of races with more than one winner.
+pub fn race(
+    open: &(dyn Fn() -> Box<dyn Remote> + Sync),
+    writers: usize,
+    rounds: usize,
+    strict: bool,
+) -> usize {
+    let mut double = 0;
     let clients: Vec<Box<dyn Remote>> = (0..writers).map(|_| open()).collect();
     for round in 0..rounds {
         let key = format!("refs/heads/race-{round}");
@@ -115,7 +122,10 @@ pub fn race(open: &(dyn Fn() -> Box<dyn Remote> + Sync), writers: usize, rounds:
                 });
             }
         });
-        assert_eq!(wins.load(Ordering::SeqCst), 1, "round {round}: creates");
+        let w = wins.load(Ordering::SeqCst);
+        assert!(w >= 1, "round {round}: no create won");
+        assert!(!strict || w == 1, "round {round}: {w} creates won");
+        double += usize::from(w > 1);
         // Updates from the same version.
         let (_, v) = clients[0].get_versioned(&key).unwrap().unwrap();
         let wins = AtomicUsize::new(0);
@@ -134,8 +144,12 @@ pub fn race(open: &(dyn Fn() -> Box<dyn Remote> + Sync), writers: usize, rounds:
                 });
             }
         });
-        assert_eq!(wins.load(Ordering::SeqCst), 1, "round {round}: updates");
+        let w = wins.load(Ordering::SeqCst);
+        assert!(w >= 1, "round {round}: no update won");
+        assert!(!strict || w == 1, "round {round}: {w} updates won");
+        double += usize::from(w > 1);
     }
+    double
 }
 
 #[cfg(test)]
@@ -179,7 +193,7 @@ mod tests {
                 self.0.delete(k)
             }
         }
-        race(&|| Box::new(Shared(shared.clone())), 8, 30);
+        race(&|| Box::new(Shared(shared.clone())), 8, 30, true);
     }
 
     #[test]
@@ -187,7 +201,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         run(&DirRemote::new(tmp.path().join("r")));
         let root = tmp.path().join("race");
-        race(&|| Box::new(DirRemote::new(root.clone())), 8, 30);
+        race(&|| Box::new(DirRemote::new(root.clone())), 8, 30, true);
         // No temporary or lock files are left behind or listed.
         let left: Vec<_> = std::fs::read_dir(root.join("refs/heads"))
             .unwrap()

@@ -3,6 +3,7 @@
 mod cli;
 mod codec_corpus;
 mod fuzz_regressions;
+mod remote;
 mod repo_bench;
 mod repo_corpus;
 mod show_diff;
