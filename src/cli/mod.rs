@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod debug;
+mod maint;
 mod remote;
 mod repo;
 
@@ -39,6 +40,8 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Repo(repo::RepoCommand),
+    #[command(flatten)]
+    Maint(maint::MaintCommand),
     #[command(flatten)]
     Remote(remote::RemoteCommand),
     /// Developer tools: benchmarks and inspection.
@@ -77,6 +80,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Repo(cmd) => repo::run(cmd, &cli.at),
+        Command::Maint(cmd) => maint::run(cmd, &cli.at),
         Command::Remote(cmd) => remote::run(cmd, &cli.at),
         Command::Debug(cmd) => debug::run(cmd),
     };

@@ -297,8 +297,8 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             let name = name.unwrap_or_else(|| "origin".into());
             let (cfg, r) = open_named(&repo, &name)?;
             let t = Instant::now();
-            let rep = remote::pull(&repo, &name, &*r, branch.as_deref(), &Bars::new())
-                .map_err(rfail)?;
+            let rep =
+                remote::pull(&repo, &name, &*r, branch.as_deref(), &Bars::new()).map_err(rfail)?;
             let mut s = fetch_summary(&name, &cfg.url, &rep.fetch, t);
             if rep.up_to_date {
                 s.push_str(&format!("{} is up to date\n", rep.branch));
@@ -373,10 +373,7 @@ fn fetch_summary(name: &str, url: &str, rep: &remote::FetchReport, t: Instant) -
             rep.objects,
         ));
         if rep.reencoded > 0 {
-            s.push_str(&format!(
-                ", {} chunks made full snapshots",
-                rep.reencoded
-            ));
+            s.push_str(&format!(", {} chunks made full snapshots", rep.reencoded));
         }
         s.push('\n');
     }

@@ -29,7 +29,7 @@ pub struct Where {
 }
 
 impl Where {
-    fn start(&self) -> PathBuf {
+    pub fn start(&self) -> PathBuf {
         self.dir.clone().unwrap_or_else(|| PathBuf::from("."))
     }
     pub fn open(&self, write: bool) -> Result<Repository, Failure> {
@@ -279,9 +279,23 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             }
             let step = repo.commit_object(&id).map_err(fail)?.step;
             let dest = output.unwrap_or_else(|| Path::new(&format!("step-{step}")).to_path_buf());
-            let r = repo
-                .checkout(&id, &dest, &CheckoutOptions { force, only })
-                .map_err(fail)?;
+            let r = match repo.checkout(&id, &dest, &CheckoutOptions { force, only }) {
+                Ok(r) => r,
+                Err(e) if e.is_corruption() => {
+                    let mut f = fail(e);
+                    f.hint = Some(match repo.newest_intact_before(&id) {
+                        Ok(Some((good, step))) => format!(
+                            "the newest intact earlier step is {step} (commit {}): `ckvc checkout {}`; `ckvc fsck` lists all damage",
+                            good.short(12),
+                            good.short(12)
+                        ),
+                        Ok(None) => "no earlier commit on this line is intact; `ckvc fsck` lists all damage".into(),
+                        Err(e2) => format!("could not look for an intact earlier step: {e2}"),
+                    });
+                    return Err(f);
+                }
+                Err(e) => return Err(fail(e)),
+            };
             let mut msg = format!(
                 "checked out {} (step {}) into {}: {} files, {}\n",
                 r.commit.short(12),
@@ -391,7 +405,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
     }
 }
 
-fn time_str(secs: u64) -> String {
+pub fn time_str(secs: u64) -> String {
     // UTC civil time from days since the epoch (Howard Hinnant's algorithm).
     let days = (secs / 86400) as i64;
     let rem = secs % 86400;

@@ -42,7 +42,9 @@ pub fn check_remote_name(name: &str) -> Result<(), RemoteError> {
     }
 }
 
-fn read(repo: &Repository) -> Result<(Option<Vec<u8>>, BTreeMap<String, RemoteConfig>), RemoteError> {
+fn read(
+    repo: &Repository,
+) -> Result<(Option<Vec<u8>>, BTreeMap<String, RemoteConfig>), RemoteError> {
     let raw = repo
         .store()
         .get_vec(Space::Meta, KEY)

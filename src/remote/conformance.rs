@@ -19,9 +19,14 @@ pub fn run(remote: &dyn Remote) {
     assert_eq!(remote.get("packs/a.pack").unwrap().unwrap(), b"beta");
     remote.put("packs/empty", Vec::new()).unwrap();
     assert_eq!(remote.get("packs/empty").unwrap().unwrap(), b"");
-    let big: Vec<u8> = (0..(40u32 << 20) / 4).flat_map(|i| i.to_le_bytes()).collect();
+    let big: Vec<u8> = (0..(40u32 << 20) / 4)
+        .flat_map(|i| i.to_le_bytes())
+        .collect();
     remote.put("packs/big.pack", big.clone()).unwrap();
-    assert!(remote.get("packs/big.pack").unwrap().unwrap() == big, "40 MiB round trip");
+    assert!(
+        remote.get("packs/big.pack").unwrap().unwrap() == big,
+        "40 MiB round trip"
+    );
 
     // list: by prefix, sorted, nested, nothing else.
     remote.put("packs/b.idx", b"i".to_vec()).unwrap();
@@ -29,7 +34,12 @@ pub fn run(remote: &dyn Remote) {
     remote.put("refs/heads/team/x", b"2".to_vec()).unwrap();
     assert_eq!(
         remote.list("packs/").unwrap(),
-        ["packs/a.pack", "packs/b.idx", "packs/big.pack", "packs/empty"]
+        [
+            "packs/a.pack",
+            "packs/b.idx",
+            "packs/big.pack",
+            "packs/empty"
+        ]
     );
     assert_eq!(
         remote.list("refs/heads/").unwrap(),
@@ -71,7 +81,14 @@ pub fn run(remote: &dyn Remote) {
     ));
 
     // Keys that could escape are refused before any I/O.
-    for bad in ["../x", "a/../../b", "/etc/passwd", "refs/./x", ".hidden", "a//b"] {
+    for bad in [
+        "../x",
+        "a/../../b",
+        "/etc/passwd",
+        "refs/./x",
+        ".hidden",
+        "a//b",
+    ] {
         assert!(
             matches!(remote.get(bad), Err(RemoteError::BadPath { .. })),
             "{bad}"

@@ -171,7 +171,10 @@ pub fn check_key(key: &str) -> Result<(), RemoteError> {
     {
         return Err(bad("only ASCII letters, digits and ._-/ are allowed"));
     }
-    if key.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+    if key
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
         return Err(bad(
             "has an empty, '.' or '..' component (it could escape the remote)",
         ));
@@ -209,7 +212,9 @@ pub fn parse_url(url: &str) -> Result<Location, RemoteError> {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
             && !bucket.starts_with(['.', '-']);
         if !ok_bucket {
-            return Err(bad("the bucket name must be 3-63 lowercase letters, digits, '-' or '.'"));
+            return Err(bad(
+                "the bucket name must be 3-63 lowercase letters, digits, '-' or '.'",
+            ));
         }
         let prefix = prefix.trim_end_matches('/');
         if !prefix.is_empty() {
@@ -224,7 +229,9 @@ pub fn parse_url(url: &str) -> Result<Location, RemoteError> {
         });
     }
     if url.contains("://") && !url.starts_with("file://") {
-        return Err(bad("supported: s3://bucket/prefix, file:///path, or a path"));
+        return Err(bad(
+            "supported: s3://bucket/prefix, file:///path, or a path",
+        ));
     }
     let path = url.strip_prefix("file://").unwrap_or(url);
     if path.is_empty() {
@@ -314,7 +321,12 @@ mod tests {
         ] {
             assert!(check_key(bad).is_err(), "{bad}");
         }
-        for good in ["ckvc-remote", "refs/heads/main", "packs/ab12.pack", "a.b/c..d"] {
+        for good in [
+            "ckvc-remote",
+            "refs/heads/main",
+            "packs/ab12.pack",
+            "a.b/c..d",
+        ] {
             check_key(good).unwrap();
         }
     }

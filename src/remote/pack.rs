@@ -173,7 +173,10 @@ pub fn decode_index(bytes: &[u8], what: &str) -> Result<Index, RemoteError> {
     }
     let (body, sum) = bytes.split_at(bytes.len() - 32);
     if blake3::hash(body).as_bytes() != sum {
-        return Err(corrupt(what, "checksum mismatch (truncated or bit-flipped)"));
+        return Err(corrupt(
+            what,
+            "checksum mismatch (truncated or bit-flipped)",
+        ));
     }
     if &body[..8] != IDX_MAGIC {
         return Err(corrupt(what, "not a ckvc pack index (bad magic)"));
@@ -262,10 +265,7 @@ pub fn verify_pack(bytes: &[u8], name: &Hash32, what: &str) -> Result<Vec<Entry>
         p = end;
     }
     if p != bytes.len() {
-        return Err(corrupt(
-            what,
-            format!("{} trailing bytes", bytes.len() - p),
-        ));
+        return Err(corrupt(what, format!("{} trailing bytes", bytes.len() - p)));
     }
     Ok(entries)
 }

@@ -119,7 +119,8 @@ impl S3Remote {
 
     fn err(&self, key: &str, e: object_store::Error) -> RemoteError {
         match e {
-            object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. } => {
+            object_store::Error::Precondition { .. }
+            | object_store::Error::AlreadyExists { .. } => {
                 RemoteError::Conflict { key: key.into() }
             }
             e => {
@@ -203,7 +204,10 @@ impl Remote for S3Remote {
                     return Err(self.err(key, e));
                 }
             }
-            up.complete().await.map(|_| ()).map_err(|e| self.err(key, e))
+            up.complete()
+                .await
+                .map(|_| ())
+                .map_err(|e| self.err(key, e))
         })
     }
 
@@ -262,12 +266,7 @@ impl Remote for S3Remote {
         })?;
         let mut out: Vec<String> = metas
             .into_iter()
-            .filter_map(|m| {
-                m.location
-                    .as_ref()
-                    .strip_prefix(&strip)
-                    .map(str::to_string)
-            })
+            .filter_map(|m| m.location.as_ref().strip_prefix(&strip).map(str::to_string))
             .filter(|k| k.starts_with(prefix))
             .collect();
         out.sort();

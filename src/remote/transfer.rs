@@ -65,13 +65,15 @@ fn check_layout(remote: &dyn Remote, create: bool) -> Result<(), RemoteError> {
         }),
         Some(b) => {
             let s = String::from_utf8_lossy(&b);
-            let v = s
-                .trim_end()
-                .strip_prefix("ckvc-remote ")
-                .ok_or_else(|| RemoteError::NotARemote {
+            let v = s.trim_end().strip_prefix("ckvc-remote ").ok_or_else(|| {
+                RemoteError::NotARemote {
                     url: remote.url(),
-                    reason: format!("{LAYOUT_KEY} holds {:?}", s.chars().take(40).collect::<String>()),
-                })?;
+                    reason: format!(
+                        "{LAYOUT_KEY} holds {:?}",
+                        s.chars().take(40).collect::<String>()
+                    ),
+                }
+            })?;
             match v.parse::<u32>() {
                 Ok(LAYOUT_VERSION) => Ok(()),
                 _ => Err(RemoteError::VersionTooNew {
@@ -343,11 +345,24 @@ pub fn push(
     for (kind, id) in &todo {
         let (space, key) = match kind {
             Kind::Chunk => (Space::Chunks, id.to_vec()),
-            Kind::Manifest => (Space::Objects, object_key(KIND_MANIFEST, &ObjectId::from_bytes(*id)).to_vec()),
-            Kind::Tree => (Space::Objects, object_key(KIND_TREE, &ObjectId::from_bytes(*id)).to_vec()),
-            Kind::Commit => (Space::Objects, object_key(KIND_COMMIT, &ObjectId::from_bytes(*id)).to_vec()),
+            Kind::Manifest => (
+                Space::Objects,
+                object_key(KIND_MANIFEST, &ObjectId::from_bytes(*id)).to_vec(),
+            ),
+            Kind::Tree => (
+                Space::Objects,
+                object_key(KIND_TREE, &ObjectId::from_bytes(*id)).to_vec(),
+            ),
+            Kind::Commit => (
+                Space::Objects,
+                object_key(KIND_COMMIT, &ObjectId::from_bytes(*id)).to_vec(),
+            ),
         };
-        if !repo.store().get(space, &key, &mut buf).map_err(RepoError::from)? {
+        if !repo
+            .store()
+            .get(space, &key, &mut buf)
+            .map_err(RepoError::from)?
+        {
             return Err(RepoError::Missing {
                 what: format!("{} {}", kind.name(), crate::store::to_hex(&id[..6])),
             }
@@ -418,7 +433,13 @@ fn set_tracking(
         return Ok(());
     }
     let mut b = Batch::new();
-    repo.move_ref(&mut b, &tracking_ref(remote_name, branch), old.as_ref(), Some(to), op);
+    repo.move_ref(
+        &mut b,
+        &tracking_ref(remote_name, branch),
+        old.as_ref(),
+        Some(to),
+        op,
+    );
     repo.store().write(b).map_err(RepoError::from)?;
     repo.store().flush().map_err(RepoError::from)?;
     Ok(())
@@ -569,8 +590,9 @@ fn decode_verified(
             zstd::bulk::decompress(&rec.data, limit)
                 .map_err(|e| corrupt(what(), format!("zstd: {e}")))?
         }
-        Payload::Codec => codec::decode(&rec.data, base)
-            .map_err(|e| corrupt(what(), format!("codec: {e}")))?,
+        Payload::Codec => {
+            codec::decode(&rec.data, base).map_err(|e| corrupt(what(), format!("codec: {e}")))?
+        }
     };
     if raw.len() as u64 != rec.raw_len || ChunkId::digest(&raw) != *id {
         return Err(corrupt(
@@ -624,8 +646,12 @@ impl Verifier<'_, '_> {
     fn record(&mut self, id: &ChunkId) -> Result<(ChunkRecord, usize), RemoteError> {
         let bytes = self.stage.get(Kind::Chunk, id.as_bytes())?;
         let n = bytes.len();
-        let rec = ChunkRecord::decode(&bytes)
-            .map_err(|r| corrupt(format!("chunk {} received from the remote", id.short(12)), r))?;
+        let rec = ChunkRecord::decode(&bytes).map_err(|r| {
+            corrupt(
+                format!("chunk {} received from the remote", id.short(12)),
+                r,
+            )
+        })?;
         Ok((rec, n))
     }
 }
@@ -764,7 +790,14 @@ pub fn fetch(
                 all.iter().flat_map(|c| c.0).collect::<Vec<u8>>(),
             );
         }
-        stage_cleanup_after(stage, repo, heads.clone(), remote_name, &mut final_batch, &mut report)?;
+        stage_cleanup_after(
+            stage,
+            repo,
+            heads.clone(),
+            remote_name,
+            &mut final_batch,
+            &mut report,
+        )?;
     } else {
         add_tracking_moves(repo, &heads, remote_name, &mut final_batch, &mut report)?;
         repo.store().write(final_batch).map_err(RepoError::from)?;
@@ -983,11 +1016,11 @@ pub fn pull(
         },
         progress,
     )?;
-    let theirs = repo
-        .remote_ref(remote_name, &branch)?
-        .ok_or_else(|| RemoteError::NoSuchRemoteBranch {
-            branch: branch.clone(),
-        })?;
+    let theirs =
+        repo.remote_ref(remote_name, &branch)?
+            .ok_or_else(|| RemoteError::NoSuchRemoteBranch {
+                branch: branch.clone(),
+            })?;
     let ours = repo.branch_head(&branch)?;
     let mut report = PullReport {
         fetch: fetch_report,
@@ -1011,7 +1044,13 @@ pub fn pull(
         _ => {}
     }
     let mut b = Batch::new();
-    repo.move_ref(&mut b, &branch_ref(&branch), ours.as_ref(), Some(&theirs), "pull");
+    repo.move_ref(
+        &mut b,
+        &branch_ref(&branch),
+        ours.as_ref(),
+        Some(&theirs),
+        "pull",
+    );
     repo.store().write(b).map_err(RepoError::from)?;
     repo.store().flush().map_err(RepoError::from)?;
     report.new = Some(theirs);

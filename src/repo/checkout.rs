@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::store::CommitId;
 
-use super::objects::{check_path, SegmentRef};
+use super::objects::{check_path, FileManifest, SegmentRef};
 use super::{RepoError, Repository};
 
 /// Checkout knobs.
@@ -87,39 +87,9 @@ impl Repository {
             let result = (|| {
                 let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
                 let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-                let mut hasher = blake3::Hasher::new();
-                for seg in &m.segments {
-                    let mut written = 0u64;
-                    for id in seg.chunks() {
-                        let raw = self.read_chunk(id).map_err(|e| {
-                            e.within(&format!(
-                                "{} in {rel} (commit {}, step {})",
-                                seg_name(seg),
-                                commit.short(12),
-                                c.step
-                            ))
-                        })?;
-                        hasher.update(&raw);
-                        w.write_all(&raw).map_err(io(&tmp))?;
-                        written += raw.len() as u64;
-                    }
-                    if written != seg.len() {
-                        return Err(RepoError::Corrupt {
-                            what: format!("manifest of {rel}"),
-                            reason: format!(
-                                "{} chunks hold {written} bytes, the segment {}",
-                                seg_name(seg),
-                                seg.len()
-                            ),
-                        });
-                    }
-                }
-                if *hasher.finalize().as_bytes() != m.hash {
-                    return Err(RepoError::Corrupt {
-                        what: format!("{rel} (commit {})", commit.short(12)),
-                        reason: "the reassembled file does not match its recorded blake3".into(),
-                    });
-                }
+                self.stream_file(&m, rel, commit, c.step, |raw| {
+                    w.write_all(raw).map_err(io(&tmp))
+                })?;
                 let file = w.into_inner().map_err(|e| RepoError::Io {
                     path: tmp.clone(),
                     source: e.into_error(),
@@ -136,6 +106,55 @@ impl Repository {
             report.bytes += m.len;
         }
         Ok(report)
+    }
+}
+
+impl Repository {
+    /// Feed the bytes of file `rel` (manifest `m`, in `commit` at `step`) to
+    /// `sink` in order, each chunk verified against its id; then check the
+    /// segment lengths and the whole-file blake3. On error `sink` may have
+    /// seen bytes of a damaged file: callers write to a temporary file.
+    pub(crate) fn stream_file(
+        &self,
+        m: &FileManifest,
+        rel: &str,
+        commit: &CommitId,
+        step: u64,
+        mut sink: impl FnMut(&[u8]) -> Result<(), RepoError>,
+    ) -> Result<(), RepoError> {
+        let mut hasher = blake3::Hasher::new();
+        for seg in &m.segments {
+            let mut written = 0u64;
+            for id in seg.chunks() {
+                let raw = self.read_chunk(id).map_err(|e| {
+                    e.within(&format!(
+                        "{} in {rel} (commit {}, step {step})",
+                        seg_name(seg),
+                        commit.short(12),
+                    ))
+                })?;
+                hasher.update(&raw);
+                sink(&raw)?;
+                written += raw.len() as u64;
+            }
+            if written != seg.len() {
+                return Err(RepoError::Corrupt {
+                    what: format!("manifest of {rel} (commit {})", commit.short(12)),
+                    reason: format!(
+                        "{} chunks hold {written} bytes, the segment {}",
+                        seg_name(seg),
+                        seg.len()
+                    ),
+                });
+            }
+        }
+        if *hasher.finalize().as_bytes() != m.hash {
+            return Err(RepoError::Corrupt {
+                what: format!("{rel} (commit {}, step {step})", commit.short(12)),
+                reason: "the reassembled file does not match its recorded blake3".into(),
+            });
+        }
+        Ok(())
     }
 }
 

@@ -33,7 +33,11 @@ impl Repository {
             }
             let commit = self.commit_object(&id)?;
             // A shallow clone's history ends where its parents were left behind.
-            cur = commit.parents.first().copied().filter(|_| !shallow.contains(&id));
+            cur = commit
+                .parents
+                .first()
+                .copied()
+                .filter(|_| !shallow.contains(&id));
             out.push(LogEntry { id, commit });
         }
         Ok(out)

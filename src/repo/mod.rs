@@ -25,6 +25,8 @@ mod branch;
 mod checkout;
 mod commit;
 mod diff;
+mod fsck;
+mod gc;
 mod log;
 pub mod objects;
 pub mod provenance;
@@ -37,6 +39,8 @@ pub use checkout::{CheckoutOptions, CheckoutReport};
 pub(crate) use commit::{encode_record, now_secs};
 pub use commit::{CommitOptions, CommitReport};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
+pub use fsck::{Damage, FsckReport};
+pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, RepoCounts};
 pub use log::LogEntry;
 pub use objects::RefLogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
@@ -106,6 +110,8 @@ pub enum RepoError {
     },
     #[error("{what} is missing from the store")]
     Missing { what: String },
+    #[error("the repository is damaged ({count} problems; first: {first}); run `ckvc fsck` and repair before gc")]
+    Damaged { count: usize, first: String },
 }
 
 impl RepoError {
@@ -133,7 +139,10 @@ impl RepoError {
     pub fn is_corruption(&self) -> bool {
         matches!(
             self,
-            RepoError::Corrupt { .. } | RepoError::Decode { .. } | RepoError::Missing { .. }
+            RepoError::Corrupt { .. }
+                | RepoError::Decode { .. }
+                | RepoError::Missing { .. }
+                | RepoError::Damaged { .. }
         ) || matches!(self, RepoError::Store(StoreError::Corrupt { .. }))
     }
 }
@@ -148,6 +157,13 @@ pub struct Config {
     pub chunk_bytes: u64,
     /// zstd level for opaque chunks.
     pub zstd_level: i32,
+    /// Longest delta chain `gc --compact` leaves.
+    #[serde(default = "default_compact_chain")]
+    pub compact_chain: u16,
+}
+
+fn default_compact_chain() -> u16 {
+    Config::default().compact_chain
 }
 
 impl Default for Config {
@@ -160,6 +176,7 @@ impl Default for Config {
             max_chain: 4,
             chunk_bytes: 4 << 20,
             zstd_level: 9,
+            compact_chain: 2,
         }
     }
 }
@@ -371,7 +388,10 @@ impl Repository {
     /// The commits of a shallow clone whose parents were left behind
     /// (empty for a full repository). History walks stop at them.
     pub fn shallow(&self) -> Result<std::collections::HashSet<CommitId>, RepoError> {
-        let raw = self.store.get_vec(Space::Meta, SHALLOW)?.unwrap_or_default();
+        let raw = self
+            .store
+            .get_vec(Space::Meta, SHALLOW)?
+            .unwrap_or_default();
         if raw.len() % 32 != 0 {
             return Err(RepoError::Corrupt {
                 what: "shallow commit list (meta/shallow)".into(),
@@ -573,7 +593,11 @@ impl Repository {
             if c.step == step {
                 return Ok(Some(id));
             }
-            cur = c.parents.first().copied().filter(|_| !shallow.contains(&id));
+            cur = c
+                .parents
+                .first()
+                .copied()
+                .filter(|_| !shallow.contains(&id));
         }
         Ok(None)
     }

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::codec::DType;
 use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
 
-use super::objects::{corrupt, ChunkHeader, ChunkRecord, SegmentRef};
+use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, SegmentRef};
 use super::{RepoError, Repository, HARD_MAX_CHAIN};
 
 /// Where a chunk is used: the first file and tensor found naming it.
@@ -67,6 +67,17 @@ impl Repository {
     /// Walk from `roots`. Damage is collected in [`Reachable::damage`], not
     /// returned as an error; store I/O failures are errors.
     pub fn reachable(&self, roots: &[CommitId], opts: WalkOptions) -> Result<Reachable, RepoError> {
+        self.reachable_with(roots, opts, &HashMap::new())
+    }
+
+    /// [`reachable`](Self::reachable) with commits not yet stored: those in
+    /// `overlay` are taken from it (gc plans rewritten histories this way).
+    pub(crate) fn reachable_with(
+        &self,
+        roots: &[CommitId],
+        opts: WalkOptions,
+        overlay: &HashMap<CommitId, Commit>,
+    ) -> Result<Reachable, RepoError> {
         let mut r = Reachable::default();
         // Breadth first with generation numbers, then order parents first.
         let mut seen: HashMap<CommitId, usize> = HashMap::new();
@@ -79,7 +90,11 @@ impl Repository {
                 continue;
             }
             seen.insert(id, gen);
-            let commit = match self.commit_object(&id) {
+            let stored = match overlay.get(&id) {
+                Some(c) => Ok(c.clone()),
+                None => self.commit_object(&id),
+            };
+            let commit = match stored {
                 Ok(c) => c,
                 Err(e) if e.is_corruption() => {
                     r.damage.push(e);
@@ -194,7 +209,7 @@ impl Repository {
 
     /// Every root of the repository: branch heads, tags and remote-tracking
     /// refs (`refs/remotes/...`), plus the
-    /// commits of ref-log entries written at or after `since` (Unix
+    /// commits of ref-log entries written after `since` (Unix
     /// seconds; `u64::MAX`: none), that still exist.
     pub fn roots(&self, since: u64) -> Result<Vec<CommitId>, RepoError> {
         let mut roots: Vec<CommitId> = self.branches()?.into_iter().map(|(_, c)| c).collect();
@@ -202,7 +217,7 @@ impl Repository {
         roots.extend(self.all_remote_refs()?.into_iter().map(|(_, c)| c));
         if since != u64::MAX {
             for e in self.reflog(None)? {
-                if e.time >= since {
+                if e.time > since {
                     for c in [e.old, e.new].into_iter().flatten() {
                         if self.store.contains(
                             Space::Objects,

@@ -86,7 +86,7 @@ impl Repository {
                 RefLogEntry::decode(&name, &v).map_err(corrupt("ref log entry"))?,
             ));
         }
-        out.sort_by(|a, b| b.0.cmp(&a.0));
+        out.sort_by_key(|e| std::cmp::Reverse(e.0));
         Ok(out.into_iter().map(|(_, e)| e).collect())
     }
 }

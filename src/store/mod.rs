@@ -101,7 +101,7 @@ pub enum StoreError {
     #[error("no store at {path}")]
     NotFound { path: PathBuf },
     /// A file-system operation on `path` failed.
-    #[error("I/O error at {path}")]
+    #[error("I/O error at {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
@@ -275,6 +275,14 @@ pub trait Store: Send + Sync {
     /// Makes every completed write durable (and, for RocksDB, moves it from
     /// the write-ahead log into table files). A no-op on read-only stores.
     fn flush(&self) -> Result<(), StoreError>;
+
+    /// Gives the disk space of deleted and overwritten entries back (for
+    /// RocksDB: a full compaction that also rewrites blob files holding
+    /// garbage). Slow on a large store; gc calls it after a sweep. Entries
+    /// are unchanged. A no-op by default.
+    fn compact(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Conveniences on top of [`Store`], for every store.

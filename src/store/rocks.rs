@@ -87,6 +87,7 @@ pub struct RocksStore {
     path: PathBuf,
     mode: Mode,
     sync: bool,
+    blob_files: bool,
     /// Serialises writers inside this process, so a batch's preconditions are
     /// checked and its writes applied with no other write in between.
     write_lock: Mutex<()>,
@@ -209,6 +210,7 @@ impl RocksStore {
             path,
             mode,
             sync: options.sync,
+            blob_files: options.blob_files,
             write_lock: Mutex::new(()),
         })
     }
@@ -324,6 +326,34 @@ impl Store for RocksStore {
             it.next();
         }
         it.status().map_err(|e| read_error(e, space, prefix))
+    }
+
+    fn compact(&self) -> Result<(), StoreError> {
+        if self.mode == Mode::ReadOnly {
+            return Err(StoreError::ReadOnly);
+        }
+        self.flush()?;
+        for space in Space::ALL {
+            let cf = self.cf(space)?;
+            let blobs = space == Space::Chunks && self.blob_files;
+            if blobs {
+                // Relocate the live values of every blob file during this
+                // compaction, so files holding garbage are dropped.
+                self.db
+                    .set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "1.0")])
+                    .map_err(backend)?;
+            }
+            let mut co = rocksdb::CompactOptions::default();
+            co.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            self.db
+                .compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &co);
+            if blobs {
+                self.db
+                    .set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "0.25")])
+                    .map_err(backend)?;
+            }
+        }
+        Ok(())
     }
 
     fn flush(&self) -> Result<(), StoreError> {

@@ -2,13 +2,16 @@
 
 mod cli;
 mod codec_corpus;
+mod crash;
 mod fuzz_regressions;
+mod gc_fsck;
+mod gc_model;
 mod remote;
 mod repo_bench;
 mod repo_corpus;
 mod show_diff;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The shared developer corpus: a real training run.
 pub fn corpus() -> PathBuf {
@@ -31,4 +34,50 @@ pub fn run_ckvc(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, S
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
+}
+
+/// The corpus's checkpoint directories with their steps, in step order.
+pub fn steps() -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(corpus())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            ckvc::format::step_of_dir_name(&n).map(|s| (s, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Assert two directories hold the same files, byte for byte.
+pub fn same_tree(a: &Path, b: &Path) {
+    let mut names: Vec<_> = std::fs::read_dir(a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    let mut other: Vec<_> = std::fs::read_dir(b)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    other.sort();
+    assert_eq!(names, other, "{} vs {}", a.display(), b.display());
+    for n in names {
+        let (x, y) = (
+            std::fs::read(a.join(&n)).unwrap(),
+            std::fs::read(b.join(&n)).unwrap(),
+        );
+        assert!(x == y, "{} differs", b.join(&n).display());
+    }
+}
+
+/// Copy a flat directory.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
 }

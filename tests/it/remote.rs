@@ -189,7 +189,8 @@ fn find_bin(name: &str, env: &str) -> Option<PathBuf> {
 
 /// s3s-fs 0.14.1 over a fresh directory, with one bucket.
 fn s3s_fs() -> Option<Server> {
-    let how = "cargo install s3s-fs --version 0.14.1 --features binary --locked --root ~/.cache/ckvc";
+    let how =
+        "cargo install s3s-fs --version 0.14.1 --features binary --locked --root ~/.cache/ckvc";
     let Some(bin) = find_bin("s3s-fs", "CKVC_S3S_FS") else {
         return skip("s3s-fs", how);
     };
@@ -310,13 +311,8 @@ fn remote_directory_push_clone_pull_round_trip_the_corpus() {
     assert!(a.roots(u64::MAX).unwrap().contains(&p.new));
     assert_eq!(a.branches().unwrap().len(), 1);
 
-    let (b, rep) = remote::clone(
-        url,
-        &tmp.path().join("b"),
-        &Default::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let (b, rep) =
+        remote::clone(url, &tmp.path().join("b"), &Default::default(), &NoProgress).unwrap();
     assert_eq!(rep.branch.as_deref(), Some("main"));
     assert_eq!(rep.fetch.commits as usize, first.len());
     assert!(!tmp.path().join("b/.ckvc/fetch").exists());
@@ -439,7 +435,10 @@ fn remote_s3_push_clone_pull_through_the_cli() {
     for (_, d) in first {
         ok(run(&t.join("a"), &["commit", d.to_str().unwrap()]));
     }
-    ok(run(&t.join("a"), &["remote", "add", "origin", &url, "--endpoint", &ep]));
+    ok(run(
+        &t.join("a"),
+        &["remote", "add", "origin", &url, "--endpoint", &ep],
+    ));
     let v = ok(run(&t.join("a"), &["remote", "-v"]));
     assert!(v.contains(&url) && v.contains(&ep), "{v}");
     let out = ok(run(&t.join("a"), &["push"]));
@@ -448,7 +447,10 @@ fn remote_s3_push_clone_pull_through_the_cli() {
     assert!(out.contains("cloned into"), "{out}");
     for (step, dir) in first {
         let o = format!("out-{step}");
-        ok(run(&t.join("b"), &["checkout", &step.to_string(), "-o", &o]));
+        ok(run(
+            &t.join("b"),
+            &["checkout", &step.to_string(), "-o", &o],
+        ));
         same_tree(dir, &t.join("b").join(&o));
     }
     let (step, dir) = &rest[0];
@@ -456,10 +458,20 @@ fn remote_s3_push_clone_pull_through_the_cli() {
     ok(run(&t.join("b"), &["push", "origin", "main"]));
     let out = ok(run(&t.join("a"), &["pull"]));
     assert!(out.contains("fast-forwarded main"), "{out}");
-    ok(run(&t.join("a"), &["checkout", &step.to_string(), "-o", "last"]));
+    ok(run(
+        &t.join("a"),
+        &["checkout", &step.to_string(), "-o", "last"],
+    ));
     same_tree(dir, &t.join("a/last"));
     // Without credentials the server refuses, clearly, with exit code 1.
-    let (code, _, err) = ckvc_env(&t.join("a"), &["fetch"], &[("AWS_ACCESS_KEY_ID", "nobody".into()), ("AWS_SECRET_ACCESS_KEY", "wrong".into())]);
+    let (code, _, err) = ckvc_env(
+        &t.join("a"),
+        &["fetch"],
+        &[
+            ("AWS_ACCESS_KEY_ID", "nobody".into()),
+            ("AWS_SECRET_ACCESS_KEY", "wrong".into()),
+        ],
+    );
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("error:"), "{err}");
 }
@@ -493,7 +505,10 @@ fn race_pushers(url: &str, extra_args: &[&str], env: &[(&str, String)]) {
             .unwrap()
     };
     let (pa, pb) = (spawn("a"), spawn("b"));
-    let (oa, ob) = (pa.wait_with_output().unwrap(), pb.wait_with_output().unwrap());
+    let (oa, ob) = (
+        pa.wait_with_output().unwrap(),
+        pb.wait_with_output().unwrap(),
+    );
     let wins = [&oa, &ob].iter().filter(|o| o.status.success()).count();
     assert_eq!(
         wins,
@@ -502,7 +517,11 @@ fn race_pushers(url: &str, extra_args: &[&str], env: &[(&str, String)]) {
         String::from_utf8_lossy(&oa.stderr),
         String::from_utf8_lossy(&ob.stderr)
     );
-    let (loser, out) = if oa.status.success() { ("b", &ob) } else { ("a", &oa) };
+    let (loser, out) = if oa.status.success() {
+        ("b", &ob)
+    } else {
+        ("a", &oa)
+    };
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("non-fast-forward"), "{err}");
@@ -566,8 +585,14 @@ fn remote_push_killed_midway_resumes_without_resending_complete_packs() {
     };
     let start = Instant::now();
     while idx_count() < 3 {
-        assert!(start.elapsed() < Duration::from_secs(60), "push made no progress");
-        assert!(child.try_wait().unwrap().is_none(), "push finished before it could be killed");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "push made no progress"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "push finished before it could be killed"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     // SIGKILL: no cleanup runs.
@@ -735,7 +760,10 @@ fn remote_refs_to_missing_packs_and_bad_paths_are_clear_errors() {
     assert!(e.to_string().contains("bad name"), "{e}");
     std::fs::remove_file(url.join("refs/heads/bad name")).unwrap();
     // Remote paths with `..`.
-    assert!(matches!(r.get("../remote/ckvc-remote"), Err(RemoteError::BadPath { .. })));
+    assert!(matches!(
+        r.get("../remote/ckvc-remote"),
+        Err(RemoteError::BadPath { .. })
+    ));
     let e = remote::config::add_remote(&b, "up", "s3://bucket/../other", S3Options::default())
         .unwrap_err();
     assert!(matches!(e, RemoteError::BadUrl { .. }), "{e}");

@@ -2,45 +2,11 @@
 //! checked out byte for byte, a branch resumed mid-run, and bad input that
 //! must leave the repository unchanged.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
+use super::{copy_dir, same_tree, steps};
 use ckvc::repo::{CheckoutOptions, CommitOptions, Config, RepoError, Repository};
-
-fn steps() -> Vec<(u64, PathBuf)> {
-    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(super::corpus())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            ckvc::format::step_of_dir_name(&n).map(|s| (s, e.path()))
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-fn same_tree(a: &Path, b: &Path) {
-    let mut names: Vec<_> = std::fs::read_dir(a)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    names.sort();
-    let mut other: Vec<_> = std::fs::read_dir(b)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    other.sort();
-    assert_eq!(names, other, "{} vs {}", a.display(), b.display());
-    for n in names {
-        let (x, y) = (
-            std::fs::read(a.join(&n)).unwrap(),
-            std::fs::read(b.join(&n)).unwrap(),
-        );
-        assert!(x == y, "{} differs", b.join(&n).display());
-    }
-}
 
 #[test]
 fn every_step_commits_and_checks_out_byte_exact_and_a_branch_resumes_mid_run() {
@@ -155,14 +121,6 @@ fn every_step_commits_and_checks_out_byte_exact_and_a_branch_resumes_mid_run() {
         .checkout(&r.id, &out, &CheckoutOptions::default())
         .unwrap();
     same_tree(&ids[7].2, &out);
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
 }
 
 #[test]

@@ -1,0 +1,190 @@
+//! Maintenance commands: gc, fsck, reflog.
+
+use clap::Subcommand;
+
+use ckvc::repo::{GcOptions, GcReport, KeepPolicy, RepoCounts};
+
+use super::repo::{fail, human, time_str, Where};
+use super::{exit, out, Failure};
+
+#[derive(Subcommand)]
+pub enum MaintCommand {
+    /// Delete what no ref, tag or recent ref-log entry reaches; with
+    /// --compact bound delta chains; with --keep drop commits by policy.
+    Gc {
+        /// Rewrite delta chains so no chunk needs more than the
+        /// repository's `compact_chain` delta steps to decode.
+        #[arg(long)]
+        compact: bool,
+        /// Longest chain --compact leaves (default: the repository setting).
+        #[arg(long, value_name = "N", requires = "compact")]
+        chain: Option<u16>,
+        /// Retention: last=N, every=K (steps), best=N[:metric[:min|max]]
+        /// (default metric eval_loss), within=30d; comma-separated or
+        /// repeated; a commit any rule keeps is kept; branch heads always are.
+        #[arg(long, value_name = "POLICY")]
+        keep: Vec<String>,
+        /// Print what would be removed or rewritten; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Spare unreferenced chunks and ref-log entries younger than this
+        /// (30d, 12h, 90m, 0s).
+        #[arg(long, default_value = "1h", value_name = "DURATION")]
+        grace: String,
+    },
+    /// Prove the repository whole: every object reachable from every ref is
+    /// present and every file reassembles to its hash. Exit 3 if damaged.
+    Fsck {
+        /// Check presence and headers only, do not decode.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// What moved branches and tags, newest first.
+    Reflog {
+        /// A branch or tag (default: every ref).
+        name: Option<String>,
+        #[arg(short = 'n', long)]
+        max_count: Option<usize>,
+    },
+}
+
+pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
+    match cmd {
+        MaintCommand::Gc {
+            compact,
+            chain,
+            keep,
+            dry_run,
+            grace,
+        } => {
+            let keep = if keep.is_empty() {
+                None
+            } else {
+                Some(KeepPolicy::parse(&keep).map_err(Failure::user)?)
+            };
+            let grace_secs = ckvc::repo::parse_duration(&grace)
+                .map_err(|e| Failure::user(format!("--grace: {e}")))?;
+            let repo = w.open(true)?;
+            let r = repo
+                .gc(&GcOptions {
+                    compact,
+                    keep,
+                    dry_run,
+                    grace_secs,
+                    compact_chain: chain,
+                })
+                .map_err(fail)?;
+            out(&gc_text(&r))
+        }
+        MaintCommand::Fsck { quick } => {
+            let repo = w.open(false)?;
+            let r = repo.fsck(quick).map_err(fail)?;
+            let mut s = format!(
+                "checked {} commits, {} files, {} chunks{}\n",
+                r.commits,
+                r.manifests,
+                r.chunks,
+                if quick {
+                    " (quick: presence and headers)".to_string()
+                } else {
+                    format!(", {} reassembled and verified", human(r.verified_bytes))
+                }
+            );
+            for d in &r.damage {
+                s.push_str(&format!("damaged: {}\n", d.error));
+                if !d.commits.is_empty() {
+                    let list: Vec<String> = d
+                        .commits
+                        .iter()
+                        .map(|(c, step)| format!("{} (step {step})", c.short(12)))
+                        .collect();
+                    s.push_str(&format!("  in commits: {}\n", list.join(", ")));
+                }
+            }
+            out(&s)?;
+            if r.is_clean() {
+                out("repository is whole\n")
+            } else {
+                Err(Failure {
+                    code: exit::CORRUPT,
+                    message: format!("{} problems found", r.damage.len()),
+                    hint: Some(
+                        "checkout of an intact step still works; a damaged chunk shared by \
+                         later steps damages them too"
+                            .into(),
+                    ),
+                })
+            }
+        }
+        MaintCommand::Reflog { name, max_count } => {
+            let repo = w.open(false)?;
+            let entries = repo.reflog(name.as_deref()).map_err(fail)?;
+            let mut s = String::new();
+            for e in entries.iter().take(max_count.unwrap_or(usize::MAX)) {
+                let id = |c: &Option<ckvc::store::CommitId>| {
+                    c.map_or("(none)".to_string(), |c| c.short(12))
+                };
+                s.push_str(&format!(
+                    "{} {:<22} {} -> {}  {}\n",
+                    time_str(e.time),
+                    e.refname,
+                    id(&e.old),
+                    id(&e.new),
+                    e.op
+                ));
+            }
+            out(&s)
+        }
+    }
+}
+
+fn counts_line(label: &str, c: &RepoCounts) -> String {
+    format!(
+        "{label:<7} {:>10} on disk, {:>5} commits, {:>6} chunks, longest chain {}\n",
+        human(c.disk_bytes),
+        c.commits,
+        c.chunks,
+        c.longest_chain
+    )
+}
+
+fn gc_text(r: &GcReport) -> String {
+    let mut s = String::new();
+    if r.dry_run {
+        s.push_str("dry run: nothing was changed\n");
+    }
+    for d in &r.dropped {
+        s.push_str(&format!(
+            "{} {} (step {}) from {}\n",
+            if r.dry_run { "would drop" } else { "dropped" },
+            d.commit.short(12),
+            d.step,
+            d.branch
+        ));
+    }
+    for (b, old, new) in &r.moved {
+        s.push_str(&format!(
+            "branch {b}: {} -> {} ({} commits re-parented in all)\n",
+            old.short(12),
+            new.short(12),
+            r.rewritten_commits
+        ));
+    }
+    let verb = if r.dry_run { "would " } else { "" };
+    s.push_str(&format!(
+        "{verb}rewrite {} chunks as full snapshots, rebase {}, relabel {}\n",
+        r.keyframes, r.rebased, r.relabelled
+    ));
+    s.push_str(&format!(
+        "{verb}delete {} chunks and {} objects ({}); {} young unreferenced chunks spared\n",
+        r.deleted_chunks,
+        r.deleted_objects,
+        human(r.freed_bytes),
+        r.spared_chunks
+    ));
+    s.push_str(&counts_line("before", &r.before));
+    if !r.dry_run {
+        s.push_str(&counts_line("after", &r.after));
+    }
+    s
+}

@@ -1,0 +1,486 @@
+//! gc, fsck and failure behaviour on the real corpus: compaction and
+//! retention keep every surviving step byte-exact, the sweep frees what
+//! nothing reaches, damage is found and named, a failing disk changes
+//! nothing, and killed processes leave a whole repository.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+
+use ckvc::repo::objects::SegmentRef;
+use ckvc::repo::{CheckoutOptions, CommitOptions, Config, GcOptions, KeepPolicy, Repository};
+use ckvc::store::{Batch, ChunkId, CommitId, MemStore, ScanFn, Space, Store, StoreError, StoreExt};
+
+use super::{run_ckvc, same_tree, steps};
+
+fn commit_all(repo: &Repository) -> Vec<(u64, CommitId, std::path::PathBuf)> {
+    steps()
+        .into_iter()
+        .map(|(step, dir)| {
+            let r = repo.commit(&dir, &CommitOptions::default()).unwrap();
+            (step, r.id, dir)
+        })
+        .collect()
+}
+
+fn checks_out(repo: &Repository, id: &CommitId, expected: &Path) {
+    let out = tempfile::tempdir().unwrap();
+    repo.checkout(id, out.path(), &CheckoutOptions::default())
+        .unwrap();
+    same_tree(expected, out.path());
+}
+
+fn gc(repo: &Repository, f: impl FnOnce(&mut GcOptions)) -> ckvc::repo::GcReport {
+    let mut o = GcOptions::default();
+    f(&mut o);
+    repo.gc(&o).unwrap()
+}
+
+/// The chunks of every tensor of `path` in commit `id`.
+fn tensor_chunks(repo: &Repository, id: &CommitId, path: &str) -> Vec<(String, ChunkId)> {
+    let c = repo.commit_object(id).unwrap();
+    let tree = repo.tree(&c.tree).unwrap();
+    let (_, mid) = tree.entries.iter().find(|(p, _)| p == path).unwrap();
+    let m = repo.manifest(mid, path).unwrap();
+    m.segments
+        .iter()
+        .filter_map(|s| match s {
+            SegmentRef::Tensor { name, chunks, .. } => Some((name.clone(), chunks[0])),
+            SegmentRef::Opaque { .. } => None,
+        })
+        .collect()
+}
+
+fn all_keys(store: &dyn Store, space: Space) -> Vec<Vec<u8>> {
+    store
+        .collect_prefix(space, &[])
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
+#[test]
+fn compaction_and_retention_keep_every_surviving_step_byte_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = Config {
+        max_chain: 100,
+        ..Config::default()
+    };
+    let repo = Repository::init(tmp.path(), config).unwrap();
+    let ids = commit_all(&repo);
+    let fsck = repo.fsck(false).unwrap();
+    assert!(fsck.is_clean(), "{:?}", fsck.damage);
+    assert_eq!(fsck.commits, 11);
+    assert!(fsck.verified_bytes > 100 << 20);
+
+    // A dry run reports and changes nothing.
+    let keys = all_keys(repo.store(), Space::Chunks);
+    let dry = gc(&repo, |o| {
+        o.compact = true;
+        o.dry_run = true;
+    });
+    assert!(dry.keyframes > 0);
+    assert_eq!(all_keys(repo.store(), Space::Chunks), keys);
+    assert_eq!(repo.counts().unwrap().longest_chain, 10);
+
+    // --compact bounds the chains; every step still checks out.
+    let r = gc(&repo, |o| {
+        o.compact = true;
+        o.compact_chain = Some(2);
+    });
+    assert_eq!(r.before.longest_chain, 10);
+    assert_eq!(r.after.longest_chain, 2);
+    assert_eq!(r.keyframes, dry.keyframes);
+    assert_eq!(r.deleted_chunks, 0);
+    for (_, id, dir) in &ids {
+        checks_out(&repo, id, dir);
+    }
+    // Idempotent.
+    let again = gc(&repo, |o| {
+        o.compact = true;
+        o.compact_chain = Some(2);
+    });
+    assert_eq!(again.keyframes + again.rebased + again.relabelled, 0);
+
+    // --keep: the newest 3 and the first of every 200 steps.
+    let policy = KeepPolicy::parse(&["last=3,every=200".into()]).unwrap();
+    let r = gc(&repo, |o| o.keep = Some(policy));
+    let dropped: Vec<u64> = r.dropped.iter().map(|d| d.step).collect();
+    assert_eq!(dropped, [60, 120, 180, 300, 360]);
+    assert_eq!(r.after.commits, 6);
+    assert!(r.deleted_chunks > 0 && r.freed_bytes > 20 << 20, "{r:?}");
+    assert!(r.after.disk_bytes < r.before.disk_bytes);
+    let log = repo.log(Some("main"), None).unwrap();
+    let kept: Vec<u64> = log.iter().map(|e| e.commit.step).collect();
+    assert_eq!(kept, [600, 540, 480, 420, 240, 0]);
+    for e in &log {
+        let dir = &ids.iter().find(|(s, _, _)| *s == e.commit.step).unwrap().2;
+        checks_out(&repo, &e.id, dir);
+    }
+    assert!(repo.fsck(false).unwrap().is_clean());
+    // The ref log records the rewrite.
+    let rl = repo.reflog(Some("main")).unwrap();
+    assert_eq!(rl[0].op, "gc --keep");
+    assert_eq!(rl[0].old, Some(ids[10].1));
+}
+
+#[test]
+fn keep_best_by_eval_loss_and_within() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    for (_, dir) in steps().into_iter().take(4) {
+        repo.commit(&dir, &CommitOptions::default()).unwrap();
+    }
+    let r = gc(&repo, |o| {
+        o.keep = Some(KeepPolicy::parse(&["best=1".into()]).unwrap());
+        o.dry_run = true;
+    });
+    // eval_loss falls during training: the best is the newest (the head,
+    // kept anyway), so steps 0, 60, 120 would go.
+    let mut dropped: Vec<u64> = r.dropped.iter().map(|d| d.step).collect();
+    dropped.sort();
+    assert_eq!(dropped, [0, 60, 120]);
+    let r = gc(&repo, |o| {
+        o.keep = Some(KeepPolicy::parse(&["within=1h".into()]).unwrap());
+    });
+    assert!(r.dropped.is_empty());
+    assert!(KeepPolicy::parse(&["last=0".into()]).is_err());
+    assert!(KeepPolicy::parse(&["sometimes=3".into()]).is_err());
+    assert!(KeepPolicy::parse(&["best=2:accuracy:max".into()]).is_ok());
+}
+
+#[test]
+fn a_deleted_branch_survives_the_grace_period_then_is_swept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let s = steps();
+    let base = repo.commit(&s[0].1, &CommitOptions::default()).unwrap();
+    repo.create_branch("exp", &base.id).unwrap();
+    let exp = repo
+        .commit(
+            &s[5].1,
+            &CommitOptions {
+                branch: Some("exp".into()),
+                ..CommitOptions::default()
+            },
+        )
+        .unwrap();
+    repo.delete_branch("exp").unwrap();
+    let r = gc(&repo, |o| o.grace_secs = 3600);
+    assert_eq!(r.deleted_objects, 0, "the ref log still reaches exp");
+    checks_out(&repo, &exp.id, &s[5].1);
+    let rl = repo.reflog(Some("refs/heads/exp")).unwrap();
+    assert_eq!(rl[0].op, "branch -d");
+    assert_eq!(rl[0].old, Some(exp.id));
+
+    let r = gc(&repo, |o| o.grace_secs = 0);
+    assert!(r.deleted_objects >= 3 && r.deleted_chunks > 0, "{r:?}");
+    assert!(repo.commit_object(&exp.id).is_err());
+    checks_out(&repo, &base.id, &s[0].1);
+    assert!(repo.fsck(false).unwrap().is_clean());
+}
+
+#[test]
+fn damaged_chunks_are_found_named_and_checkout_falls_back_to_an_intact_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let ids = commit_all(&repo);
+    let (step, newest, _) = &ids[10];
+    let (tensor, chunk) = tensor_chunks(&repo, newest, "model.safetensors")[0].clone();
+    // Flip a payload byte of the chunk, through the store.
+    let mut rec = repo
+        .store()
+        .get_vec(Space::Chunks, chunk.as_bytes())
+        .unwrap()
+        .unwrap();
+    let n = rec.len();
+    rec[n - 100] ^= 0x40;
+    let mut b = Batch::new();
+    b.put(Space::Chunks, chunk.as_bytes(), rec);
+    repo.store().write(b).unwrap();
+
+    let f = repo.fsck(false).unwrap();
+    assert_eq!(f.damage.len(), 1, "{:?}", f.damage);
+    let d = &f.damage[0];
+    assert_eq!(d.path.as_deref(), Some("model.safetensors"));
+    assert!(d.error.contains(&tensor), "{}", d.error);
+    assert!(d.commits.iter().any(|(c, s)| c == newest && s == step));
+    assert!(repo.fsck(true).unwrap().is_clean(), "headers are intact");
+
+    let out = tmp.path().join("out");
+    let e = repo
+        .checkout(newest, &out, &CheckoutOptions::default())
+        .unwrap_err();
+    assert!(e.is_corruption());
+    assert!(
+        !out.join("model.safetensors").exists(),
+        "no wrong byte written"
+    );
+    assert_eq!(
+        repo.newest_intact_before(newest).unwrap(),
+        Some((ids[9].1, ids[9].0))
+    );
+    drop(repo);
+
+    // The CLI: exit code 3, the file and tensor named, the fall-back suggested.
+    let (code, _, err) = run_ckvc(tmp.path(), &["checkout", "600", "-o", "x"]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains(&tensor),
+        "{err}"
+    );
+    assert!(err.contains("step is 540"), "{err}");
+    let (code, stdout, _) = run_ckvc(tmp.path(), &["fsck"]);
+    assert_eq!(code, Some(3));
+    assert!(stdout.contains("step 600"), "{stdout}");
+    // gc does not make it worse.
+    let (code, _, err) = run_ckvc(tmp.path(), &["gc", "--grace", "0s"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, stdout2, _) = run_ckvc(tmp.path(), &["fsck"]);
+    assert_eq!(code, Some(3));
+    assert_eq!(stdout, stdout2);
+}
+
+#[test]
+fn damaged_objects_and_rocksdb_files_are_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let s = steps();
+    let a = repo.commit(&s[0].1, &CommitOptions::default()).unwrap();
+    let b = repo.commit(&s[1].1, &CommitOptions::default()).unwrap();
+    // A manifest of the second commit, bit-flipped.
+    let tree = repo.tree(&repo.commit_object(&b.id).unwrap().tree).unwrap();
+    let key = [&[b'F'][..], tree.entries[0].1.as_bytes()].concat();
+    let mut v = repo.store().get_vec(Space::Objects, &key).unwrap().unwrap();
+    v[5] ^= 1;
+    let mut batch = Batch::new();
+    batch.put(Space::Objects, &key, v);
+    repo.store().write(batch).unwrap();
+    let f = repo.fsck(true).unwrap();
+    assert!(!f.is_clean());
+    assert!(
+        f.damage[0].error.contains(&tree.entries[0].0),
+        "{:?}",
+        f.damage
+    );
+    assert_eq!(repo.newest_intact_before(&b.id).unwrap(), Some((a.id, 0)));
+    // gc will not sweep a graph it cannot read whole.
+    let e = repo.gc(&GcOptions::default()).unwrap_err();
+    assert!(matches!(e, ckvc::repo::RepoError::Damaged { .. }), "{e}");
+    drop(repo);
+
+    // Bytes flipped inside RocksDB's blob files (where chunk payloads live).
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    repo.commit(&s[0].1, &CommitOptions::default()).unwrap();
+    drop(repo);
+    let db = tmp.path().join(".ckvc/db");
+    let blob = std::fs::read_dir(&db)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
+        .max_by_key(|p| p.metadata().unwrap().len())
+        .expect("a blob file");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 16] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&blob, bytes).unwrap();
+    let (code, stdout, err) = run_ckvc(tmp.path(), &["fsck"]);
+    assert_eq!(code, Some(3), "{stdout}{err}");
+    assert!(stdout.contains("damaged"), "{stdout}");
+    let (code, _, err) = run_ckvc(tmp.path(), &["checkout", "0", "-o", "out"]);
+    assert_eq!(code, Some(3), "{err}");
+}
+
+/// A store whose writes start failing (disk full) after `left` writes.
+struct FailingStore {
+    inner: Arc<MemStore>,
+    left: AtomicIsize,
+}
+
+impl Store for FailingStore {
+    fn get(&self, space: Space, key: &[u8], buf: &mut Vec<u8>) -> Result<bool, StoreError> {
+        self.inner.get(space, key, buf)
+    }
+    fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
+        self.inner.contains(space, key)
+    }
+    fn write(&self, batch: Batch) -> Result<(), StoreError> {
+        if self.left.fetch_sub(1, Ordering::SeqCst) <= 0 {
+            return Err(StoreError::Io {
+                path: "/full".into(),
+                source: std::io::Error::from_raw_os_error(28), // ENOSPC
+            });
+        }
+        self.inner.write(batch)
+    }
+    fn scan_prefix(
+        &self,
+        space: Space,
+        prefix: &[u8],
+        f: &mut ScanFn<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.scan_prefix(space, prefix, f)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
+    }
+}
+
+#[test]
+fn a_full_disk_during_commit_or_gc_leaves_the_repository_as_it_was() {
+    let s = steps();
+    let tmp = tempfile::tempdir().unwrap();
+    let inner = Arc::new(MemStore::new());
+    let config = Config {
+        max_chain: 100,
+        ..Config::default()
+    };
+    let repo = Repository::init_store(tmp.path().into(), inner.clone(), config).unwrap();
+    let mut done = Vec::new();
+    for (_, dir) in s.iter().take(4) {
+        done.push((
+            repo.commit(dir, &CommitOptions::default()).unwrap().id,
+            dir.clone(),
+        ));
+    }
+    drop(repo);
+    // Whole: fsck clean, and every commit on main checks out as its step.
+    let whole = |inner: &Arc<MemStore>| {
+        let repo = Repository::open_store(tmp.path().into(), inner.clone()).unwrap();
+        assert!(repo.fsck(false).unwrap().is_clean());
+        let mut steps_now = Vec::new();
+        for e in repo.log(Some("main"), None).unwrap() {
+            let dir = &s.iter().find(|(st, _)| *st == e.commit.step).unwrap().1;
+            checks_out(&repo, &e.id, dir);
+            steps_now.push(e.commit.step);
+        }
+        (repo, steps_now)
+    };
+    type Op = Box<dyn Fn(&Repository) -> Result<(), ckvc::repo::RepoError>>;
+    let next = s[4].1.clone();
+    let ops: Vec<(&str, Op)> = vec![
+        (
+            "commit",
+            Box::new(move |r: &Repository| r.commit(&next, &CommitOptions::default()).map(|_| ())),
+        ),
+        (
+            "gc --compact",
+            Box::new(|r: &Repository| {
+                r.gc(&GcOptions {
+                    compact: true,
+                    compact_chain: Some(1),
+                    ..GcOptions::default()
+                })
+                .map(|_| ())
+            }),
+        ),
+        (
+            "gc --keep",
+            Box::new(|r: &Repository| {
+                r.gc(&GcOptions {
+                    keep: Some(KeepPolicy::parse(&["last=2".into()]).unwrap()),
+                    ..GcOptions::default()
+                })
+                .map(|_| ())
+            }),
+        ),
+    ];
+    for (name, op) in ops {
+        let mut failures = 0;
+        let (_, steps_before) = whole(&inner);
+        for n in [
+            0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987,
+        ] {
+            // A copy of the repository, with a disk that fills after n writes.
+            let copy = Arc::new(MemStore::new());
+            let mut b = Batch::new();
+            for space in Space::ALL {
+                for (k, v) in inner.collect_prefix(space, &[]).unwrap() {
+                    b.put(space, &k, v);
+                }
+            }
+            copy.write(b).unwrap();
+            let failing = Arc::new(FailingStore {
+                inner: copy.clone(),
+                left: AtomicIsize::new(n),
+            });
+            let repo = Repository::open_store(tmp.path().into(), failing).unwrap();
+            let before = repo.branch_head("main").unwrap();
+            let result = op(&repo);
+            drop(repo);
+            let (after, steps_after) = whole(&copy);
+            match result {
+                Err(e) => {
+                    failures += 1;
+                    assert!(e.to_string().contains("No space left"), "{name}: {e}");
+                    if name == "commit" {
+                        assert_eq!(after.branch_head("main").unwrap(), before, "{name}");
+                    }
+                    // Either nothing happened, or (gc --keep, past its ref
+                    // move) all of it, only the sweep unfinished.
+                    assert!(
+                        steps_after == steps_before || name == "gc --keep",
+                        "{name}: {steps_after:?}"
+                    );
+                }
+                Ok(()) => break,
+            }
+        }
+        assert!(failures >= 2, "{name}: only {failures} failure points");
+        // Apply it for real, so the next operation has work to do.
+        let repo = Repository::open_store(tmp.path().into(), inner.clone()).unwrap();
+        op(&repo).unwrap();
+        if name == "commit" {
+            done.push((repo.branch_head("main").unwrap().unwrap(), s[4].1.clone()));
+        }
+        if name == "gc --keep" {
+            done = repo
+                .log(Some("main"), None)
+                .unwrap()
+                .into_iter()
+                .map(|e| {
+                    let dir = s
+                        .iter()
+                        .find(|(st, _)| *st == e.commit.step)
+                        .unwrap()
+                        .1
+                        .clone();
+                    (e.id, dir)
+                })
+                .collect();
+            assert_eq!(done.len(), 2);
+        }
+    }
+}
+
+#[test]
+fn a_delta_cycle_or_an_endless_chain_is_an_error_not_a_hang() {
+    use ckvc::repo::objects::{ChunkRecord, Payload};
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::new());
+    let repo = Repository::init_store(tmp.path().into(), store.clone(), Config::default()).unwrap();
+    let a = ChunkId::digest(b"a");
+    let b = ChunkId::digest(b"b");
+    let rec = |base: ChunkId| {
+        ChunkRecord {
+            payload: Payload::Codec,
+            raw_len: 1,
+            base: Some(base),
+            depth: 1,
+            written: 0,
+            data: vec![0; 8],
+        }
+        .encode()
+    };
+    let mut batch = Batch::new();
+    batch.put(Space::Chunks, a.as_bytes(), rec(b));
+    batch.put(Space::Chunks, b.as_bytes(), rec(a));
+    store.write(batch).unwrap();
+    let e = repo.read_chunk(&a).unwrap_err();
+    assert!(e.is_corruption(), "{e}");
+    assert!(e.to_string().contains("delta chain"), "{e}");
+}
