@@ -42,9 +42,10 @@ pub fn check_remote_name(name: &str) -> Result<(), RemoteError> {
     }
 }
 
-fn read(
-    repo: &Repository,
-) -> Result<(Option<Vec<u8>>, BTreeMap<String, RemoteConfig>), RemoteError> {
+/// The stored bytes (for the compare-and-swap) and the parsed map.
+type Stored = (Option<Vec<u8>>, BTreeMap<String, RemoteConfig>);
+
+fn read(repo: &Repository) -> Result<Stored, RemoteError> {
     let raw = repo
         .store()
         .get_vec(Space::Meta, KEY)

@@ -39,6 +39,9 @@ pub struct S3Options {
     pub secret_access_key: Option<String>,
 }
 
+/// A file's bytes and its ETag, if the server sent one.
+type Fetched = (Vec<u8>, Option<String>);
+
 /// A remote under `s3://bucket/prefix`.
 pub struct S3Remote {
     store: Arc<dyn ObjectStore>,
@@ -142,7 +145,8 @@ impl S3Remote {
         }
     }
 
-    fn fetch(&self, key: &str) -> Result<Option<(Vec<u8>, Option<String>)>, RemoteError> {
+    /// The bytes and ETag of a file.
+    fn fetch(&self, key: &str) -> Result<Option<Fetched>, RemoteError> {
         let path = self.path(key)?;
         self.rt.block_on(async {
             match self.store.get(&path).await {

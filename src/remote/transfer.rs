@@ -484,12 +484,15 @@ pub struct FetchReport {
     pub shallow: Vec<CommitId>,
 }
 
+/// A staged pack file and where each of its entries is (offset, length).
+type StagedPack = (fs::File, HashMap<(Kind, [u8; 32]), (u64, u64)>);
+
 /// Downloaded packs, kept in `.ckvc/fetch/` until the fetch completes.
 struct Stage<'a> {
     dir: PathBuf,
     remote: &'a dyn Remote,
     index: &'a RemoteIndex,
-    loaded: HashMap<Hash32, (fs::File, HashMap<(Kind, [u8; 32]), (u64, u64)>)>,
+    loaded: HashMap<Hash32, StagedPack>,
     bytes_received: u64,
     progress: &'a dyn Progress,
 }
@@ -920,7 +923,7 @@ fn plan_fetch(
             continue;
         }
         let bytes = stage.get(Kind::Tree, commit.tree.as_bytes())?;
-        let tree = Tree::decode(&bytes).map_err(|r| corrupt(&format!("tree of {what}"), r))?;
+        let tree = Tree::decode(&bytes).map_err(|r| corrupt(format!("tree of {what}"), r))?;
         plan.objects
             .push((object_key(KIND_TREE, &commit.tree).to_vec(), bytes));
         for (path, mid) in &tree.entries {

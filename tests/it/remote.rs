@@ -75,7 +75,7 @@ fn ok(r: (Option<i32>, String, String)) -> String {
 
 /// Everything in a repository's object and ref spaces (to prove a failed
 /// operation changed nothing).
-fn snapshot(repo: &Repository) -> (usize, usize, Vec<(Vec<u8>, Vec<u8>)>) {
+fn snapshot(repo: &Repository) -> (usize, usize, Vec<ckvc::store::Entry>) {
     let chunks = repo
         .store()
         .collect_prefix(Space::Chunks, b"")
