@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{self, layout, DType, Options, Scratch};
 use crate::format;
 
+pub mod remote;
 pub mod repo;
 
 /// One line of the benchmark table (also the `--json` schema).
@@ -85,6 +86,8 @@ pub enum BenchError {
     Mismatch { tensor: String },
     #[error(transparent)]
     Repo(#[from] crate::repo::RepoError),
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
     #[error("step {step}: checked-out {path} differs from the original at byte {offset}")]
     CheckoutMismatch {
         step: u64,
