@@ -13,6 +13,7 @@
 //! | [`format`] | checkpoint files <-> tensors and opaque byte segments |
 //! | [`store`] | the object database: key spaces, atomic batches, locking (RocksDB behind a trait) |
 //! | [`repo`] | the user's verbs: init, commit, log, checkout, branch, tag, show, diff, status |
+//! | [`remote`] | shared storage: push, fetch, pull, clone to a directory or an S3-compatible bucket |
 //! | [`bench`] | side-by-side measurements of the codec and of the whole repository against their peers |
 //!
 //! The command-line interface lives only in the binary (`src/main.rs`,
@@ -31,5 +32,6 @@
 pub mod bench;
 pub mod codec;
 pub mod format;
+pub mod remote;
 pub mod repo;
 pub mod store;

@@ -19,6 +19,7 @@ use crate::codec::{self, layout, DType, Options, Scratch};
 use crate::format;
 
 pub mod gc;
+pub mod remote;
 pub mod repo;
 
 /// One line of the benchmark table (also the `--json` schema).
@@ -86,6 +87,8 @@ pub enum BenchError {
     Mismatch { tensor: String },
     #[error(transparent)]
     Repo(#[from] crate::repo::RepoError),
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
     #[error("step {step}: checked-out {path} differs from the original at byte {offset}")]
     CheckoutMismatch {
         step: u64,

@@ -24,6 +24,17 @@ pub enum DebugCommand {
     /// Commit a run with long delta chains, then `gc --compact` copies of
     /// it with several bounds: bytes on disk and checkout times.
     GcBench(GcBenchArgs),
+    /// Push a run to a directory remote, clone it, push and pull one more
+    /// step: bytes transferred against the logical size, MiB/s beside cp -r.
+    RemoteBench {
+        /// Folder holding the run's checkpoint directories.
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Create the work directory in DIR (default: the system temporary directory).
+        #[arg(long, value_name = "DIR")]
+        work: Option<PathBuf>,
+    },
 }
 
 #[derive(Args)]
@@ -97,6 +108,7 @@ fn bench_failure(e: bench::BenchError) -> Failure {
             super::exit::CORRUPT
         }
         bench::BenchError::Repo(r) if r.is_corruption() => super::exit::CORRUPT,
+        bench::BenchError::Remote(r) if r.is_corruption() => super::exit::CORRUPT,
         _ => super::exit::USER,
     };
     Failure {
@@ -111,6 +123,40 @@ pub fn run(cmd: DebugCommand) -> Result<(), Failure> {
         DebugCommand::CodecBench(a) => codec_bench(a),
         DebugCommand::RepoBench(a) => repo_bench(a),
         DebugCommand::GcBench(a) => gc_bench(a),
+        DebugCommand::RemoteBench { dir, json, work } => {
+            let r = bench::remote::remote_bench(&dir, work.as_deref()).map_err(bench_failure)?;
+            if json {
+                let s = serde_json::to_string_pretty(&r).expect("the report serialises");
+                return out(&(s + "\n"));
+            }
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            let mut s = format!(
+                "{}\n  {:<32} {:>7} {:>11} {:>13} {:>8} {:>8} {:>9}\n",
+                r.run.display(),
+                "transfer",
+                "commits",
+                "logical MiB",
+                "transferred",
+                "ratio",
+                "secs",
+                "MiB/s"
+            );
+            for t in &r.rows {
+                let _ = writeln!(
+                    s,
+                    "  {:<32} {:>7} {:>11.1} {:>9.1} MiB {:>8.3} {:>8.2} {:>9.1}",
+                    t.what,
+                    t.commits,
+                    mib(t.logical_bytes),
+                    mib(t.transferred_bytes),
+                    t.transferred_bytes as f64 / t.logical_bytes.max(1) as f64,
+                    t.secs,
+                    t.mib_s()
+                );
+            }
+            s.push_str("  (MiB/s of logical bytes; the directory remote fsyncs every pack, cp -r does not)\n");
+            out(&s)
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod debug;
 mod maint;
+mod remote;
 mod repo;
 
 /// Exit codes, fixed so scripts can tell failures apart.
@@ -41,6 +42,8 @@ enum Command {
     Repo(repo::RepoCommand),
     #[command(flatten)]
     Maint(maint::MaintCommand),
+    #[command(flatten)]
+    Remote(remote::RemoteCommand),
     /// Developer tools: benchmarks and inspection.
     #[command(subcommand)]
     Debug(debug::DebugCommand),
@@ -78,6 +81,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Repo(cmd) => repo::run(cmd, &cli.at),
         Command::Maint(cmd) => maint::run(cmd, &cli.at),
+        Command::Remote(cmd) => remote::run(cmd, &cli.at),
         Command::Debug(cmd) => debug::run(cmd),
     };
     match result {

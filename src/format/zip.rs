@@ -137,7 +137,7 @@ fn find_end<R: Read + Seek>(r: &mut R, len: u64) -> Result<End, FormatError> {
         let rec_pos = le64(loc, 8);
         if rec_pos
             .checked_add(ZIP64_EOCD_LEN)
-            .map_or(true, |e| e > loc_pos)
+            .is_none_or(|e| e > loc_pos)
         {
             return Err(FormatError::corrupt(
                 loc_pos,

@@ -305,22 +305,25 @@ impl Repository {
         }
         let superseded: HashSet<CommitId> =
             plans.iter().flat_map(|p| p.old.iter().copied()).collect();
+        // Every ref is a root (tags, other branches and remote-tracking refs
+        // keep what they reach, superseded or not), except the old heads of
+        // the rewritten branches, which move to their new heads. Ref-log
+        // entries naming superseded commits are not roots: retention is an
+        // explicit request to forget them.
+        let moved: HashSet<&str> = plans.iter().map(|p| p.branch.as_str()).collect();
         let mut roots: Vec<CommitId> = self
-            .roots(since)?
+            .reflog_roots(since)?
             .into_iter()
             .filter(|c| !superseded.contains(c))
             .collect();
         roots.extend(plans.iter().map(|p| p.new_head));
-        // Tags and other branches may still reach superseded commits: then
-        // they stay, as they must.
-        for (_, t) in self.tags()? {
-            roots.push(t);
-        }
         for (b, h) in self.branches()? {
-            if !plans.iter().any(|p| p.branch == b) {
+            if !moved.contains(b.as_str()) {
                 roots.push(h);
             }
         }
+        roots.extend(self.tags()?.into_iter().map(|(_, c)| c));
+        roots.extend(self.all_remote_refs()?.into_iter().map(|(_, c)| c));
         roots.sort();
         roots.dedup();
         let reach = self.reachable_with(
@@ -427,6 +430,7 @@ impl Repository {
         report: &mut GcReport,
     ) -> Result<Option<LinePlan>, RepoError> {
         let mut line = Vec::new();
+        let shallow = self.shallow()?;
         let mut cur = Some(head);
         while let Some(id) = cur {
             if line.len() > 10_000_000 {
@@ -436,7 +440,12 @@ impl Repository {
                 });
             }
             let c = self.commit_object(&id)?;
-            cur = c.parents.first().copied();
+            // A shallow clone's history ends where its parents were left behind.
+            cur = c
+                .parents
+                .first()
+                .copied()
+                .filter(|_| !shallow.contains(&id));
             line.push((id, c));
         }
         let keep = policy.select(&line, now);

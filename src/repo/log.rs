@@ -24,6 +24,7 @@ impl Repository {
             Some(rev) => Some(self.resolve(rev)?),
             None => self.branch_head(&self.current_branch()?)?,
         };
+        let shallow = self.shallow()?;
         let mut out = Vec::new();
         let mut cur = head;
         while let Some(id) = cur {
@@ -31,7 +32,12 @@ impl Repository {
                 break;
             }
             let commit = self.commit_object(&id)?;
-            cur = commit.parents.first().copied();
+            // A shallow clone's history ends where its parents were left behind.
+            cur = commit
+                .parents
+                .first()
+                .copied()
+                .filter(|_| !shallow.contains(&id));
             out.push(LogEntry { id, commit });
         }
         Ok(out)

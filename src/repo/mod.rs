@@ -36,6 +36,7 @@ mod show;
 mod status;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
+pub(crate) use commit::{encode_record, now_secs};
 pub use commit::{CommitOptions, CommitReport};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
 pub use fsck::{Damage, FsckReport};
@@ -216,6 +217,12 @@ impl std::fmt::Debug for Repository {
 const HEAD: &[u8] = b"HEAD";
 const HEADS: &str = "refs/heads/";
 const TAGS: &str = "refs/tags/";
+/// Remote-tracking refs: `refs/remotes/<remote>/<branch>` (written by
+/// fetch, pull, push and clone; roots for gc, never branches).
+pub const REMOTES: &str = "refs/remotes/";
+/// `Meta/shallow`: the commits of a shallow clone whose parents are absent
+/// (32-byte ids, concatenated, sorted).
+pub(crate) const SHALLOW: &[u8] = b"shallow";
 
 /// The ref name of branch `name`: `refs/heads/<name>`.
 pub(crate) fn branch_ref(name: &str) -> String {
@@ -377,6 +384,50 @@ impl Repository {
     /// Every branch with its head, sorted by name.
     pub fn branches(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
         self.refs_under(HEADS)
+    }
+
+    /// The remote-tracking refs of `remote` (`refs/remotes/<remote>/...`):
+    /// branch name and commit, sorted.
+    pub fn remote_refs(&self, remote: &str) -> Result<Vec<(String, CommitId)>, RepoError> {
+        self.refs_under(&format!("{REMOTES}{remote}/"))
+    }
+
+    /// Every remote-tracking ref (`<remote>/<branch>` and commit), sorted.
+    /// These are gc roots ([`Repository::roots`] includes them).
+    pub fn all_remote_refs(&self) -> Result<Vec<(String, CommitId)>, RepoError> {
+        self.refs_under(REMOTES)
+    }
+
+    /// The commit a remote-tracking ref holds.
+    pub fn remote_ref(&self, remote: &str, branch: &str) -> Result<Option<CommitId>, RepoError> {
+        self.ref_target(REMOTES, &format!("{remote}/{branch}"))
+    }
+
+    /// The commits of a shallow clone whose parents were left behind
+    /// (empty for a full repository). History walks stop at them.
+    pub fn shallow(&self) -> Result<std::collections::HashSet<CommitId>, RepoError> {
+        let raw = self
+            .store
+            .get_vec(Space::Meta, SHALLOW)?
+            .unwrap_or_default();
+        if raw.len() % 32 != 0 {
+            return Err(RepoError::Corrupt {
+                what: "shallow commit list (meta/shallow)".into(),
+                reason: format!("{} bytes, not a multiple of 32", raw.len()),
+            });
+        }
+        Ok(raw
+            .chunks_exact(32)
+            .filter_map(CommitId::from_slice)
+            .collect())
+    }
+
+    /// Whether a commit object is stored.
+    pub fn has_commit(&self, id: &CommitId) -> Result<bool, RepoError> {
+        Ok(self.store.contains(
+            Space::Objects,
+            &object_key(objects::KIND_COMMIT, &ObjectId::from_bytes(*id.as_bytes())),
+        )?)
     }
 
     /// The commit the ref `prefix + name` holds, if it exists.
@@ -577,13 +628,18 @@ impl Repository {
 
     /// The newest commit with `step` on the first-parent line from `head`.
     fn find_step(&self, head: CommitId, step: u64) -> Result<Option<CommitId>, RepoError> {
+        let shallow = self.shallow()?;
         let mut cur = Some(head);
         while let Some(id) = cur {
             let c = self.commit_object(&id)?;
             if c.step == step {
                 return Ok(Some(id));
             }
-            cur = c.parents.first().copied();
+            cur = c
+                .parents
+                .first()
+                .copied()
+                .filter(|_| !shallow.contains(&id));
         }
         Ok(None)
     }

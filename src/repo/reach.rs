@@ -87,6 +87,7 @@ impl Repository {
         let mut queue: VecDeque<(CommitId, usize)> = roots.iter().map(|&c| (c, 0)).collect();
         let mut order = Vec::new();
         let mut parents_of: HashMap<CommitId, Vec<CommitId>> = HashMap::new();
+        let shallow = self.shallow()?;
         while let Some((id, gen)) = queue.pop_front() {
             if seen.contains_key(&id) || opts.depth.is_some_and(|d| gen >= d) {
                 continue;
@@ -105,8 +106,11 @@ impl Repository {
                 Err(e) => return Err(e),
             };
             order.push(id);
-            for p in &commit.parents {
-                queue.push_back((*p, gen + 1));
+            // A shallow clone's boundary: its parents were never fetched.
+            if !shallow.contains(&id) {
+                for p in &commit.parents {
+                    queue.push_back((*p, gen + 1));
+                }
             }
             parents_of.insert(id, commit.parents.clone());
             let place = format!("commit {} (step {})", id.short(12), commit.step);
@@ -207,31 +211,41 @@ impl Repository {
         ChunkRecord::decode_header(&bytes).map_err(corrupt(what()))
     }
 
-    /// Every root of the repository: branch heads and tags, plus the
-    /// commits of ref-log entries written after `since` (Unix
-    /// seconds; `u64::MAX`: none), that still exist.
+    /// Every root of the repository: branch heads, tags and
+    /// remote-tracking refs, plus [`reflog_roots`](Self::reflog_roots)
+    /// (`since`: `u64::MAX` for none), sorted and unique.
     pub fn roots(&self, since: u64) -> Result<Vec<CommitId>, RepoError> {
+        let mut roots = self.ref_roots()?;
+        roots.extend(self.reflog_roots(since)?);
+        roots.sort();
+        roots.dedup();
+        Ok(roots)
+    }
+
+    /// The commits refs name: branch heads, tags, remote-tracking refs.
+    pub fn ref_roots(&self) -> Result<Vec<CommitId>, RepoError> {
         let mut roots: Vec<CommitId> = self.branches()?.into_iter().map(|(_, c)| c).collect();
         roots.extend(self.tags()?.into_iter().map(|(_, c)| c));
-        if since != u64::MAX {
-            for e in self.reflog(None)? {
-                if e.time > since {
-                    for c in [e.old, e.new].into_iter().flatten() {
-                        if self.store.contains(
-                            Space::Objects,
-                            &super::objects::object_key(
-                                super::objects::KIND_COMMIT,
-                                &ObjectId::from_bytes(*c.as_bytes()),
-                            ),
-                        )? {
-                            roots.push(c);
-                        }
+        roots.extend(self.all_remote_refs()?.into_iter().map(|(_, c)| c));
+        Ok(roots)
+    }
+
+    /// The old and new commits of ref-log entries written after `since`
+    /// (Unix seconds; `u64::MAX`: none) that still exist.
+    pub fn reflog_roots(&self, since: u64) -> Result<Vec<CommitId>, RepoError> {
+        let mut roots = Vec::new();
+        if since == u64::MAX {
+            return Ok(roots);
+        }
+        for e in self.reflog(None)? {
+            if e.time > since {
+                for c in [e.old, e.new].into_iter().flatten() {
+                    if self.has_commit(&c)? {
+                        roots.push(c);
                     }
                 }
             }
         }
-        roots.sort();
-        roots.dedup();
         Ok(roots)
     }
 }

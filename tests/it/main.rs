@@ -6,6 +6,7 @@ mod crash;
 mod fuzz_regressions;
 mod gc_fsck;
 mod gc_model;
+mod remote;
 mod repo_bench;
 mod repo_corpus;
 mod show_diff;

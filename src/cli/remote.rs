@@ -1,0 +1,381 @@
+//! The shared-storage commands: remote, push, fetch, pull, clone. Progress
+//! bars on stderr (hidden when stderr is not a terminal), a summary of
+//! logical vs transferred bytes on stdout.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use ckvc::remote::config::{self, RemoteConfig};
+use ckvc::remote::{self, Progress, Remote, RemoteError, S3Options};
+use ckvc::repo::Repository;
+
+use super::repo::{fail, human, Where};
+use super::{exit, out, Failure};
+
+#[derive(Subcommand)]
+pub enum RemoteCommand {
+    /// List, add or remove remotes.
+    Remote(RemoteArgs),
+    /// Send a branch's commits the remote lacks, then move its branch
+    /// (fast-forward only unless --force).
+    Push {
+        /// Remote name (default: origin).
+        remote: Option<String>,
+        /// Branch (default: the current one).
+        branch: Option<String>,
+        #[arg(long)]
+        force: bool,
+        /// Close a pack at this many bytes (default 64 MiB).
+        #[arg(long, hide = true)]
+        pack_size: Option<usize>,
+    },
+    /// Download the remote's branches into refs/remotes/<remote>/.
+    Fetch {
+        /// Remote name (default: origin).
+        remote: Option<String>,
+    },
+    /// Fetch a branch and fast-forward the local one to it.
+    Pull {
+        remote: Option<String>,
+        branch: Option<String>,
+    },
+    /// Create a repository from a remote (as origin).
+    Clone {
+        /// A directory path, file:///path, or s3://bucket/prefix.
+        url: String,
+        dir: PathBuf,
+        /// Branch to check out (and the only one fetched).
+        #[arg(long, short = 'b')]
+        branch: Option<String>,
+        /// Only the newest N commits, with full snapshots where delta bases
+        /// are left behind.
+        #[arg(long)]
+        depth: Option<usize>,
+        #[command(flatten)]
+        s3: S3Args,
+    },
+}
+
+#[derive(Args)]
+pub struct RemoteArgs {
+    #[command(subcommand)]
+    action: Option<RemoteAction>,
+    /// Show URLs.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+#[derive(Subcommand)]
+enum RemoteAction {
+    /// Add a remote: a directory path, file:///path, or s3://bucket/prefix.
+    Add {
+        name: String,
+        url: String,
+        #[command(flatten)]
+        s3: S3Args,
+    },
+    /// Remove a remote and its remote-tracking refs.
+    Remove { name: String },
+}
+
+/// S3 settings (credentials come from AWS_ACCESS_KEY_ID /
+/// AWS_SECRET_ACCESS_KEY and the other standard AWS variables).
+#[derive(Args, Clone)]
+pub struct S3Args {
+    /// Endpoint of a self-hosted S3-compatible store, e.g. http://host:9000.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Region (default: AWS_REGION, else us-east-1).
+    #[arg(long)]
+    region: Option<String>,
+}
+
+impl S3Args {
+    fn options(&self) -> S3Options {
+        S3Options {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            ..S3Options::default()
+        }
+    }
+}
+
+fn rfail(e: RemoteError) -> Failure {
+    if let RemoteError::Repo(r) = e {
+        return fail(r);
+    }
+    let code = if e.is_corruption() {
+        exit::CORRUPT
+    } else if matches!(e, RemoteError::Locked { .. }) {
+        exit::LOCKED
+    } else {
+        exit::USER
+    };
+    let hint = match &e {
+        RemoteError::NonFastForward { .. } => Some(
+            "run `ckvc pull` to bring in the remote's commits first, or `ckvc push --force` to overwrite them".into(),
+        ),
+        RemoteError::Diverged { .. } => Some(
+            "both sides have new commits; push your branch under another name, or reset it with `ckvc branch`".into(),
+        ),
+        RemoteError::NoSuchRemote { .. } => Some("see `ckvc remote -v`".into()),
+        RemoteError::Corrupt { .. } => Some(
+            "nothing was written to the local repository; the remote copy is damaged".into(),
+        ),
+        _ => None,
+    };
+    Failure {
+        code,
+        message: e.to_string(),
+        hint,
+    }
+}
+
+/// Progress bars on stderr: objects on the bar, bytes and rate beside it.
+struct Bars {
+    bar: Mutex<Option<(ProgressBar, u64)>>,
+}
+
+impl Bars {
+    fn new() -> Self {
+        Bars {
+            bar: Mutex::new(None),
+        }
+    }
+}
+
+impl Progress for Bars {
+    fn start(&self, phase: &str, _total_bytes: u64, total_items: u64) {
+        let pb = ProgressBar::new(total_items);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>8} [{bar:30}] {pos}/{len} objects  {msg}  {elapsed}",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        pb.set_prefix(phase.to_string());
+        if let Ok(mut b) = self.bar.lock() {
+            *b = Some((pb, 0));
+        }
+    }
+    fn advance(&self, bytes: u64, items: u64) {
+        if let Ok(mut b) = self.bar.lock() {
+            if let Some((pb, total)) = b.as_mut() {
+                *total += bytes;
+                pb.inc(items);
+                let secs = pb.elapsed().as_secs_f64().max(1e-3);
+                pb.set_message(format!(
+                    "{} ({}/s)",
+                    human(*total),
+                    human((*total as f64 / secs) as u64)
+                ));
+            }
+        }
+    }
+    fn finish(&self) {
+        if let Ok(mut b) = self.bar.lock() {
+            if let Some((pb, _)) = b.take() {
+                pb.finish_and_clear();
+            }
+        }
+    }
+}
+
+fn open_named(repo: &Repository, name: &str) -> Result<(RemoteConfig, Box<dyn Remote>), Failure> {
+    let cfg = config::remote(repo, name).map_err(rfail)?;
+    let r = cfg.open().map_err(rfail)?;
+    Ok((cfg, r))
+}
+
+fn rate(bytes: u64, t: Instant) -> String {
+    let s = t.elapsed().as_secs_f64().max(1e-6);
+    format!("{:.1} MiB/s", bytes as f64 / (1 << 20) as f64 / s)
+}
+
+pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
+    match cmd {
+        RemoteCommand::Remote(args) => match args.action {
+            None => {
+                let repo = w.open(false)?;
+                let mut s = String::new();
+                for (name, cfg) in config::remotes(&repo).map_err(rfail)? {
+                    if args.verbose {
+                        let mut extra = String::new();
+                        if let Some(e) = &cfg.s3.endpoint {
+                            extra.push_str(&format!("  (endpoint {e})"));
+                        }
+                        s.push_str(&format!("{name}\t{}{extra}\n", cfg.url));
+                    } else {
+                        s.push_str(&format!("{name}\n"));
+                    }
+                }
+                out(&s)
+            }
+            Some(RemoteAction::Add { name, url, s3 }) => {
+                let repo = w.open(true)?;
+                let cfg = config::add_remote(&repo, &name, &url, s3.options()).map_err(rfail)?;
+                out(&format!("added remote {name} at {}\n", cfg.url))
+            }
+            Some(RemoteAction::Remove { name }) => {
+                let repo = w.open(true)?;
+                config::remove_remote(&repo, &name).map_err(rfail)?;
+                out(&format!("removed remote {name}\n"))
+            }
+        },
+        RemoteCommand::Push {
+            remote: name,
+            branch,
+            force,
+            pack_size,
+        } => {
+            let repo = w.open(true)?;
+            let name = name.unwrap_or_else(|| "origin".into());
+            let (cfg, r) = open_named(&repo, &name)?;
+            let mut opts = remote::PushOptions {
+                branch,
+                force,
+                ..Default::default()
+            };
+            if let Some(p) = pack_size {
+                opts.pack_bytes = p.max(1);
+            }
+            let t = Instant::now();
+            let rep = remote::push(&repo, &name, &*r, &opts, &Bars::new()).map_err(rfail)?;
+            if rep.up_to_date {
+                return out(&format!(
+                    "{} at {}: {} is up to date\n",
+                    rep.branch,
+                    cfg.url,
+                    rep.new.short(12)
+                ));
+            }
+            let old = rep
+                .old
+                .map(|o| o.short(12))
+                .unwrap_or_else(|| "(new branch)".into());
+            out(&format!(
+                "pushed {} to {} {}: {} -> {}{}\n{} commits, {} logical; sent {} in {} packs ({} objects, {:.3} of logical, {}); {} objects already there\n",
+                rep.branch,
+                name,
+                cfg.url,
+                old,
+                rep.new.short(12),
+                if rep.forced { " (forced)" } else { "" },
+                rep.commits,
+                human(rep.logical_bytes),
+                human(rep.bytes_sent),
+                rep.packs_sent,
+                rep.objects_sent,
+                rep.bytes_sent as f64 / rep.logical_bytes.max(1) as f64,
+                rate(rep.bytes_sent, t),
+                rep.objects_present,
+            ))
+        }
+        RemoteCommand::Fetch { remote: name } => {
+            let repo = w.open(true)?;
+            let name = name.unwrap_or_else(|| "origin".into());
+            let (cfg, r) = open_named(&repo, &name)?;
+            let t = Instant::now();
+            let rep = remote::fetch(&repo, &name, &*r, &Default::default(), &Bars::new())
+                .map_err(rfail)?;
+            let mut s = fetch_summary(&name, &cfg.url, &rep, t);
+            if rep.updated.is_empty() {
+                s.push_str("already up to date\n");
+            }
+            out(&s)
+        }
+        RemoteCommand::Pull {
+            remote: name,
+            branch,
+        } => {
+            let repo = w.open(true)?;
+            let name = name.unwrap_or_else(|| "origin".into());
+            let (cfg, r) = open_named(&repo, &name)?;
+            let t = Instant::now();
+            let rep =
+                remote::pull(&repo, &name, &*r, branch.as_deref(), &Bars::new()).map_err(rfail)?;
+            let mut s = fetch_summary(&name, &cfg.url, &rep.fetch, t);
+            if rep.up_to_date {
+                s.push_str(&format!("{} is up to date\n", rep.branch));
+            } else {
+                s.push_str(&format!(
+                    "fast-forwarded {}: {} -> {}\n",
+                    rep.branch,
+                    rep.old
+                        .map(|o| o.short(12))
+                        .unwrap_or_else(|| "(new)".into()),
+                    rep.new.map(|o| o.short(12)).unwrap_or_default()
+                ));
+            }
+            out(&s)
+        }
+        RemoteCommand::Clone {
+            url,
+            dir,
+            branch,
+            depth,
+            s3,
+        } => {
+            let opts = remote::CloneOptions {
+                branch,
+                depth,
+                s3: s3.options(),
+                config: Default::default(),
+            };
+            let t = Instant::now();
+            let (repo, rep) = remote::clone(&url, &dir, &opts, &Bars::new()).map_err(rfail)?;
+            let mut s = fetch_summary("origin", &url, &rep.fetch, t);
+            match (&rep.branch, &rep.head) {
+                (Some(b), Some(h)) => s.push_str(&format!(
+                    "cloned into {}: branch {b} at {}{}\n",
+                    repo.root().display(),
+                    h.short(12),
+                    if rep.fetch.shallow.is_empty() {
+                        String::new()
+                    } else {
+                        " (shallow)".into()
+                    }
+                )),
+                _ => s.push_str(&format!(
+                    "cloned an empty remote into {}\n",
+                    repo.root().display()
+                )),
+            }
+            out(&s)
+        }
+    }
+}
+
+fn fetch_summary(name: &str, url: &str, rep: &remote::FetchReport, t: Instant) -> String {
+    let mut s = String::new();
+    for u in &rep.updated {
+        s.push_str(&format!(
+            "{name}/{}: {} -> {}\n",
+            u.branch,
+            u.old.map(|o| o.short(12)).unwrap_or_else(|| "(new)".into()),
+            u.new.short(12)
+        ));
+    }
+    if rep.commits > 0 {
+        s.push_str(&format!(
+            "from {url}: {} commits, {} logical; received {} in {} packs ({:.3} of logical, {}), {} objects stored",
+            rep.commits,
+            human(rep.logical_bytes),
+            human(rep.bytes_received),
+            rep.packs,
+            rep.bytes_received as f64 / rep.logical_bytes.max(1) as f64,
+            rate(rep.bytes_received, t),
+            rep.objects,
+        ));
+        if rep.reencoded > 0 {
+            s.push_str(&format!(", {} chunks made full snapshots", rep.reencoded));
+        }
+        s.push('\n');
+    }
+    s
+}

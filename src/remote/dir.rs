@@ -1,0 +1,211 @@
+//! A remote in a directory, typically on a shared filesystem (NFS, Lustre,
+//! a mounted bucket). Files are written to a hidden temporary name in the
+//! same directory, synced, and renamed into place, so readers see the old
+//! file or the whole new one. Compare-and-swap takes an `O_EXCL` lock file
+//! (`.<name>.lock` beside the ref) for the few microseconds of
+//! read-compare-rename, the way git locks refs: atomic on local filesystems
+//! and on NFSv3+ (exclusive create is part of the protocol).
+//!
+//! `object_store`'s `LocalFileSystem` would serve plain files, but it has
+//! no conditional update (`PutMode::Update`), so ref compare-and-swap would
+//! need this code anyway; everything above the [`Remote`] trait (packs,
+//! protocol, verification) is shared with S3.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{check_key, Remote, RemoteError, Version};
+
+/// How long a compare-and-swap waits for another writer's lock file before
+/// reporting [`RemoteError::Locked`] (a lock is held for microseconds; one
+/// this old was left by a killed process).
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// A remote in a directory.
+#[derive(Debug, Clone)]
+pub struct DirRemote {
+    root: PathBuf,
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl DirRemote {
+    /// The remote at `root` (created on the first write).
+    pub fn new(root: PathBuf) -> Self {
+        DirRemote { root }
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf, RemoteError> {
+        check_key(key)?;
+        Ok(self.root.join(key))
+    }
+
+    fn io(what: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
+        move |source| RemoteError::Io {
+            what: what.display().to_string(),
+            source,
+        }
+    }
+
+    fn read(path: &Path) -> Result<Option<Vec<u8>>, RemoteError> {
+        match fs::read(path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) if e.kind() == ErrorKind::IsADirectory => Err(RemoteError::Corrupt {
+                what: path.display().to_string(),
+                reason: "is a directory, expected a file".into(),
+            }),
+            Err(e) => Err(Self::io(path)(e)),
+        }
+    }
+
+    /// Write `data` to a temporary file beside `path`, sync it, rename it
+    /// over `path`, sync the directory.
+    fn write_atomic(path: &Path, data: &[u8]) -> Result<(), RemoteError> {
+        let dir = path.parent().expect("a key has a parent: the root");
+        fs::create_dir_all(dir).map_err(Self::io(dir))?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = dir.join(format!(
+            ".{name}.tmp-{}-{}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let result = (|| {
+            let mut f = File::create(&tmp).map_err(Self::io(&tmp))?;
+            f.write_all(data).map_err(Self::io(&tmp))?;
+            f.sync_all().map_err(Self::io(&tmp))?;
+            fs::rename(&tmp, path).map_err(Self::io(path))?;
+            // Make the rename itself durable.
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+}
+
+/// Removes the lock file when the compare-and-swap ends, however it ends.
+struct LockGuard(PathBuf);
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn version_of(data: &[u8]) -> Version {
+    Version(blake3::hash(data).to_hex().to_string())
+}
+
+impl Remote for DirRemote {
+    fn url(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+        Self::read(&self.path(key)?)
+    }
+
+    fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
+        Ok(Self::read(&self.path(key)?)?.map(|d| {
+            let v = version_of(&d);
+            (d, v)
+        }))
+    }
+
+    fn put(&self, key: &str, data: Vec<u8>) -> Result<(), RemoteError> {
+        Self::write_atomic(&self.path(key)?, &data)
+    }
+
+    fn put_if(
+        &self,
+        key: &str,
+        data: Vec<u8>,
+        expected: Option<&Version>,
+    ) -> Result<(), RemoteError> {
+        let path = self.path(key)?;
+        let dir = path.parent().expect("a key has a parent: the root");
+        fs::create_dir_all(dir).map_err(Self::io(dir))?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let lock = dir.join(format!(".{name}.lock"));
+        let started = Instant::now();
+        let _guard = loop {
+            match OpenOptions::new().write(true).create_new(true).open(&lock) {
+                Ok(_) => break LockGuard(lock),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    if started.elapsed() > LOCK_WAIT {
+                        return Err(RemoteError::Locked {
+                            key: key.into(),
+                            lock,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(Self::io(&lock)(e)),
+            }
+        };
+        let current = Self::read(&path)?.map(|d| version_of(&d));
+        if current.as_ref() != expected {
+            return Err(RemoteError::Conflict { key: key.into() });
+        }
+        Self::write_atomic(&path, &data)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>, RemoteError> {
+        let base = prefix.trim_end_matches('/');
+        let start = if base.is_empty() {
+            self.root.clone()
+        } else {
+            self.path(base)?
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![start];
+        while let Some(d) = stack.pop() {
+            let entries = match fs::read_dir(&d) {
+                Ok(e) => e,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) if e.kind() == ErrorKind::NotADirectory => continue,
+                Err(e) => return Err(Self::io(&d)(e)),
+            };
+            for e in entries {
+                let e = e.map_err(Self::io(&d))?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    continue; // temporary and lock files
+                }
+                let ft = e.file_type().map_err(Self::io(&d))?;
+                if ft.is_dir() {
+                    stack.push(e.path());
+                } else if let Ok(rel) = e.path().strip_prefix(&self.root) {
+                    let key = rel.to_string_lossy().into_owned();
+                    if key.starts_with(prefix) {
+                        out.push(key);
+                    }
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn delete(&self, key: &str) -> Result<(), RemoteError> {
+        let p = self.path(key)?;
+        match fs::remove_file(&p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Self::io(&p)(e)),
+        }
+    }
+}
