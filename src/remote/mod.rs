@@ -24,6 +24,7 @@
 
 use std::path::PathBuf;
 
+mod aws_files;
 pub mod config;
 #[doc(hidden)]
 pub mod conformance;

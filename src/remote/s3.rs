@@ -16,6 +16,7 @@ use object_store::{
     ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 
+use super::aws_files::SharedConfig;
 use super::{check_key, Remote, RemoteError, Version};
 
 /// Bodies larger than this go up as multipart uploads.
@@ -24,7 +25,9 @@ const PART_BYTES: usize = 16 << 20;
 
 /// S3 settings beyond the URL. Unset fields come from the standard AWS
 /// environment variables (`AWS_ENDPOINT_URL`/`AWS_ENDPOINT`, `AWS_REGION`,
-/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...).
+/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...),
+/// else from the AWS shared files (`~/.aws/credentials`, `~/.aws/config`,
+/// profile `AWS_PROFILE`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct S3Options {
     /// A self-hosted store's endpoint, e.g. `http://127.0.0.1:9000`.
@@ -67,12 +70,26 @@ impl S3Remote {
                 retry_timeout: Duration::from_secs(60),
                 ..RetryConfig::default()
             });
-        if std::env::var_os("AWS_REGION").is_none()
-            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-        {
-            b = b.with_region("us-east-1");
+        // What the environment does not say, the AWS shared files may.
+        let unset = |vars: &[&str]| vars.iter().all(|v| std::env::var_os(v).is_none());
+        let shared = SharedConfig::load();
+        if unset(&["AWS_REGION", "AWS_DEFAULT_REGION"]) {
+            b = b.with_region(shared.region.as_deref().unwrap_or("us-east-1"));
         }
-        if let Some(e) = &opts.endpoint {
+        if unset(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]) {
+            if let (Some(k), Some(s)) = (&shared.access_key_id, &shared.secret_access_key) {
+                b = b.with_access_key_id(k).with_secret_access_key(s);
+                if let Some(t) = &shared.session_token {
+                    b = b.with_token(t);
+                }
+            }
+        }
+        let endpoint = opts.endpoint.clone().or_else(|| {
+            unset(&["AWS_ENDPOINT_URL", "AWS_ENDPOINT"])
+                .then(|| shared.endpoint_url.clone())
+                .flatten()
+        });
+        if let Some(e) = &endpoint {
             b = b
                 .with_endpoint(e.clone())
                 .with_allow_http(e.starts_with("http://"))
