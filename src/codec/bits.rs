@@ -99,6 +99,18 @@ impl<'a> BitReader<'a> {
         self.acc >>= n;
         self.nbits -= n;
     }
+    /// The next bit to read, counted from the start of `buf`.
+    pub fn position(&self) -> usize {
+        8 * self.next - self.nbits as usize
+    }
+    /// Continue reading at bit `bit` of `buf` (at or after the start).
+    pub fn set_position(&mut self, bit: usize) {
+        (self.next, self.acc, self.nbits) = (bit >> 3, 0, 0);
+        if bit & 7 != 0 {
+            self.peek_safe(0);
+            self.consume(bit as u32 & 7);
+        }
+    }
     /// True when more bits were consumed than the stream holds.
     pub fn overrun(&self) -> bool {
         let consumed = 8 * (self.next - self.start) as u64 - self.nbits as u64;

@@ -158,7 +158,7 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
 /// Decoding tables kept between blocks (allocated once per thread).
 #[derive(Default)]
 pub struct Tables {
-    pub huffman: Vec<u64>,
+    pub huffman: huffman::DecodeTable,
     pub rans: Vec<u32>,
 }
 

@@ -193,7 +193,7 @@ pub fn decode(
     start: usize,
     len: usize,
     out: &mut [u8],
-    table: &mut Vec<u64>,
+    table: &mut DecodeTable,
 ) -> Result<(), DecodeError> {
     let payload = &frame[start..start + len];
     let corrupt = |reason: &'static str| DecodeError::Corrupt {
@@ -251,11 +251,16 @@ pub fn decode(
     let q = quarter(n).max(1);
     let mk = |j: usize| BitReader::new(frame, start + bounds[j], start + bounds[j + 1]);
     let mut r = [mk(0), mk(1), mk(2), mk(3)];
-    let (d0, rest) = out.split_at_mut(q.min(n));
-    let (d1, rest) = rest.split_at_mut(q.min(rest.len()));
-    let (d2, d3) = rest.split_at_mut(q.min(rest.len()));
-    let mut pos = [0usize; 4];
-    let multi = n >= MULTI_MIN_SYMBOLS;
+    // Lane j decodes symbols [lo[j], hi[j]) of `out`; pos[j] is how far
+    // the fast loop got.
+    let lo = [0, q.min(n), (2 * q).min(n), (3 * q).min(n)];
+    let hi = [lo[1], lo[2], lo[3], n];
+    let mut pos = lo;
+    // Two codes fit one 11-bit lookup only if the shortest is at most 5
+    // bits; else (a near-noise mantissa stream) the multi-symbol table would
+    // be the single-symbol one, built at greater cost.
+    let min_len = lens.iter().copied().filter(|&l| l > 0).min().unwrap_or(1) as u32;
+    let multi = n >= MULTI_MIN_SYMBOLS && 2 * min_len <= MAX_BITS;
     let fast = n >= FAST_MIN_SYMBOLS;
     // The fast loop indexes with 11 bits; a small block's single-symbol
     // table only needs as many as the longest code.
@@ -264,18 +269,20 @@ pub fn decode(
     } else {
         lens.iter().copied().max().unwrap_or(1) as u32
     };
-    build_table(&lens, multi, bits, table);
+    table.build(&lens, multi, bits);
+    let table = &table.entries;
     if fast {
         let t: &[u64; TABLE_SIZE] = table.as_slice().try_into().expect("table size");
-        let [r0, r1, r2, r3] = &mut r;
-        let [p0, p1, p2, p3] = &mut pos;
-        decode_fast(t, [r0, r1, r2, r3], [d0, d1, d2, d3], [p0, p1, p2, p3]);
+        let mut at = r.each_ref().map(|r| r.position());
+        decode_fast(t, frame, &mut at, out, &mut pos, &hi);
+        for (rj, &a) in r.iter_mut().zip(&at) {
+            rj.set_position(a);
+        }
     }
     // Tails (and small blocks): one symbol per lookup with bounded reads;
     // an entry's first symbol and its own length.
-    for (j, d) in [d0, d1, d2, d3].into_iter().enumerate() {
-        let rj = &mut r[j];
-        for o in &mut d[pos[j]..] {
+    for (j, rj) in r.iter_mut().enumerate() {
+        for o in &mut out[pos[j]..hi[j]] {
             let s = (table[rj.peek_safe(bits) as usize] >> 16) as u8;
             *o = s;
             rj.consume(lens[s as usize] as u32);
@@ -293,6 +300,33 @@ pub fn decode(
 const MULTI_MIN_SYMBOLS: usize = 8192;
 /// Blocks shorter than this skip the four-lane loop altogether.
 const FAST_MIN_SYMBOLS: usize = 256;
+
+/// A decode table and the code it was built for, kept between blocks:
+/// consecutive blocks of a stream (the exponents of one tensor) often have
+/// the very same code lengths, and then the table is reused as it is.
+#[derive(Default)]
+pub struct DecodeTable {
+    entries: Vec<u64>,
+    /// What `entries` holds: the code lengths, `multi` and `bits` it was
+    /// built with; `None` before the first build.
+    built: Option<([u8; 256], bool, u32)>,
+}
+
+impl DecodeTable {
+    /// Make the table the one for `lens` (see [`build_table`]), building it
+    /// only if it is not that already.
+    fn build(&mut self, lens: &[u8; 256], multi: bool, bits: u32) {
+        if self
+            .built
+            .as_ref()
+            .is_some_and(|(l, m, b)| l == lens && *m == multi && *b == bits)
+        {
+            return;
+        }
+        build_table(lens, multi, bits, &mut self.entries);
+        self.built = Some((*lens, multi, bits));
+    }
+}
 
 /// Decode table, indexed by the next 11 bits of a stream. Entry: the bits
 /// its symbols take in bits 0..8 (so the entry itself is the shift
@@ -353,69 +387,77 @@ fn build_table(lens: &[u8; 256], multi: bool, bits: u32, table: &mut Vec<u64>) {
 }
 
 /// The hot loop: four lanes interleaved so four independent dependency
-/// chains (bit buffer -> table load -> shift) overlap. Each round refills
-/// once (>= 56 bits) and makes 5 lookups of up to 4 symbols, so a lane needs
-/// 20 symbols of room and 8 readable input bytes per round.
+/// chains (bit buffer -> table load -> shift) overlap. A round loads 8
+/// bytes per lane (56 bits used, a sentinel bit above them) and makes 5
+/// lookups of up to 4 symbols (at most 55 bits); the sentinel's place then
+/// says how many bits the round consumed. So a lane needs 20 symbols of
+/// room and 8 readable input bytes per round, and advances at most 7. The
+/// loop runs as many rounds at a time as all lanes certainly have room
+/// for, then checks again.
+///
+/// `at[j]`: lane j's next bit (absolute, in `buf`); `pos[j]`: its next
+/// output symbol, below `end[j]`. Lanes' output ranges must not overlap.
 #[inline(always)]
-fn decode_fast(
+fn decode_fast_body(
     t: &[u64; TABLE_SIZE],
-    r: [&mut BitReader; 4],
-    d: [&mut [u8]; 4],
-    p: [&mut usize; 4],
+    buf: &[u8],
+    at: &mut [usize; 4],
+    out: &mut [u8],
+    pos: &mut [usize; 4],
+    end: &[usize; 4],
 ) {
-    let [r0, r1, r2, r3] = r;
-    let [d0, d1, d2, d3] = d;
-    let [p0, p1, p2, p3] = p;
-    let buf = r0.buf;
-    let (mut a0, mut b0, mut n0, mut o0) = (r0.acc, r0.nbits, r0.next, *p0);
-    let (mut a1, mut b1, mut n1, mut o1) = (r1.acc, r1.nbits, r1.next, *p1);
-    let (mut a2, mut b2, mut n2, mut o2) = (r2.acc, r2.nbits, r2.next, *p2);
-    let (mut a3, mut b3, mut n3, mut o3) = (r3.acc, r3.nbits, r3.next, *p3);
-    macro_rules! refill {
-        ($acc:ident, $bits:ident, $next:ident) => {{
-            let w = u64::from_le_bytes(buf[$next..$next + 8].try_into().expect("8 bytes"));
-            $acc |= w << $bits;
-            let take = (63 - $bits) >> 3;
-            $next += take as usize;
-            $bits += take * 8;
-        }};
-    }
-    macro_rules! step {
-        ($acc:ident, $bits:ident, $out:ident, $d:ident) => {{
-            let v = t[($acc & (TABLE_SIZE as u64 - 1)) as usize];
-            $d[$out..$out + 4].copy_from_slice(&((v >> 16) as u32).to_le_bytes());
-            $acc >>= v & 63;
-            $bits -= v as u8 as u32;
-            $out += (v >> 8) as u8 as usize;
-        }};
-    }
-    while room(o0, d0.len(), n0, buf.len())
-        && room(o1, d1.len(), n1, buf.len())
-        && room(o2, d2.len(), n2, buf.len())
-        && room(o3, d3.len(), n3, buf.len())
-    {
-        refill!(a0, b0, n0);
-        refill!(a1, b1, n1);
-        refill!(a2, b2, n2);
-        refill!(a3, b3, n3);
-        for _ in 0..5 {
-            step!(a0, b0, o0, d0);
-            step!(a1, b1, o1, d1);
-            step!(a2, b2, o2, d2);
-            step!(a3, b3, o3, d3);
+    const SENTINEL: u64 = 1 << 56;
+    assert!(end.iter().all(|&e| e <= out.len()), "lanes inside out");
+    let dst = out.as_mut_ptr();
+    let mut o = *pos;
+    loop {
+        let mut rounds = usize::MAX;
+        for j in 0..4 {
+            let by_out = end[j].saturating_sub(o[j]) / 20;
+            let by_in = match buf.len().checked_sub((at[j] >> 3) + 8) {
+                Some(room) => room / 7 + 1,
+                None => 0,
+            };
+            rounds = rounds.min(by_out).min(by_in);
+        }
+        if rounds == 0 {
+            break;
+        }
+        for _ in 0..rounds {
+            let mut acc = [0u64; 4];
+            for j in 0..4 {
+                let b = at[j] >> 3;
+                let w = u64::from_le_bytes(buf[b..b + 8].try_into().expect("8 bytes"));
+                acc[j] = ((w >> (at[j] & 7)) & (SENTINEL - 1)) | SENTINEL;
+            }
+            for _ in 0..5 {
+                for j in 0..4 {
+                    let v = t[(acc[j] & (TABLE_SIZE as u64 - 1)) as usize];
+                    let syms = ((v >> 16) as u32).to_le_bytes();
+                    // SAFETY: `o[j] + 20 <= end[j] <= out.len()` at the
+                    // start of the round (the `rounds` bound and the assert
+                    // above), and each of its 5 steps advances by an entry's
+                    // count, which `build_table` makes 1..=4 for every
+                    // entry; so this step starts at most 16 past the round's
+                    // start and its 4 bytes stay inside lane j's range of
+                    // `out`, which `dst` points to and which is borrowed
+                    // mutably here.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(syms.as_ptr(), dst.add(o[j]), 4);
+                    }
+                    acc[j] >>= v & 63;
+                    o[j] += (v >> 8) as u8 as usize;
+                }
+            }
+            for j in 0..4 {
+                at[j] += acc[j].leading_zeros() as usize - 7;
+            }
         }
     }
-    (r0.acc, r0.nbits, r0.next, *p0) = (a0, b0, n0, o0);
-    (r1.acc, r1.nbits, r1.next, *p1) = (a1, b1, n1, o1);
-    (r2.acc, r2.nbits, r2.next, *p2) = (a2, b2, n2, o2);
-    (r3.acc, r3.nbits, r3.next, *p3) = (a3, b3, n3, o3);
+    *pos = o;
 }
 
-/// Room for one more fast round: 20 output symbols, 8 input bytes.
-#[inline(always)]
-fn room(out: usize, out_len: usize, next: usize, in_len: usize) -> bool {
-    out + 20 <= out_len && next + 8 <= in_len
-}
+dispatch!(decode_fast, decode_fast_body, (t: &[u64; TABLE_SIZE], buf: &[u8], at: &mut [usize; 4], out: &mut [u8], pos: &mut [usize; 4], end: &[usize; 4]));
 
 #[cfg(test)]
 mod tests {
@@ -442,7 +484,7 @@ mod tests {
         let mut out = Vec::new();
         encode(syms, &lens, &mut out);
         let mut back = vec![0u8; syms.len()];
-        let mut t = Vec::new();
+        let mut t = DecodeTable::default();
         decode(&out, 0, out.len(), &mut back, &mut t).unwrap();
         assert_eq!(back, syms);
         out.len()

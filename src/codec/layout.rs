@@ -142,29 +142,6 @@ fn ungroup4_body(s: [&[u8]; 4], out: &mut [u8], rotate: bool) {
     }
 }
 
-/// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
-/// portable build is the same source compiled for the baseline target.
-macro_rules! dispatch {
-    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
-        fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,bmi1,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("bmi2")
-                {
-                    // SAFETY: the CPU supports the features `avx2` was compiled for.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
-    };
-}
-
 dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool));
 dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [u8]; 4], rotate: bool));
 dispatch!(ungroup2, ungroup2_body, (s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool));

@@ -17,6 +17,29 @@
 //! assert_eq!(decode(&frame, Some(&old)).unwrap(), new);
 //! ```
 
+// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
+// portable build is the same source compiled for the baseline target.
+macro_rules! dispatch {
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,bmi1,bmi2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("bmi2")
+                {
+                    // SAFETY: the CPU supports the features `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 mod bits;
 mod block;
 mod dtype;
