@@ -310,6 +310,8 @@ pub struct DecodeTable {
     /// What `entries` holds: the code lengths, `multi` and `bits` it was
     /// built with; `None` before the first build.
     built: Option<([u8; 256], bool, u32)>,
+    /// Scratch for the multi-symbol build's sub-tables.
+    store: Vec<u64>,
 }
 
 impl DecodeTable {
@@ -323,7 +325,7 @@ impl DecodeTable {
         {
             return;
         }
-        build_table(lens, multi, bits, &mut self.entries);
+        build_table(lens, multi, bits, &mut self.entries, &mut self.store);
         self.built = Some((*lens, multi, bits));
     }
 }
@@ -334,55 +336,107 @@ impl DecodeTable {
 /// lowest byte). With `multi`, an entry resolves as many whole codes (up to
 /// four) as fit in 11 bits; without, only the first (cheaper to build for a
 /// small block).
-fn build_table(lens: &[u8; 256], multi: bool, bits: u32, table: &mut Vec<u64>) {
-    const MASK: usize = TABLE_SIZE - 1;
+fn build_table(
+    lens: &[u8; 256],
+    multi: bool,
+    bits: u32,
+    table: &mut Vec<u64>,
+    store: &mut Vec<u64>,
+) {
     let codes = canonical_codes(lens);
-    let size = 1usize << bits;
-    // single[i] = symbol | length << 8 of the code `i`'s low bits start with.
-    let mut single = [0u16; TABLE_SIZE];
-    let single = &mut single[..size];
+    if table.len() < TABLE_SIZE {
+        table.resize(TABLE_SIZE, 0);
+    }
+    if multi {
+        build_multi(lens, &codes, table, store);
+        return;
+    }
+    // One symbol per entry: each code fills every entry whose low bits
+    // it is.
+    let table = &mut table[..1usize << bits];
     for s in 0..256 {
         let l = lens[s] as usize;
         if l > 0 {
-            let e = s as u16 | (l as u16) << 8;
-            for slot in single[codes[s] as usize..].iter_mut().step_by(1 << l) {
+            let e = l as u64 | 1 << 8 | (s as u64) << 16;
+            for slot in table[codes[s] as usize..].iter_mut().step_by(1 << l) {
                 *slot = e;
             }
         }
     }
-    if table.len() < TABLE_SIZE {
-        table.resize(TABLE_SIZE, 0);
+}
+
+/// Entries of the multi-symbol table, built by prefix: the entries that
+/// start with code `c` (symbol `s`, length `l`) are `c + (r << l)` for every
+/// `r` of `11 - l` bits, and each is `s` followed by the decode of `r`
+/// within `11 - l` bits and up to three codes. That decode is itself a
+/// table of `2^(11-l)` entries built the same way (up to two codes within
+/// fewer bits, and so on), shared by every code of length `l`. Each entry
+/// is written once per table level, a few operations each, instead of four
+/// dependent lookups per entry.
+fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &mut Vec<u64>) {
+    // `sub(level, b)`: up to `level` codes (1..=3) within `b` bits (0..=10),
+    // at `(level - 1) * TABLE_SIZE + 2^b - 1` in `store`.
+    let syms: Vec<(u64, u32, usize)> = (0..256)
+        .filter(|&s| lens[s] > 0)
+        .map(|s| (s as u64, lens[s] as u32, codes[s] as usize))
+        .collect();
+    if store.len() < 3 * TABLE_SIZE {
+        store.resize(3 * TABLE_SIZE, 0);
     }
-    if !multi {
-        for (t, &e) in table.iter_mut().zip(single.iter()) {
-            *t = (e >> 8) as u64 | 1 << 8 | ((e & 0xff) as u64) << 16;
+    let at = |level: usize, b: u32| (level - 1) * TABLE_SIZE + (1usize << b) - 1;
+    // `s` before entry `e`: bits and count grow, symbols move up a byte.
+    #[inline(always)]
+    fn prepend(e: u64, s: u64, l: u32) -> u64 {
+        (e & 0xffff) + ((e >> 16) << 24) + (l as u64 + (1 << 8) + (s << 16))
+    }
+    // Levels are filled bottom up: a level's tables need the ones below.
+    let mut need = [[false; MAX_BITS as usize]; 3];
+    for &(_, l, _) in &syms {
+        need[2][(MAX_BITS - l) as usize] = true;
+    }
+    for level in (2..=3).rev() {
+        for b in 0..MAX_BITS as usize {
+            if need[level - 1][b] {
+                for &(_, l, _) in &syms {
+                    if l as usize <= b {
+                        need[level - 2][b - l as usize] = true;
+                    }
+                }
+            }
         }
-        return;
     }
-    let table: &mut [u64; TABLE_SIZE] = (&mut table[..TABLE_SIZE]).try_into().expect("table size");
-    let single: &[u16; TABLE_SIZE] = (&*single).try_into().expect("multi tables use 11 bits");
-    for (i, t) in table.iter_mut().enumerate() {
-        // Up to four codes, each kept only if it ends within the 11 bits;
-        // branch-free so the build costs the same for every entry.
-        let e1 = single[i];
-        let b1 = (e1 >> 8) as usize;
-        let e2 = single[(i >> b1) & MASK];
-        let b2 = b1 + (e2 >> 8) as usize;
-        let e3 = single[(i >> b2.min(63)) & MASK];
-        let b3 = b2 + (e3 >> 8) as usize;
-        let e4 = single[(i >> b3.min(63)) & MASK];
-        let b4 = b3 + (e4 >> 8) as usize;
-        let max = MAX_BITS as usize;
-        let (k2, k3, k4) = (b2 <= max, b3 <= max, b4 <= max);
-        let (k3, k4) = (k2 && k3, k2 && k3 && k4);
-        let count = 1 + k2 as u64 + k3 as u64 + k4 as u64;
-        let bits = [b1, b2, b3, b4][count as usize - 1] as u64;
-        let syms = (e1 & 0xff) as u64
-            | ((e2 & 0xff) as u64) << 8
-            | ((e3 & 0xff) as u64) << 16
-            | ((e4 & 0xff) as u64) << 24;
-        let syms = syms & ((1u64 << (8 * count)) - 1);
-        *t = bits | count << 8 | syms << 16;
+    for level in 1..=3 {
+        for b in 0..MAX_BITS {
+            if !need[level - 1][b as usize] {
+                continue;
+            }
+            let dst = at(level, b);
+            store[dst..dst + (1 << b)].fill(0);
+            for &(s, l, c) in &syms {
+                if l > b {
+                    continue;
+                }
+                let n = 1usize << (b - l);
+                if level == 1 {
+                    let e = prepend(0, s, l);
+                    for r in 0..n {
+                        store[dst + c + (r << l)] = e;
+                    }
+                } else {
+                    let src = at(level - 1, b - l);
+                    for r in 0..n {
+                        store[dst + c + (r << l)] = prepend(store[src + r], s, l);
+                    }
+                }
+            }
+        }
+    }
+    for &(s, l, c) in &syms {
+        let src = at(3, MAX_BITS - l);
+        let sub = &store[src..src + (1 << (MAX_BITS - l))];
+        for (r, &e) in sub.iter().enumerate() {
+            table[c + (r << l)] = prepend(e, s, l);
+        }
     }
 }
 
@@ -520,7 +574,64 @@ mod tests {
         round_trip(&syms);
     }
 
+    /// The multi-symbol table by definition: per entry, up to four codes,
+    /// each kept only if it ends within the 11 bits.
+    fn naive_multi_table(lens: &[u8; 256]) -> Vec<u64> {
+        let codes = canonical_codes(lens);
+        let mut single = vec![(0u64, 0u32); TABLE_SIZE];
+        for s in 0..256 {
+            let l = lens[s] as u32;
+            if l > 0 {
+                for i in (codes[s] as usize..TABLE_SIZE).step_by(1 << l) {
+                    single[i] = (s as u64, l);
+                }
+            }
+        }
+        (0..TABLE_SIZE)
+            .map(|i| {
+                let (mut bits, mut count, mut syms) = (0u32, 0u64, 0u64);
+                while count < 4 {
+                    let (s, l) = single[(i >> bits) & (TABLE_SIZE - 1)];
+                    if bits + l > MAX_BITS {
+                        break;
+                    }
+                    syms |= s << (8 * count);
+                    bits += l;
+                    count += 1;
+                }
+                bits as u64 | count << 8 | syms << 16
+            })
+            .collect()
+    }
+
+    fn check_multi_table(syms: &[u8]) {
+        let lens = code_lengths(&hist(syms), MAX_BITS);
+        let mut t = DecodeTable::default();
+        t.build(&lens, true, MAX_BITS);
+        assert_eq!(t.entries[..TABLE_SIZE], naive_multi_table(&lens)[..]);
+    }
+
+    #[test]
+    fn multi_table_matches_naive_on_skewed_codes() {
+        let v: Vec<u8> = (0..70000u32)
+            .map(|i| i.trailing_zeros().min(20) as u8)
+            .collect();
+        check_multi_table(&v);
+        check_multi_table(&[0, 1]);
+        check_multi_table(&[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3]);
+        let all: Vec<u8> = (0..=255u8).chain(std::iter::repeat_n(7, 5000)).collect();
+        check_multi_table(&all);
+    }
+
     proptest! {
+        #[test]
+        fn multi_table_matches_naive(syms in proptest::collection::vec(0u8..40, 2..3000)) {
+            let mut syms = syms;
+            syms[0] = 0;
+            syms[1] = 1;
+            check_multi_table(&syms);
+        }
+
         #[test]
         fn arbitrary_blocks_round_trip(mut syms in proptest::collection::vec(0u8..40, 2..5000)) {
             syms[0] = 0;
