@@ -8,7 +8,7 @@
 //! shorter), each its own LSB-first bit stream, so the decoder can interleave
 //! four independent dependency chains.
 
-use super::bits::{BitReader, BitWriter};
+use super::bits::BitReader;
 use super::DecodeError;
 
 /// Longest code length; also the decode table's index width.
@@ -152,38 +152,81 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
     for pair in lens[lo..=hi].chunks(2) {
         out.push(pair[0] | (pair.get(1).copied().unwrap_or(0) << 4));
     }
-    // Packed (code | len << 16) for a single lookup per symbol.
     let codes = canonical_codes(lens);
-    let mut packed = [0u32; 256];
-    for s in 0..256 {
-        packed[s] = codes[s] as u32 | (lens[s] as u32) << 16;
-    }
+    let codes64: [u64; 256] = std::array::from_fn(|s| codes[s] as u64);
+    let lens64: [u64; 256] = std::array::from_fn(|s| lens[s] as u64);
     let sizes_at = out.len();
     out.extend_from_slice(&[0u8; 12]);
-    let q = quarter(syms.len());
-    for (j, part) in syms.chunks(q.max(1)).enumerate() {
-        let start = out.len();
-        let mut w = BitWriter::new(out, part.len() * MAX_BITS as usize / 8 + 16);
-        let mut it = part.chunks_exact(5);
-        for c in &mut it {
-            for &s in c {
-                let p = packed[s as usize];
-                w.put_unflushed(p & 0xffff, p >> 16);
-            }
-            w.flush();
-        }
-        for &s in it.remainder() {
-            let p = packed[s as usize];
-            w.put_unflushed(p & 0xffff, p >> 16);
-            w.flush();
-        }
-        w.finish();
-        let len = (out.len() - start) as u32;
-        if j < 3 {
-            out[sizes_at + 4 * j..sizes_at + 4 * j + 4].copy_from_slice(&len.to_le_bytes());
-        }
+    // The four sub-streams are written side by side, each in a region of
+    // `cap` bytes (its bound plus room for the last 8-byte store), then
+    // moved together.
+    let n = syms.len();
+    let q = quarter(n).max(1);
+    let lo = [0, q.min(n), (2 * q).min(n), (3 * q).min(n)];
+    let hi = [lo[1], lo[2], lo[3], n];
+    let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
+    let cap = q * max_len / 8 + 16;
+    let base = out.len();
+    out.resize(base + 4 * cap, 0);
+    let lanes: [&[u8]; 4] = std::array::from_fn(|j| &syms[lo[j]..hi[j]]);
+    let used = encode_lanes(&codes64, &lens64, lanes, &mut out[base..], cap);
+    let mut end = base + used[0];
+    for j in 1..4 {
+        let from = base + j * cap;
+        out.copy_within(from..from + used[j], end);
+        end += used[j];
+    }
+    out.truncate(end);
+    for j in 0..3 {
+        let at = sizes_at + 4 * j;
+        out[at..at + 4].copy_from_slice(&(used[j] as u32).to_le_bytes());
     }
 }
+
+/// Write each lane's codes as an LSB-first bit stream into its region
+/// `dst[j * cap..]`; returns the bytes each took. Five codes of at most 11
+/// bits go into the 64-bit buffer between stores of it (at most 7 bits
+/// are left over from the last store), so the loop has no branch but its
+/// own.
+#[inline(always)]
+fn encode_lanes_body(
+    codes: &[u64; 256],
+    lens: &[u64; 256],
+    lanes: [&[u8]; 4],
+    dst: &mut [u8],
+    cap: usize,
+) -> [usize; 4] {
+    let mut used = [0usize; 4];
+    for (j, lane) in lanes.into_iter().enumerate() {
+        let region = &mut dst[j * cap..(j + 1) * cap];
+        let (mut acc, mut nbits, mut pos) = (0u64, 0u64, 0usize);
+        let mut flush = |acc: &mut u64, nbits: &mut u64| {
+            region[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
+            pos += (*nbits >> 3) as usize;
+            // nbits <= 62, so the shift is at most 56.
+            *acc >>= *nbits & 56;
+            *nbits &= 7;
+        };
+        let mut it = lane.chunks_exact(5);
+        for c in &mut it {
+            for &s in c {
+                acc |= codes[s as usize] << nbits;
+                nbits += lens[s as usize];
+            }
+            flush(&mut acc, &mut nbits);
+        }
+        for &s in it.remainder() {
+            acc |= codes[s as usize] << nbits;
+            nbits += lens[s as usize];
+        }
+        flush(&mut acc, &mut nbits);
+        flush(&mut acc, &mut nbits);
+        used[j] = pos + (nbits > 0) as usize;
+    }
+    used
+}
+
+dispatch!(encode_lanes, encode_lanes_body, (codes: &[u64; 256], lens: &[u64; 256], lanes: [&[u8]; 4], dst: &mut [u8], cap: usize) -> [usize; 4]);
 
 /// Decode `out.len()` symbols from the payload `frame[start..start+len]`.
 /// Bytes of `frame` after the payload may be read (never used) by the fast

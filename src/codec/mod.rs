@@ -21,11 +21,14 @@
 // portable build is the same source compiled for the baseline target.
 macro_rules! dispatch {
     ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
-        fn $name($($arg: $ty),*) {
+        dispatch!($name, $body, ($($arg: $ty),*) -> ());
+    };
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,bmi1,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) {
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx2")
