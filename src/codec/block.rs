@@ -30,8 +30,17 @@ impl BlockMode {
 }
 
 /// Byte histogram. Eight interleaved tables break the store-to-load chains
-/// that a run of one symbol (an exponent stream) would otherwise serialise.
+/// that a run of one symbol (an exponent stream) would otherwise serialise;
+/// a short input (the delta search's samples) takes one table, since
+/// clearing and summing eight would cost more than counting.
 pub fn histogram(s: &[u8]) -> [u32; 256] {
+    if s.len() < SHORT_HISTOGRAM {
+        let mut h = [0u32; 256];
+        for &b in s {
+            h[b as usize] += 1;
+        }
+        return h;
+    }
     let mut h = [[0u32; 256]; 8];
     let mut it = s.chunks_exact(8);
     for c in &mut it {
@@ -49,6 +58,9 @@ pub fn histogram(s: &[u8]) -> [u32; 256] {
     }
     out
 }
+
+/// Inputs shorter than this get a one-table histogram.
+const SHORT_HISTOGRAM: usize = 4096;
 
 /// Histogram of every `step`-th byte: enough to see that a block of
 /// noise (low mantissa bytes) is not worth entropy coding.
@@ -86,9 +98,15 @@ const RANS_MIN_SYMBOLS: usize = 1024;
 const RANS_CTX_MIN_SYMBOLS: usize = 4096;
 
 /// Encode one block, appending its payload to `out`; returns its mode.
-/// `ctx`, when given, is the base's same block: context-modelled rANS may
-/// then code each symbol with the table of its context's class.
-pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>) -> BlockMode {
+/// `ctx`, when given, is the context model of the base's same block and
+/// the class of each symbol's context: context-modelled rANS may then code
+/// each symbol with the table of its class.
+pub fn encode(
+    syms: &[u8],
+    ctx: Option<(&rans::CtxModel, &[u8])>,
+    opts: &Options,
+    out: &mut Vec<u8>,
+) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
     if n >= 16 * 1024 {
@@ -131,8 +149,8 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
         }
     }
     let mut plan = None;
-    if let (Some(ctx), true) = (ctx, opts.rans && n >= RANS_CTX_MIN_SYMBOLS) {
-        let p = rans::ctx_plan(syms, ctx);
+    if let (Some((model, classes)), true) = (ctx, opts.rans && n >= RANS_CTX_MIN_SYMBOLS) {
+        let p = rans::ctx_plan(syms, model, classes);
         if p.bytes < best.0 * (1.0 - opts.rans_min_gain as f64) {
             best = (p.bytes, BlockMode::RansCtx);
             plan = Some(p);
@@ -144,12 +162,10 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
     }
     match best.1 {
         BlockMode::Rans => rans::encode(syms, &freqs.expect("set with Rans"), out),
-        BlockMode::RansCtx => rans::ctx_encode(
-            syms,
-            ctx.expect("set with RansCtx"),
-            &plan.expect("set with RansCtx"),
-            out,
-        ),
+        BlockMode::RansCtx => {
+            let (model, classes) = ctx.expect("set with RansCtx");
+            rans::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
+        }
         _ => huffman::encode(syms, &lens, out),
     }
     best.1

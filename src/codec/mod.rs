@@ -235,6 +235,7 @@ pub struct Scratch {
     streams: Vec<Vec<u8>>,
     base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
+    classes: Vec<u8>,
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
@@ -268,6 +269,7 @@ pub fn encode_into(
         base_streams,
         tmp,
         ctx,
+        classes,
         ..
     } = scratch;
     streams.resize_with(w, Vec::new);
@@ -311,8 +313,19 @@ pub fn encode_into(
         layout::group(body, w, rotate, streams);
     }
 
+    // Delta frames: the context model of each block (one for all streams)
+    // and the class of each element's context.
+    let mut models = Vec::new();
     if let (Some(base), true) = (base, delta != Delta::None) {
         layout::context_bytes(base, w, dtype.is_float(), ctx);
+        let mut c = Vec::new();
+        classes.clear();
+        for b in ctx[..n].chunks(1 << BLOCK_LOG2) {
+            let m = rans::CtxModel::new(b);
+            m.classes(b, &mut c);
+            classes.extend_from_slice(&c);
+            models.push(m);
+        }
     }
     out.clear();
     out.extend_from_slice(&MAGIC);
@@ -342,10 +355,11 @@ pub fn encode_into(
     for s in streams.iter() {
         // Every stream of a delta frame may be coded with the base's
         // exponent (top) byte of each element as context.
-        let ctx = (delta != Delta::None).then(|| &ctx[..n]);
         for (bi, b) in s[..n].chunks(block).enumerate() {
             let start = out.len();
-            let c = ctx.map(|c| &c[bi * block..bi * block + b.len()]);
+            let c = models
+                .get(bi)
+                .map(|m| (m, &classes[bi * block..bi * block + b.len()]));
             let mode = block::encode(b, c, opts, out);
             let len = (out.len() - start) as u32;
             debug_assert!(len < 1 << 24, "a block never grows past raw");
@@ -392,11 +406,13 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let mut ctx = Vec::new();
     layout::context_bytes(&sample_base, w, float, &mut ctx);
     let model = rans::CtxModel::new(&ctx);
+    let mut classes = Vec::new();
+    model.classes(&ctx, &mut classes);
     // Context modelling only pays on streams with structure; near-noise
     // streams (>= 7.5 bits/symbol, low mantissa bytes) skip its estimate.
     let with_ctx = |t: &[u8], plain: f64| {
         if plain < 7.5 * t.len() as f64 {
-            plain.min(model.cost_bits(t, &ctx))
+            plain.min(model.cost_bits(t, &classes))
         } else {
             plain
         }

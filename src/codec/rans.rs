@@ -324,10 +324,6 @@ pub const MAX_CLASSES: usize = 8;
 /// table of the class of `ctx[i]` (the base chunk's byte at the same place:
 /// for an exponent-change stream, the old exponent).
 pub struct CtxPlan {
-    /// Context values with a class of their own (classes 0..k-1); all other
-    /// values fall in class `k`.
-    values: Vec<u8>,
-    cmap: [u8; 256],
     freqs: Vec<Option<[u32; 256]>>,
     /// Estimated payload bytes.
     pub bytes: f64,
@@ -351,8 +347,11 @@ fn normalize_class(h: &[u32; 256]) -> Option<[u32; 256]> {
 }
 
 /// The classes of a context stream: its most frequent values get a class
-/// each, every other value shares the last.
+/// each, every other value shares the last. One model serves every stream
+/// of a block (they share the context), as does its class of each symbol.
 pub struct CtxModel {
+    /// Context values with a class of their own (classes 0..k-1); all other
+    /// values fall in class `k`.
     values: Vec<u8>,
     cmap: [u8; 256],
 }
@@ -374,20 +373,56 @@ impl CtxModel {
         CtxModel { values, cmap }
     }
 
-    fn class_histograms(&self, syms: &[u8], ctx: &[u8]) -> Vec<[u32; 256]> {
-        let mut hist = vec![[0u32; 256]; self.values.len() + 1];
-        for (&s, &c) in syms.iter().zip(ctx) {
-            hist[self.cmap[c as usize] as usize][s as usize] += 1;
+    /// The class of each context byte, into `out` (cleared first).
+    pub fn classes(&self, ctx: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend(ctx.iter().map(|&c| self.cmap[c as usize]));
+    }
+
+    /// One histogram per class (the first `values.len() + 1` are used);
+    /// `classes` from [`CtxModel::classes`]. A long input is counted in
+    /// four interleaved sets, so that a run of one symbol in one class (a
+    /// stream of unchanged bytes) is four chains of increments, not one.
+    fn class_histograms(&self, syms: &[u8], classes: &[u8]) -> [[u32; 256]; MAX_CLASSES] {
+        let n = syms.len().min(classes.len());
+        let (syms, classes) = (&syms[..n], &classes[..n]);
+        let at = |s: u8, c: u8| (c as usize % MAX_CLASSES) << 8 | s as usize;
+        let mut h = [[0u32; 256 * MAX_CLASSES]; 1];
+        if n < 16 * 1024 {
+            for (&s, &c) in syms.iter().zip(classes) {
+                h[0][at(s, c)] += 1;
+            }
+        } else {
+            let mut hs = [[0u32; 256 * MAX_CLASSES]; 3];
+            let mut quads = syms.chunks_exact(4).zip(classes.chunks_exact(4));
+            for (s, c) in &mut quads {
+                h[0][at(s[0], c[0])] += 1;
+                hs[0][at(s[1], c[1])] += 1;
+                hs[1][at(s[2], c[2])] += 1;
+                hs[2][at(s[3], c[3])] += 1;
+            }
+            for (&s, &c) in syms[n / 4 * 4..].iter().zip(&classes[n / 4 * 4..]) {
+                h[0][at(s, c)] += 1;
+            }
+            for t in &hs {
+                for (p, q) in h[0].iter_mut().zip(t) {
+                    *p += q;
+                }
+            }
         }
-        hist
+        let mut out = [[0u32; 256]; MAX_CLASSES];
+        for (o, c) in out.iter_mut().zip(h[0].chunks_exact(256)) {
+            o.copy_from_slice(c);
+        }
+        out
     }
 
     /// Estimated bits of `syms` coded with this model: per-class order-0
     /// entropy plus the tables.
-    pub fn cost_bits(&self, syms: &[u8], ctx: &[u8]) -> f64 {
-        let hist = self.class_histograms(syms, ctx);
+    pub fn cost_bits(&self, syms: &[u8], classes: &[u8]) -> f64 {
+        let hist = self.class_histograms(syms, classes);
         let mut bits = 8.0 * (1 + self.values.len() + 4 * LANES + 4) as f64;
-        for h in &hist {
+        for h in &hist[..self.values.len() + 1] {
             let present = h.iter().filter(|&&c| c > 0).count();
             bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
             bits += super::entropy_bits(h);
@@ -396,14 +431,12 @@ impl CtxModel {
     }
 }
 
-/// Plan context coding of `syms` with contexts `ctx` (same length).
-pub fn ctx_plan(syms: &[u8], ctx: &[u8]) -> CtxPlan {
-    let CtxModel { values, cmap } = CtxModel::new(ctx);
-    let model = CtxModel { values, cmap };
-    let hist = model.class_histograms(syms, ctx);
-    let CtxModel { values, cmap } = model;
-    let mut bytes = (1 + values.len() + 4 * LANES + 4) as f64;
-    let freqs: Vec<Option<[u32; 256]>> = hist
+/// Plan context coding of `syms` under `model`, `classes` being the class
+/// of each symbol's context.
+pub fn ctx_plan(syms: &[u8], model: &CtxModel, classes: &[u8]) -> CtxPlan {
+    let hist = model.class_histograms(syms, classes);
+    let mut bytes = (1 + model.values.len() + 4 * LANES + 4) as f64;
+    let freqs: Vec<Option<[u32; 256]>> = hist[..model.values.len() + 1]
         .iter()
         .map(|h| {
             let f = normalize_class(h);
@@ -414,20 +447,21 @@ pub fn ctx_plan(syms: &[u8], ctx: &[u8]) -> CtxPlan {
             f
         })
         .collect();
-    CtxPlan {
-        values,
-        cmap,
-        freqs,
-        bytes,
-    }
+    CtxPlan { freqs, bytes }
 }
 
 /// Append the context-modelled payload: `k-1` as u8, the `k-1` context
 /// values, per class a presence byte and (if present) its frequency table,
 /// then the states and bytes as in plain rANS.
-pub fn ctx_encode(syms: &[u8], ctx: &[u8], plan: &CtxPlan, out: &mut Vec<u8>) {
-    out.push(plan.values.len() as u8);
-    out.extend_from_slice(&plan.values);
+pub fn ctx_encode(
+    syms: &[u8],
+    model: &CtxModel,
+    classes: &[u8],
+    plan: &CtxPlan,
+    out: &mut Vec<u8>,
+) {
+    out.push(model.values.len() as u8);
+    out.extend_from_slice(&model.values);
     let mut enc = Vec::with_capacity(plan.freqs.len());
     for f in &plan.freqs {
         match f {
@@ -442,8 +476,8 @@ pub fn ctx_encode(syms: &[u8], ctx: &[u8], plan: &CtxPlan, out: &mut Vec<u8>) {
             }
         }
     }
-    let cmap = &plan.cmap;
-    encode_core(syms, &enc, |i| cmap[ctx[i] as usize] as usize, out);
+    let classes = &classes[..syms.len()];
+    encode_core(syms, &enc, |i| classes[i] as usize, out);
 }
 
 /// Decode a context-modelled block; `ctx` is the base's same block.
