@@ -218,21 +218,26 @@ fn read_freqs(
     Ok(())
 }
 
-/// Decode with the four states and bytes at `payload[p..]`; `class(i)`
-/// picks the slot table of symbol `i`.
+/// Slot tables of every class, back to back: `class << 12 | slot`.
+const ALL_SLOTS: usize = MAX_CLASSES << SCALE_BITS;
+
+/// Decode with the eight states and words at `payload[p..]`. Symbol `i`
+/// uses the slot table at `coff[ctx[i]]` (a class times 4096), or the first
+/// one without a context.
 #[inline(always)]
 fn decode_core(
     payload: &[u8],
     mut p: usize,
     offset: u64,
     slots: &[u32],
-    class: impl Fn(usize) -> usize,
+    ctx: Option<(&[u8], &[u32; 256])>,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if payload.len() < p + 4 * LANES {
         return Err(corrupt("rans states truncated"));
     }
+    let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
     let mut x: [u32; LANES] = std::array::from_fn(|j| {
         u32::from_le_bytes(
             payload[p + 4 * j..p + 4 * j + 4]
@@ -243,14 +248,15 @@ fn decode_core(
     p += 4 * LANES;
     let data = &payload[p..];
     let mut r = 0usize;
-    // One decode step of state `$x` for symbol `$i`: slot lookup, state
-    // update, then at most one renormalisation word (x >= 16 after the
-    // update, L = 2^16), taken without a branch. `$word` is the next word
-    // (read whether needed or not); the step says whether it used it.
+    // One decode step of state `$x` with slot table offset `$off`: slot
+    // lookup, state update, then at most one renormalisation word (x >= 16
+    // after the update, L = 2^16), taken without a branch. `$word` is the
+    // next word (read whether needed or not); the step says whether it used
+    // it.
     macro_rules! step {
-        ($x:expr, $i:expr, $o:expr, $word:expr) => {{
+        ($x:expr, $off:expr, $o:expr, $word:expr) => {{
             let slot = $x & (M - 1);
-            let e = slots[(class($i) << SCALE_BITS) | slot as usize];
+            let e = slots[($off | slot) as usize & (ALL_SLOTS - 1)];
             *$o = e as u8;
             let (freq, base) = ((e >> 8) & 0xfff, e >> 20);
             let v = freq * ($x >> SCALE_BITS) + slot - base;
@@ -259,20 +265,34 @@ fn decode_core(
             need
         }};
     }
+    let off_at = |i: usize| ctx.map_or(0, |(c, coff)| coff[c[i] as usize]);
     let n = out.len();
     let mut i = 0;
     {
-        // Fast path: a group of LANES symbols needs at most 2 * LANES bytes;
-        // the states are independent chains the CPU overlaps.
+        // Fast path: a group of LANES symbols needs at most 2 * LANES bytes,
+        // read from one fixed window; the states are independent chains
+        // the CPU overlaps.
         let mut groups = out.chunks_exact_mut(LANES);
         for g in &mut groups {
-            if r + 2 * LANES > data.len() {
+            let Some(win) = data.get(r..r + 2 * LANES) else {
                 break;
-            }
+            };
+            let win: &[u8; 2 * LANES] = win.try_into().expect("window");
+            let off: [u32; LANES] = match ctx {
+                Some((c, coff)) => {
+                    let c: &[u8; LANES] = c[i..i + LANES].try_into().expect("context group");
+                    c.map(|c| coff[c as usize])
+                }
+                None => [0; LANES],
+            };
+            let mut k = 0usize;
             for (j, o) in g.iter_mut().enumerate() {
-                let w = u16::from_le_bytes([data[r], data[r + 1]]);
-                r += 2 * step!(x[j], i + j, o, w) as usize;
+                // k is even and at most 2 * (LANES - 1): the mask is a no-op.
+                let kk = k & (2 * LANES - 2);
+                let w = u16::from_le_bytes([win[kk], win[kk + 1]]);
+                k += 2 * step!(x[j], off[j], o, w) as usize;
             }
+            r += k;
             i += LANES;
         }
     }
@@ -282,7 +302,7 @@ fn decode_core(
         let mut st = x[ii % LANES];
         // A missing word is only an error if it is needed.
         let w = data.get(r..r + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let need = step!(st, ii, o, w.unwrap_or(0));
+        let need = step!(st, off_at(ii), o, w.unwrap_or(0));
         if need && w.is_none() {
             return Err(corrupt("rans stream ends early"));
         }
@@ -304,10 +324,10 @@ pub fn decode(
     out: &mut [u8],
     slots: &mut Vec<u32>,
 ) -> Result<(), DecodeError> {
-    grow(slots, M as usize);
+    grow(slots, ALL_SLOTS);
     let mut p = 0;
     read_freqs(payload, &mut p, offset, &mut slots[..M as usize])?;
-    decode_core(payload, p, offset, slots, |_| 0, out)
+    decode_core(payload, p, offset, slots, None, out)
 }
 
 fn grow(v: &mut Vec<u32>, n: usize) {
@@ -507,7 +527,7 @@ pub fn ctx_decode(
         cmap[v as usize] = c as u8;
     }
     let mut p = 1 + nv;
-    grow(slots, k << SCALE_BITS);
+    grow(slots, ALL_SLOTS);
     let mut present = [false; MAX_CLASSES];
     for (c, pr) in present.iter_mut().enumerate().take(k) {
         let flag = *payload
@@ -536,14 +556,8 @@ pub fn ctx_decode(
             *c = fallback as u8;
         }
     }
-    decode_core(
-        payload,
-        p,
-        offset,
-        slots,
-        |i| cmap[ctx[i] as usize] as usize,
-        out,
-    )
+    let coff: [u32; 256] = cmap.map(|c| (c as u32) << SCALE_BITS);
+    decode_core(payload, p, offset, slots, Some((ctx, &coff)), out)
 }
 
 #[cfg(test)]
