@@ -86,10 +86,34 @@ pub fn entropy_bits(h: &[u32; 256]) -> f64 {
         return 0.0;
     }
     let ln = (n as f64).log2();
+    let log2 = Log2::get();
     h.iter()
         .filter(|&&c| c > 0)
-        .map(|&c| c as f64 * (ln - (c as f64).log2()))
+        .map(|&c| c as f64 * (ln - log2.of(c)))
         .sum()
+}
+
+/// `log2` of small integers from a table: the entropy estimates take one
+/// per histogram bin, and `f64::log2` costs tens of instructions. The
+/// table holds the very values `f64::log2` returns, so the estimates (and
+/// the encoder's choices) do not change.
+pub(super) struct Log2(&'static [f64]);
+
+impl Log2 {
+    const SIZE: usize = 4096;
+
+    pub(super) fn get() -> Log2 {
+        static TABLE: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+        Log2(TABLE.get_or_init(|| (0..Self::SIZE).map(|c| (c as f64).log2()).collect()))
+    }
+
+    #[inline(always)]
+    pub(super) fn of(&self, c: u32) -> f64 {
+        match self.0.get(c as usize) {
+            Some(&v) => v,
+            None => (c as f64).log2(),
+        }
+    }
 }
 
 /// Smallest block worth a rANS table.

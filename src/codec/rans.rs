@@ -56,10 +56,11 @@ pub fn normalize(hist: &[u32; 256]) -> [u32; 256] {
 
 /// Estimated payload bits for `hist` coded with frequencies `f`.
 pub fn coded_bits(hist: &[u32; 256], f: &[u32; 256]) -> f64 {
+    let log2 = super::block::Log2::get();
     let mut bits = 0.0;
     for s in 0..256 {
         if hist[s] > 0 {
-            bits += hist[s] as f64 * (SCALE_BITS as f64 - (f[s] as f64).log2());
+            bits += hist[s] as f64 * (SCALE_BITS as f64 - log2.of(f[s]));
         }
     }
     bits
