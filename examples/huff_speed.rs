@@ -35,7 +35,7 @@ fn main() {
             let h = histogram(b);
             let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
             let mut out = Vec::new();
-            huffman::encode(b, &lens, &mut out);
+            huffman::encode(b, &lens, &mut out, &mut Vec::new());
             frames.push(out);
         }
         e = e.min(t.elapsed().as_secs_f64());

@@ -130,6 +130,7 @@ pub fn encode(
     ctx: Option<(&rans::CtxModel, &[u8])>,
     opts: &Options,
     out: &mut Vec<u8>,
+    scratch: &mut Vec<u32>,
 ) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
@@ -190,7 +191,7 @@ pub fn encode(
             let (model, classes) = ctx.expect("set with RansCtx");
             rans::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
         }
-        _ => huffman::encode(syms, &lens, out),
+        _ => huffman::encode(syms, &lens, out, scratch),
     }
     best.1
 }

@@ -145,7 +145,8 @@ fn quarter(n: usize) -> usize {
 }
 
 /// Append the Huffman payload of `syms` under `lens` to `out`.
-pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
+/// `scratch` is reusable memory (the pair table), kept between blocks.
+pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut Vec<u32>) {
     let (lo, hi) = symbol_range(lens).expect("at least two symbols");
     out.push(lo as u8);
     out.push(hi as u8);
@@ -169,7 +170,20 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
     let base = out.len();
     out.resize(base + 4 * cap, 0);
     let lanes: [&[u8]; 4] = std::array::from_fn(|j| &syms[lo[j]..hi[j]]);
-    let used = encode_lanes(&codes64, &lens64, lanes, &mut out[base..], cap);
+    let (first, last) = symbol_range(lens).expect("at least two symbols");
+    let pairs = (last - first < 64 && n >= PAIR_MIN_SYMBOLS).then(|| {
+        let t: &mut [u32; PAIRS] = pair_table(lens, &codes, first, scratch);
+        &*t
+    });
+    let pair_base = (first | first << 8) as u32;
+    let used = encode_lanes(
+        &codes64,
+        &lens64,
+        pairs.map(|t| (t, pair_base)),
+        lanes,
+        &mut out[base..],
+        cap,
+    );
     let mut end = base + used[0];
     for j in 1..4 {
         let from = base + j * cap;
@@ -183,15 +197,51 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
     }
 }
 
+/// Blocks shorter than this are coded a symbol at a time: the pair table
+/// costs a few thousand instructions to fill.
+const PAIR_MIN_SYMBOLS: usize = 2048;
+
+/// Entries of the pair table: two symbols `a`, `b` of a code spanning
+/// `first .. first + 64` are at `(a - first) + 256 * (b - first)`.
+const PAIRS: usize = 1 << 14;
+
+/// Codes of two symbols at once, for a code whose symbols span fewer than
+/// 64 values (an exponent stream): the entry of `a` then `b` (see
+/// [`PAIRS`]) is the code of `a` then that of `b` (at most 22 bits) with
+/// their total length in the top byte. Only pairs of coded symbols are
+/// written; the rest of `scratch` is left as it was (never read).
+fn pair_table<'a>(
+    lens: &[u8; 256],
+    codes: &[u16; 256],
+    first: usize,
+    scratch: &'a mut Vec<u32>,
+) -> &'a mut [u32; PAIRS] {
+    if scratch.len() < PAIRS {
+        scratch.resize(PAIRS, 0);
+    }
+    let t: &mut [u32; PAIRS] = (&mut scratch[..PAIRS]).try_into().expect("PAIRS long");
+    let present: Vec<usize> = (first..256).filter(|&s| lens[s] > 0).collect();
+    for &b in &present {
+        let row = &mut t[256 * (b - first)..][..64];
+        for &a in &present {
+            let (la, lb) = (lens[a] as u32, lens[b] as u32);
+            let code = codes[a] as u32 | (codes[b] as u32) << la;
+            row[a - first] = code | (la + lb) << 24;
+        }
+    }
+    t
+}
+
 /// Write each lane's codes as an LSB-first bit stream into its region
 /// `dst[j * cap..]`; returns the bytes each took. Five codes of at most 11
-/// bits go into the 64-bit buffer between stores of it (at most 7 bits
-/// are left over from the last store), so the loop has no branch but its
-/// own.
+/// bits (or two pairs of at most 22) go into the 64-bit buffer between
+/// stores of it (at most 7 bits are left over from the last store), so the
+/// loop has no branch but its own.
 #[inline(always)]
 fn encode_lanes_body(
     codes: &[u64; 256],
     lens: &[u64; 256],
+    pairs: Option<(&[u32; PAIRS], u32)>,
     lanes: [&[u8]; 4],
     dst: &mut [u8],
     cap: usize,
@@ -207,15 +257,37 @@ fn encode_lanes_body(
             *acc >>= *nbits & 56;
             *nbits &= 7;
         };
-        let mut it = lane.chunks_exact(5);
-        for c in &mut it {
-            for &s in c {
-                acc |= codes[s as usize] << nbits;
-                nbits += lens[s as usize];
+        let rest = match pairs {
+            Some((pt, base)) => {
+                // Two symbols read as a u16, less the base, index the
+                // table: every symbol is in `first .. first + 64`.
+                let at = |v: u32| (v.wrapping_sub(base) as usize) & (PAIRS - 1);
+                let mut it = lane.chunks_exact(4);
+                for c in &mut it {
+                    let v = u32::from_le_bytes(c.try_into().expect("4 symbols"));
+                    let a = pt[at(v & 0xffff)];
+                    let b = pt[at(v >> 16)];
+                    acc |= ((a & 0xff_ffff) as u64) << nbits;
+                    nbits += (a >> 24) as u64;
+                    acc |= ((b & 0xff_ffff) as u64) << nbits;
+                    nbits += (b >> 24) as u64;
+                    flush(&mut acc, &mut nbits);
+                }
+                it.remainder()
             }
-            flush(&mut acc, &mut nbits);
-        }
-        for &s in it.remainder() {
+            None => {
+                let mut it = lane.chunks_exact(5);
+                for c in &mut it {
+                    for &s in c {
+                        acc |= codes[s as usize] << nbits;
+                        nbits += lens[s as usize];
+                    }
+                    flush(&mut acc, &mut nbits);
+                }
+                it.remainder()
+            }
+        };
+        for &s in rest {
             acc |= codes[s as usize] << nbits;
             nbits += lens[s as usize];
         }
@@ -226,7 +298,7 @@ fn encode_lanes_body(
     used
 }
 
-dispatch!(encode_lanes, encode_lanes_body, (codes: &[u64; 256], lens: &[u64; 256], lanes: [&[u8]; 4], dst: &mut [u8], cap: usize) -> [usize; 4]);
+dispatch!(encode_lanes, encode_lanes_body, (codes: &[u64; 256], lens: &[u64; 256], pairs: Option<(&[u32; PAIRS], u32)>, lanes: [&[u8]; 4], dst: &mut [u8], cap: usize) -> [usize; 4]);
 
 /// Decode `out.len()` symbols from the payload `frame[start..start+len]`.
 /// Bytes of `frame` after the payload may be read (never used) by the fast
@@ -579,7 +651,7 @@ mod tests {
             .sum();
         assert_eq!(kraft, 1 << MAX_BITS);
         let mut out = Vec::new();
-        encode(syms, &lens, &mut out);
+        encode(syms, &lens, &mut out, &mut Vec::new());
         let mut back = vec![0u8; syms.len()];
         let mut t = DecodeTable::default();
         decode(&out, 0, out.len(), &mut back, &mut t).unwrap();

@@ -236,6 +236,8 @@ pub struct Scratch {
     base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
     classes: Vec<u8>,
+    /// The Huffman encoder's pair table.
+    pairs: Vec<u32>,
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
@@ -270,6 +272,7 @@ pub fn encode_into(
         tmp,
         ctx,
         classes,
+        pairs,
         ..
     } = scratch;
     streams.resize_with(w, Vec::new);
@@ -360,7 +363,7 @@ pub fn encode_into(
             let c = models
                 .get(bi)
                 .map(|m| (m, &classes[bi * block..bi * block + b.len()]));
-            let mode = block::encode(b, c, opts, out);
+            let mode = block::encode(b, c, opts, out, pairs);
             let len = (out.len() - start) as u32;
             debug_assert!(len < 1 << 24, "a block never grows past raw");
             let e = mode as u32 | len << 8;
