@@ -46,12 +46,12 @@ fn main() {
             }] += 1;
             let block = 1usize << BLOCK_LOG2;
             let nb = n.div_ceil(block);
-            for k in 0..w {
+            for (k, st) in stats.iter_mut().enumerate().take(w) {
                 for b in 0..nb {
                     let at = pos + 4 * (k * nb + b);
                     let e = u32::from_le_bytes(f[at..at + 4].try_into().expect("4"));
                     let syms = block.min(n - b * block) as u64;
-                    let s = &mut stats[k][(e & 0xff) as usize];
+                    let s = &mut st[(e & 0xff) as usize];
                     s.0 += syms;
                     s.1 += (e >> 8) as u64;
                 }

@@ -185,15 +185,15 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut Ve
         cap,
     );
     let mut end = base + used[0];
-    for j in 1..4 {
+    for (j, &u) in used.iter().enumerate().skip(1) {
         let from = base + j * cap;
-        out.copy_within(from..from + used[j], end);
-        end += used[j];
+        out.copy_within(from..from + u, end);
+        end += u;
     }
     out.truncate(end);
-    for j in 0..3 {
+    for (j, &u) in used.iter().take(3).enumerate() {
         let at = sizes_at + 4 * j;
-        out[at..at + 4].copy_from_slice(&(used[j] as u32).to_le_bytes());
+        out[at..at + 4].copy_from_slice(&(u as u32).to_le_bytes());
     }
 }
 
