@@ -84,11 +84,15 @@ fn varint_len(v: u32) -> usize {
 #[derive(Clone, Copy, Default)]
 struct EncSym {
     x_max: u32,
-    freq: u32,
+    /// `4096 - freq`: the new state is `x + (x / freq) * cmpl + start`.
+    cmpl: u32,
     start: u32,
-    /// `ceil(2^(32 + shift) / freq)`: `x / freq == (x * rcp) >> (32 + shift)`
-    /// for every 32-bit `x` (Granlund-Montgomery), so no division per symbol.
-    rcp: u64,
+    /// `rcp = ceil(2^(32 + shift) / freq)` in two halves: `x / freq ==
+    /// (x * rcp) >> (32 + shift)` for every 32-bit `x` (Granlund-Montgomery),
+    /// so no division per symbol; and `rcp < 2^34`, so the product is
+    /// `(x * rcp_lo >> 32) + x * rcp_hi` before the last shift, all in u64.
+    rcp_lo: u32,
+    rcp_hi: u32,
     shift: u32,
 }
 
@@ -96,19 +100,28 @@ impl EncSym {
     fn new(start: u32, freq: u32) -> EncSym {
         let shift = 32 - (freq - 1).leading_zeros().min(32);
         let shift = if freq == 1 { 0 } else { shift };
+        let rcp = (1u64 << (32 + shift)).div_ceil(freq as u64);
         EncSym {
             x_max: ((L >> SCALE_BITS) << 16) * freq,
-            freq,
+            cmpl: M - freq,
             start,
-            rcp: (1u64 << (32 + shift)).div_ceil(freq as u64),
+            rcp_lo: rcp as u32,
+            rcp_hi: (rcp >> 32) as u32,
             shift,
         }
     }
 
+    /// `x / freq`.
+    #[inline(always)]
+    fn quotient(&self, x: u32) -> u32 {
+        let x = x as u64;
+        ((((x * self.rcp_lo as u64) >> 32) + x * self.rcp_hi as u64) >> self.shift) as u32
+    }
+
+    /// `(x / freq) * 4096 + x % freq + start`.
     #[inline(always)]
     fn put(&self, x: u32) -> u32 {
-        let q = ((x as u128 * self.rcp as u128) >> (32 + self.shift)) as u32;
-        (q << SCALE_BITS) + (x - q * self.freq) + self.start
+        x + self.quotient(x) * self.cmpl + self.start
     }
 }
 
@@ -143,32 +156,49 @@ fn enc_table(f: &[u32; 256]) -> [EncSym; 256] {
     enc
 }
 
-/// Encode backwards, `class(i)` picking the table of symbol `i`, then
-/// write the four final states and the bytes in decoding order.
+/// Encode backwards, `classes[i]` picking the table of symbol `i` (the
+/// first table without classes), then write the eight final states and
+/// the words in decoding order. Groups of `LANES` symbols go lane by lane
+/// with the states in registers; renormalisation stores a word whether or
+/// not it is needed and advances only if it is (no branch).
 #[inline(always)]
-fn encode_core(
-    syms: &[u8],
-    enc: &[[EncSym; 256]],
-    class: impl Fn(usize) -> usize,
-    out: &mut Vec<u8>,
-) {
-    let mut stack: Vec<u16> = Vec::with_capacity(syms.len() / 4 + 16);
+fn encode_core(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out: &mut Vec<u8>) {
+    let n = syms.len();
+    // At most one word per symbol.
+    let mut words = vec![0u16; n];
+    let mut k = 0usize;
     let mut x = [L; LANES];
-    for (i, &s) in syms.iter().enumerate().rev() {
-        let e = &enc[class(i)][s as usize];
-        let st = &mut x[i % LANES];
-        let mut v = *st;
-        if v >= e.x_max {
-            stack.push(v as u16);
-            v >>= 16;
+    macro_rules! step {
+        ($j:expr, $e:expr) => {{
+            let e: &EncSym = $e;
+            let v = x[$j];
+            let need = v >= e.x_max;
+            words[k] = v as u16;
+            k += need as usize;
+            x[$j] = e.put(if need { v >> 16 } else { v });
+        }};
+    }
+    let full = n / LANES * LANES;
+    for i in (full..n).rev() {
+        let c = classes.map_or(0, |c| c[i] as usize);
+        step!(i % LANES, &enc[c][syms[i] as usize]);
+    }
+    for g in (0..full / LANES).rev() {
+        let at = g * LANES;
+        let s: &[u8; LANES] = syms[at..at + LANES].try_into().expect("a group");
+        let c: [u8; LANES] = match classes {
+            Some(c) => c[at..at + LANES].try_into().expect("a group"),
+            None => [0; LANES],
+        };
+        for j in (0..LANES).rev() {
+            step!(j, &enc[c[j] as usize][s[j] as usize]);
         }
-        *st = e.put(v);
     }
     for st in x {
         out.extend_from_slice(&st.to_le_bytes());
     }
-    out.reserve(2 * stack.len());
-    for w in stack.iter().rev() {
+    out.reserve(2 * k);
+    for w in words[..k].iter().rev() {
         out.extend_from_slice(&w.to_le_bytes());
     }
 }
@@ -176,7 +206,7 @@ fn encode_core(
 /// Append the rANS payload of `syms` with normalised frequencies `f`.
 pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
     write_freqs(f, out);
-    encode_core(syms, &[enc_table(f)], |_| 0, out);
+    encode_core(syms, &[enc_table(f)], None, out);
 }
 
 /// Read a frequency table; returns the slot table entries
@@ -497,8 +527,7 @@ pub fn ctx_encode(
             }
         }
     }
-    let classes = &classes[..syms.len()];
-    encode_core(syms, &enc, |i| classes[i] as usize, out);
+    encode_core(syms, &enc, Some(&classes[..syms.len()]), out);
 }
 
 /// Decode a context-modelled block; `ctx` is the base's same block.
@@ -589,6 +618,23 @@ mod tests {
         let size = round_trip(&syms);
         // entropy ~0.08 bits/symbol -> ~700 bytes; Huffman would need 8 KiB
         assert!(size < 1200, "{size}");
+    }
+
+    #[test]
+    fn reciprocal_quotient_is_exact() {
+        let mut r = 0x9E37_79B9u32;
+        for freq in 1..M {
+            let e = EncSym::new(0, freq);
+            let edge = [0, 1, freq - 1, freq, freq + 1, u32::MAX, u32::MAX - 1];
+            for x in edge.into_iter().chain((0..64).map(|_| {
+                r ^= r << 13;
+                r ^= r >> 17;
+                r ^= r << 5;
+                r
+            })) {
+                assert_eq!(e.quotient(x), x / freq, "x {x} freq {freq}");
+            }
+        }
     }
 
     #[test]
