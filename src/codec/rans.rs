@@ -564,35 +564,33 @@ impl CtxModel {
     fn class_histograms(&self, syms: &[u8], classes: &[u8]) -> [[u32; 256]; MAX_CLASSES] {
         let n = syms.len().min(classes.len());
         let (syms, classes) = (&syms[..n], &classes[..n]);
-        let at = |s: u8, c: u8| (c as usize % MAX_CLASSES) << 8 | s as usize;
-        let mut h = [[0u32; 256 * MAX_CLASSES]; 1];
+        let mut h = [[0u32; 256]; MAX_CLASSES];
+        let cls = |c: u8| c as usize % MAX_CLASSES;
         if n < 16 * 1024 {
             for (&s, &c) in syms.iter().zip(classes) {
-                h[0][at(s, c)] += 1;
+                h[cls(c)][s as usize] += 1;
             }
-        } else {
-            let mut hs = [[0u32; 256 * MAX_CLASSES]; 3];
-            let mut quads = syms.chunks_exact(4).zip(classes.chunks_exact(4));
-            for (s, c) in &mut quads {
-                h[0][at(s[0], c[0])] += 1;
-                hs[0][at(s[1], c[1])] += 1;
-                hs[1][at(s[2], c[2])] += 1;
-                hs[2][at(s[3], c[3])] += 1;
-            }
-            for (&s, &c) in syms[n / 4 * 4..].iter().zip(&classes[n / 4 * 4..]) {
-                h[0][at(s, c)] += 1;
-            }
-            for t in &hs {
-                for (p, q) in h[0].iter_mut().zip(t) {
+            return h;
+        }
+        let mut hs = [[[0u32; 256]; MAX_CLASSES]; 3];
+        let mut quads = syms.chunks_exact(4).zip(classes.chunks_exact(4));
+        for (s, c) in &mut quads {
+            h[cls(c[0])][s[0] as usize] += 1;
+            hs[0][cls(c[1])][s[1] as usize] += 1;
+            hs[1][cls(c[2])][s[2] as usize] += 1;
+            hs[2][cls(c[3])][s[3] as usize] += 1;
+        }
+        for (&s, &c) in syms[n / 4 * 4..].iter().zip(&classes[n / 4 * 4..]) {
+            h[cls(c)][s as usize] += 1;
+        }
+        for t in &hs {
+            for (a, b) in h.iter_mut().zip(t) {
+                for (p, q) in a.iter_mut().zip(b) {
                     *p += q;
                 }
             }
         }
-        let mut out = [[0u32; 256]; MAX_CLASSES];
-        for (o, c) in out.iter_mut().zip(h[0].chunks_exact(256)) {
-            o.copy_from_slice(c);
-        }
-        out
+        h
     }
 
     /// Estimated bits of `syms` coded with this model: per-class order-0
