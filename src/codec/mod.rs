@@ -379,14 +379,14 @@ enum Choice {
 }
 
 /// Pick the delta representation by the estimated coded size of a sample
-/// (up to 8 evenly spaced runs of 1024 elements): per stream the cheapest
+/// (up to 4 evenly spaced runs of 1024 elements): per stream the cheapest
 /// of keep / XOR / zigzag difference, or the whole-element ULP difference,
 /// each coded plainly or with the base's exponent byte as context; or no
 /// delta at all.
 fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -> Choice {
     let n = body.len() / w;
     const RUN: usize = 1024;
-    const RUNS: usize = 8;
+    const RUNS: usize = 4;
     let ranges: Vec<(usize, usize)> = if n <= RUN * RUNS {
         vec![(0, n)]
     } else {
