@@ -154,7 +154,17 @@ pub fn encode(
         return BlockMode::Const;
     }
     let ideal = entropy_bits(&h) / 8.0;
-    if ideal >= keep_raw_above {
+    // Without context coding, no coder beats the entropy plus its own
+    // table: Huffman's lengths take half a byte per symbol of the range
+    // and 16 bytes of sizes, rANS at least a byte per symbol of the range
+    // and 36 of states. A block that cannot pay even so is raw, as the
+    // full comparison below would find, without building either code.
+    let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
+    let hi = 255 - h.iter().rev().position(|&c| c > 0).unwrap_or(0);
+    let range = hi + 1 - lo;
+    let floor = ideal + (2 + range.div_ceil(2) + 16).min(2 + range + 36) as f64;
+    let ctx_possible = ctx.is_some() && opts.rans && n >= RANS_CTX_MIN_SYMBOLS;
+    if ideal >= keep_raw_above || (!ctx_possible && floor >= keep_raw_above) {
         out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
