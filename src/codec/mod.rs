@@ -331,6 +331,11 @@ pub fn encode_into(
         }
     }
     out.clear();
+    // Room for the largest frame (every block raw) plus the Huffman
+    // encoder's scratch area past its block, so a fresh `out` grows once
+    // instead of doubling through the chunk.
+    let nblocks = n.div_ceil(1 << BLOCK_LOG2);
+    out.reserve(HEADER_LEN + w + raw.len() + 4 * w * nblocks + (3 << BLOCK_LOG2) / 8 + 1024);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(CODEC_GROUPED);
