@@ -5,6 +5,8 @@
 //! Every optimised routine here has a naive reference in the tests and is
 //! checked against it on lengths that are not multiples of the width.
 
+use std::mem::MaybeUninit;
+
 /// Rotate the top 16 bits of a float element left by one so the exponent
 /// (bf16, f32, the top 8 exponent bits of f64) sits alone in the top byte and
 /// the sign joins the top mantissa bits. For 8-bit floats the byte rotates.
@@ -236,6 +238,61 @@ pub fn ungroup(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [u8]) {
     }
 }
 
+/// [`ungroup`] into uninitialised memory: writes every byte of `out`
+/// (`n * w` of them; every stream must hold exactly `n`).
+pub fn ungroup_uninit(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [MaybeUninit<u8>]) {
+    let n = out.len() / w;
+    assert_eq!(out.len(), n * w, "whole elements");
+    assert!(
+        streams.len() == w && streams.iter().all(|s| s.len() == n),
+        "w streams of n symbols: every output byte is written"
+    );
+    match w {
+        2 => ungroup2_uninit(streams[0], streams[1], out, rotate),
+        4 => ungroup4_uninit(
+            [streams[0], streams[1], streams[2], streams[3]],
+            out,
+            rotate,
+        ),
+        _ => {
+            // Other widths are rare: fill, then interleave as usual.
+            out.fill(MaybeUninit::new(0));
+            // SAFETY: every byte was just initialised, and MaybeUninit<u8>
+            // has the layout of u8.
+            let out: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, out.len()) };
+            ungroup(streams, w, rotate, out);
+        }
+    }
+}
+
+#[inline(always)]
+fn ungroup2_uninit_body(s0: &[u8], s1: &[u8], out: &mut [MaybeUninit<u8>], rotate: bool) {
+    for ((c, &a), &b) in out.chunks_exact_mut(2).zip(s0).zip(s1) {
+        let mut v = u16::from_le_bytes([a, b]);
+        if rotate {
+            v = unrot2(v);
+        }
+        c.copy_from_slice(&v.to_le_bytes().map(MaybeUninit::new));
+    }
+}
+
+#[inline(always)]
+fn ungroup4_uninit_body(s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool) {
+    let [s0, s1, s2, s3] = s;
+    let it = out.chunks_exact_mut(4).zip(s0).zip(s1).zip(s2).zip(s3);
+    for ((((c, &a), &b), &d), &e) in it {
+        let mut v = u32::from_le_bytes([a, b, d, e]);
+        if rotate {
+            v = (v & 0xffff) | ((unrot2((v >> 16) as u16) as u32) << 16);
+        }
+        c.copy_from_slice(&v.to_le_bytes().map(MaybeUninit::new));
+    }
+}
+
+dispatch!(ungroup2_uninit, ungroup2_uninit_body, (s0: &[u8], s1: &[u8], out: &mut [MaybeUninit<u8>], rotate: bool));
+dispatch!(ungroup4_uninit, ungroup4_uninit_body, (s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool));
+
 #[inline(always)]
 fn xor_body(dst: &mut [u8], src: &[u8]) {
     for (d, &s) in dst.iter_mut().zip(src) {
@@ -423,6 +480,11 @@ mod tests {
         let mut back = vec![0u8; n * w];
         ungroup(&refs, w, rotate, &mut back);
         assert_eq!(back, body);
+        let mut fresh: Vec<u8> = Vec::with_capacity(n * w);
+        ungroup_uninit(&refs, w, rotate, &mut fresh.spare_capacity_mut()[..n * w]);
+        // SAFETY: ungroup_uninit writes all n * w bytes.
+        unsafe { fresh.set_len(n * w) };
+        assert_eq!(fresh, body);
     }
 
     #[test]

@@ -594,9 +594,6 @@ pub fn decode_into(
         }
     }
 
-    layout::set_len(out, raw_len);
-    let (body, out_tail) = out.split_at_mut(n * w);
-    out_tail.copy_from_slice(tail);
     if info.delta == Delta::PerStream {
         for k in (0..w).filter(|&k| ops[k] != StreamOp::Keep) {
             ops[k].undo(&mut streams[k][..n], &base_streams[k][..n]);
@@ -610,10 +607,24 @@ pub fn decode_into(
             None => &s[..n],
         })
         .collect();
-    layout::ungroup(&refs, w, info.rotated, body);
+    // The output is written once, by the interleave, into fresh capacity:
+    // no zero-filling pass first (a reused `out` that was shorter, or a
+    // new one, would otherwise be zeroed up to the raw length).
+    out.clear();
+    out.reserve(raw_len);
+    let spare = &mut out.spare_capacity_mut()[..raw_len];
+    let (body, out_tail) = spare.split_at_mut(n * w);
+    for (d, &t) in out_tail.iter_mut().zip(tail) {
+        d.write(t);
+    }
+    layout::ungroup_uninit(&refs, w, info.rotated, body);
+    // SAFETY: `ungroup_uninit` wrote every byte of `body` (n * w) and the
+    // loop above every byte of the tail (raw_len - n * w); so the first
+    // raw_len bytes of the capacity are initialised.
+    unsafe { out.set_len(raw_len) };
     if info.delta == Delta::Ulp {
         let base = &base.expect("checked above")[..n * w];
-        layout::ulp_undelta(body, base, w, info.dtype.is_float());
+        layout::ulp_undelta(&mut out[..n * w], base, w, info.dtype.is_float());
     }
     Ok(())
 }
