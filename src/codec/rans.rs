@@ -263,7 +263,6 @@ fn decode_core(
     slots: &[u32],
     ctx: Option<(&[u8], &[u32; 256])>,
     out: &mut [u8],
-    simd: bool,
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if payload.len() < p + 4 * LANES {
@@ -299,21 +298,12 @@ fn decode_core(
     }
     let off_at = |i: usize| ctx.map_or(0, |(c, coff)| coff[c[i] as usize]);
     let n = out.len();
-    if let Some((c, _)) = ctx {
-        assert!(c.len() >= n, "a context byte per symbol");
-    }
     let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    if simd && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2; the other requirements (`slots` covers
-        // every class, `ctx` has a byte per symbol) hold as checked above.
-        i = unsafe { avx2::decode_groups(slots, data, &mut r, &mut x, out, ctx) };
-    }
     {
         // Fast path: a group of LANES symbols needs at most 2 * LANES bytes,
         // read from one fixed window; the states are independent chains
         // the CPU overlaps.
-        let mut groups = out[i..].chunks_exact_mut(LANES);
+        let mut groups = out.chunks_exact_mut(LANES);
         for g in &mut groups {
             let Some(win) = data.get(r..r + 2 * LANES) else {
                 break;
@@ -356,123 +346,6 @@ fn decode_core(
     Ok(())
 }
 
-#[cfg(test)]
-thread_local! {
-    /// Tests set this to run the scalar decoder where the vector one would.
-    static SCALAR_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether [`decode_core`] may take its vector path.
-fn simd_allowed() -> bool {
-    #[cfg(test)]
-    if SCALAR_ONLY.with(|f| f.get()) {
-        return false;
-    }
-    true
-}
-
-/// The eight lanes of [`decode_core`] as one AVX2 vector: two gathers
-/// (context class offset, slot entry), the state update, and the
-/// renormalisation words spread to the lanes that need them by a
-/// permutation chosen by the lanes' need mask.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{ALL_SLOTS, L, LANES, SCALE_BITS};
-    use std::arch::x86_64::*;
-
-    /// `PERM[m][j]`: for need mask `m`, the index of lane j's word among
-    /// the group's words (the needing lanes below j).
-    const PERM: [[u32; LANES]; 256] = {
-        let mut t = [[0u32; LANES]; 256];
-        let mut m = 0;
-        while m < 256 {
-            let (mut j, mut c) = (0, 0);
-            while j < LANES {
-                t[m][j] = c;
-                c += (m >> j) as u32 & 1;
-                j += 1;
-            }
-            m += 1;
-        }
-        t
-    };
-
-    /// Decode whole groups of eight symbols from the start of `out` while
-    /// 16 bytes of words remain at `data[*r..]`; returns the symbols done
-    /// and leaves `r` and `x` where the scalar loop continues.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2; `ctx`, when given, holds at least
-    /// `out.len()` bytes.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn decode_groups(
-        slots: &[u32; ALL_SLOTS],
-        data: &[u8],
-        r: &mut usize,
-        x: &mut [u32; LANES],
-        out: &mut [u8],
-        ctx: Option<(&[u8], &[u32; 256])>,
-    ) -> usize {
-        let n = out.len();
-        let mask12 = _mm256_set1_epi32((1 << SCALE_BITS) - 1);
-        let low_bytes = _mm256_setr_epi8(
-            0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1,
-            -1, -1, -1, -1, -1, -1, -1, -1, -1,
-        );
-        // SAFETY (all loads, stores and gathers below): `x` is 8 u32;
-        // group `i` reads ctx[i..i + 8] and writes out[i..i + 8] with
-        // i + 8 <= n <= ctx.len(); the words are data[*r..*r + 16], inside
-        // `data` by the loop condition; class offsets are gathered at the
-        // u8 context values (< 256 entries of `coff`), slot entries at
-        // `offset | slot` with offset <= 7 << 12 (from `coff`, built from
-        // classes below MAX_CLASSES) and slot < 4096, so below ALL_SLOTS.
-        let mut xv = _mm256_loadu_si256(x.as_ptr() as *const __m256i);
-        let mut i = 0;
-        while i + LANES <= n && *r + 2 * LANES <= data.len() {
-            let off = match ctx {
-                Some((c, coff)) => {
-                    let cb = _mm_loadl_epi64(c.as_ptr().add(i) as *const __m128i);
-                    let ci = _mm256_cvtepu8_epi32(cb);
-                    _mm256_i32gather_epi32::<4>(coff.as_ptr() as *const i32, ci)
-                }
-                None => _mm256_setzero_si256(),
-            };
-            let slot = _mm256_and_si256(xv, mask12);
-            let idx = _mm256_and_si256(
-                _mm256_or_si256(off, slot),
-                _mm256_set1_epi32(ALL_SLOTS as i32 - 1),
-            );
-            let e = _mm256_i32gather_epi32::<4>(slots.as_ptr() as *const i32, idx);
-            let syms = _mm256_shuffle_epi8(e, low_bytes);
-            let packed = _mm_unpacklo_epi32(
-                _mm256_castsi256_si128(syms),
-                _mm256_extracti128_si256::<1>(syms),
-            );
-            _mm_storel_epi64(out.as_mut_ptr().add(i) as *mut __m128i, packed);
-            let freq = _mm256_and_si256(_mm256_srli_epi32::<8>(e), mask12);
-            let base = _mm256_srli_epi32::<20>(e);
-            let v = _mm256_add_epi32(
-                _mm256_mullo_epi32(freq, _mm256_srli_epi32::<12>(xv)),
-                _mm256_sub_epi32(slot, base),
-            );
-            // v < L = 2^16
-            debug_assert_eq!(L, 1 << 16);
-            let need = _mm256_cmpeq_epi32(_mm256_srli_epi32::<16>(v), _mm256_setzero_si256());
-            let m = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-            let words =
-                _mm256_cvtepu16_epi32(_mm_loadu_si128(data.as_ptr().add(*r) as *const __m128i));
-            let perm = _mm256_loadu_si256(PERM[m & 255].as_ptr() as *const __m256i);
-            let w = _mm256_permutevar8x32_epi32(words, perm);
-            let renorm = _mm256_or_si256(_mm256_slli_epi32::<16>(v), w);
-            xv = _mm256_blendv_epi8(v, renorm, need);
-            *r += 2 * m.count_ones() as usize;
-            i += LANES;
-        }
-        _mm256_storeu_si256(x.as_mut_ptr() as *mut __m256i, xv);
-        i
-    }
-}
-
 /// Decode `out.len()` symbols from `payload`.
 /// `slots` is reusable scratch: grown as needed, never cleared (every slot a
 /// decode can reach is written by the block's own tables first).
@@ -485,7 +358,7 @@ pub fn decode(
     grow(slots, ALL_SLOTS);
     let mut p = 0;
     read_freqs(payload, &mut p, offset, &mut slots[..M as usize])?;
-    decode_core(payload, p, offset, slots, None, out, simd_allowed())
+    decode_core(payload, p, offset, slots, None, out)
 }
 
 fn grow(v: &mut Vec<u32>, n: usize) {
@@ -712,15 +585,7 @@ pub fn ctx_decode(
         }
     }
     let coff: [u32; 256] = cmap.map(|c| (c as u32) << SCALE_BITS);
-    decode_core(
-        payload,
-        p,
-        offset,
-        slots,
-        Some((ctx, &coff)),
-        out,
-        simd_allowed(),
-    )
+    decode_core(payload, p, offset, slots, Some((ctx, &coff)), out)
 }
 
 #[cfg(test)]
@@ -785,66 +650,7 @@ mod tests {
         assert!(decode(&out, 0, &mut back, &mut Vec::new()).is_err());
     }
 
-    /// The vector decoder against the scalar one, on a context-coded block
-    /// and on damaged copies of it: same symbols, same verdict.
-    fn check_simd_matches_scalar(syms: &[u8], ctx: &[u8], flip: Option<(usize, u8)>) {
-        let model = CtxModel::new(ctx);
-        let mut classes = Vec::new();
-        model.classes(ctx, &mut classes);
-        let plan = ctx_plan(syms, &model, &classes);
-        let mut payload = Vec::new();
-        ctx_encode(syms, &model, &classes, &plan, &mut payload);
-        if let Some((at, bit)) = flip {
-            let at = at % payload.len();
-            payload[at] ^= 1 << (bit % 8);
-        }
-        let mut slots = Vec::new();
-        let mut simd_out = vec![0u8; syms.len()];
-        let simd = ctx_decode(&payload, 0, ctx, &mut simd_out, &mut slots);
-        let mut scalar_out = vec![0u8; syms.len()];
-        let scalar = SCALAR_ONLY.with(|f| {
-            f.set(true);
-            let r = ctx_decode(&payload, 0, ctx, &mut scalar_out, &mut slots);
-            f.set(false);
-            r
-        });
-        assert_eq!(simd, scalar);
-        assert_eq!(simd_out, scalar_out);
-        if flip.is_none() {
-            assert_eq!(simd, Ok(()));
-            assert_eq!(simd_out, syms);
-        }
-    }
-
-    #[test]
-    fn simd_decode_matches_scalar() {
-        let n = 70_000;
-        let ctx: Vec<u8> = (0..n).map(|i| (i * 7 % 13) as u8 + 100).collect();
-        let syms: Vec<u8> = (0..n)
-            .map(|i| {
-                if (i * 31 + i / 7) % 11 == 0 {
-                    (i % 5) as u8 + 1
-                } else {
-                    0
-                }
-            })
-            .collect();
-        check_simd_matches_scalar(&syms, &ctx, None);
-        for k in 0..40 {
-            check_simd_matches_scalar(&syms, &ctx, Some((k * 7919 + 3, k as u8)));
-        }
-    }
-
     proptest! {
-        #[test]
-        fn simd_decode_matches_scalar_on_random_blocks(
-            syms in proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), any::<u8>()], 8..3000),
-            flip in proptest::option::of((any::<usize>(), any::<u8>())),
-        ) {
-            let ctx: Vec<u8> = syms.iter().enumerate().map(|(i, &s)| (s / 3) ^ (i as u8 & 3)).collect();
-            check_simd_matches_scalar(&syms, &ctx, flip);
-        }
-
         #[test]
         fn arbitrary_blocks_round_trip(syms in proptest::collection::vec(any::<u8>(), 2..3000)) {
             let mut s = syms;
