@@ -35,12 +35,12 @@ fn main() {
             let h = histogram(b);
             let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
             let mut out = Vec::new();
-            huffman::encode(b, &lens, &mut out);
+            huffman::encode(b, &lens, &mut out, &mut Vec::new());
             frames.push(out);
         }
         e = e.min(t.elapsed().as_secs_f64());
     }
-    let mut table = Vec::new();
+    let mut table = huffman::DecodeTable::default();
     let mut dst = vec![0u8; 1 << 16];
     // The fastest of 20 passes: noise on a shared machine only slows.
     let mut d = f64::MAX;

@@ -1,55 +1,5 @@
-//! LSB-first bit writer and reader for the Huffman streams.
-
-/// Appends bits LSB-first to a `Vec<u8>`, writing whole 64-bit words with
-/// slack so the hot path never branches on capacity.
-pub struct BitWriter<'a> {
-    out: &'a mut Vec<u8>,
-    pos: usize,
-    acc: u64,
-    nbits: u32,
-}
-
-impl<'a> BitWriter<'a> {
-    /// `max_bytes`: an upper bound on the bytes this writer will produce.
-    pub fn new(out: &'a mut Vec<u8>, max_bytes: usize) -> Self {
-        let pos = out.len();
-        out.resize(pos + max_bytes + 8, 0);
-        BitWriter {
-            out,
-            pos,
-            acc: 0,
-            nbits: 0,
-        }
-    }
-    /// Add `len` bits of `code`; at most 56 bits may be added between flushes.
-    #[inline(always)]
-    pub fn put_unflushed(&mut self, code: u32, len: u32) {
-        self.acc |= (code as u64) << self.nbits;
-        self.nbits += len;
-    }
-    /// Write out the whole bytes collected so far.
-    #[inline(always)]
-    pub fn flush(&mut self) {
-        let bytes = (self.nbits / 8) as usize;
-        self.out[self.pos..self.pos + 8].copy_from_slice(&self.acc.to_le_bytes());
-        self.pos += bytes;
-        self.acc = if bytes == 8 {
-            0
-        } else {
-            self.acc >> (bytes * 8)
-        };
-        self.nbits -= bytes as u32 * 8;
-    }
-    /// Write the final partial byte and trim the buffer.
-    pub fn finish(mut self) {
-        self.flush();
-        if self.nbits > 0 {
-            self.out[self.pos] = self.acc as u8;
-            self.pos += 1;
-        }
-        self.out.truncate(self.pos);
-    }
-}
+//! LSB-first bit reader for the Huffman streams (the writer is the
+//! encoder's four-lane loop in `huffman`).
 
 /// Reads bits LSB-first from `buf[start..end]`. The fast refill may load the
 /// 8 bytes at the cursor even past `end` (they stay inside `buf`); bits past
@@ -98,6 +48,18 @@ impl<'a> BitReader<'a> {
     pub fn consume(&mut self, n: u32) {
         self.acc >>= n;
         self.nbits -= n;
+    }
+    /// The next bit to read, counted from the start of `buf`.
+    pub fn position(&self) -> usize {
+        8 * self.next - self.nbits as usize
+    }
+    /// Continue reading at bit `bit` of `buf` (at or after the start).
+    pub fn set_position(&mut self, bit: usize) {
+        (self.next, self.acc, self.nbits) = (bit >> 3, 0, 0);
+        if bit & 7 != 0 {
+            self.peek_safe(0);
+            self.consume(bit as u32 & 7);
+        }
     }
     /// True when more bits were consumed than the stream holds.
     pub fn overrun(&self) -> bool {

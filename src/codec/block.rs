@@ -30,8 +30,17 @@ impl BlockMode {
 }
 
 /// Byte histogram. Eight interleaved tables break the store-to-load chains
-/// that a run of one symbol (an exponent stream) would otherwise serialise.
+/// that a run of one symbol (an exponent stream) would otherwise serialise;
+/// a short input (the delta search's samples) takes one table, since
+/// clearing and summing eight would cost more than counting.
 pub fn histogram(s: &[u8]) -> [u32; 256] {
+    if s.len() < SHORT_HISTOGRAM {
+        let mut h = [0u32; 256];
+        for &b in s {
+            h[b as usize] += 1;
+        }
+        return h;
+    }
     let mut h = [[0u32; 256]; 8];
     let mut it = s.chunks_exact(8);
     for c in &mut it {
@@ -49,6 +58,9 @@ pub fn histogram(s: &[u8]) -> [u32; 256] {
     }
     out
 }
+
+/// Inputs shorter than this get a one-table histogram.
+const SHORT_HISTOGRAM: usize = 4096;
 
 /// Histogram of every `step`-th byte: enough to see that a block of
 /// noise (low mantissa bytes) is not worth entropy coding.
@@ -74,10 +86,34 @@ pub fn entropy_bits(h: &[u32; 256]) -> f64 {
         return 0.0;
     }
     let ln = (n as f64).log2();
+    let log2 = Log2::get();
     h.iter()
         .filter(|&&c| c > 0)
-        .map(|&c| c as f64 * (ln - (c as f64).log2()))
+        .map(|&c| c as f64 * (ln - log2.of(c)))
         .sum()
+}
+
+/// `log2` of small integers from a table: the entropy estimates take one
+/// per histogram bin, and `f64::log2` costs tens of instructions. The
+/// table holds the very values `f64::log2` returns, so the estimates (and
+/// the encoder's choices) do not change.
+pub(super) struct Log2(&'static [f64]);
+
+impl Log2 {
+    const SIZE: usize = 4096;
+
+    pub(super) fn get() -> Log2 {
+        static TABLE: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+        Log2(TABLE.get_or_init(|| (0..Self::SIZE).map(|c| (c as f64).log2()).collect()))
+    }
+
+    #[inline(always)]
+    pub(super) fn of(&self, c: u32) -> f64 {
+        match self.0.get(c as usize) {
+            Some(&v) => v,
+            None => (c as f64).log2(),
+        }
+    }
 }
 
 /// Smallest block worth a rANS table.
@@ -86,9 +122,16 @@ const RANS_MIN_SYMBOLS: usize = 1024;
 const RANS_CTX_MIN_SYMBOLS: usize = 4096;
 
 /// Encode one block, appending its payload to `out`; returns its mode.
-/// `ctx`, when given, is the base's same block: context-modelled rANS may
-/// then code each symbol with the table of its context's class.
-pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>) -> BlockMode {
+/// `ctx`, when given, is the context model of the base's same block and
+/// the class of each symbol's context: context-modelled rANS may then code
+/// each symbol with the table of its class.
+pub fn encode(
+    syms: &[u8],
+    ctx: Option<(&rans::CtxModel, &[u8])>,
+    opts: &Options,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u32>,
+) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
     if n >= 16 * 1024 {
@@ -111,7 +154,17 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
         return BlockMode::Const;
     }
     let ideal = entropy_bits(&h) / 8.0;
-    if ideal >= keep_raw_above {
+    // Without context coding, no coder beats the entropy plus its own
+    // table: Huffman's lengths take half a byte per symbol of the range
+    // and 16 bytes of sizes, rANS at least a byte per symbol of the range
+    // and 36 of states. A block that cannot pay even so is raw, as the
+    // full comparison below would find, without building either code.
+    let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
+    let hi = 255 - h.iter().rev().position(|&c| c > 0).unwrap_or(0);
+    let range = hi + 1 - lo;
+    let floor = ideal + (2 + range.div_ceil(2) + 16).min(2 + range + 36) as f64;
+    let ctx_possible = ctx.is_some() && opts.rans && n >= RANS_CTX_MIN_SYMBOLS;
+    if ideal >= keep_raw_above || (!ctx_possible && floor >= keep_raw_above) {
         out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
@@ -131,8 +184,8 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
         }
     }
     let mut plan = None;
-    if let (Some(ctx), true) = (ctx, opts.rans && n >= RANS_CTX_MIN_SYMBOLS) {
-        let p = rans::ctx_plan(syms, ctx);
+    if let (Some((model, classes)), true) = (ctx, opts.rans && n >= RANS_CTX_MIN_SYMBOLS) {
+        let p = rans::ctx_plan(syms, model, classes);
         if p.bytes < best.0 * (1.0 - opts.rans_min_gain as f64) {
             best = (p.bytes, BlockMode::RansCtx);
             plan = Some(p);
@@ -144,13 +197,11 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
     }
     match best.1 {
         BlockMode::Rans => rans::encode(syms, &freqs.expect("set with Rans"), out),
-        BlockMode::RansCtx => rans::ctx_encode(
-            syms,
-            ctx.expect("set with RansCtx"),
-            &plan.expect("set with RansCtx"),
-            out,
-        ),
-        _ => huffman::encode(syms, &lens, out),
+        BlockMode::RansCtx => {
+            let (model, classes) = ctx.expect("set with RansCtx");
+            rans::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
+        }
+        _ => huffman::encode(syms, &lens, out, scratch),
     }
     best.1
 }
@@ -158,7 +209,7 @@ pub fn encode(syms: &[u8], ctx: Option<&[u8]>, opts: &Options, out: &mut Vec<u8>
 /// Decoding tables kept between blocks (allocated once per thread).
 #[derive(Default)]
 pub struct Tables {
-    pub huffman: Vec<u64>,
+    pub huffman: huffman::DecodeTable,
     pub rans: Vec<u32>,
 }
 

@@ -8,7 +8,7 @@
 //! shorter), each its own LSB-first bit stream, so the decoder can interleave
 //! four independent dependency chains.
 
-use super::bits::{BitReader, BitWriter};
+use super::bits::BitReader;
 use super::DecodeError;
 
 /// Longest code length; also the decode table's index width.
@@ -20,10 +20,13 @@ const TABLE_SIZE: usize = 1 << MAX_BITS;
 /// with a non-zero count; symbols with count 0 get length 0.
 pub fn code_lengths(hist: &[u32; 256], max_bits: u32) -> [u8; 256] {
     let mut lens = [0u8; 256];
-    let mut syms: Vec<(u32, u8)> = (0..256)
+    // (count, symbol) as one u64 key: sorts as the pair does, faster.
+    let mut keys: Vec<u64> = (0..256)
         .filter(|&s| hist[s] > 0)
-        .map(|s| (hist[s], s as u8))
+        .map(|s| (hist[s] as u64) << 8 | s as u64)
         .collect();
+    keys.sort_unstable();
+    let syms: Vec<(u32, u8)> = keys.iter().map(|&k| ((k >> 8) as u32, k as u8)).collect();
     debug_assert!(syms.len() >= 2, "Huffman needs two symbols");
     if syms.len() < 2 {
         for &(_, s) in &syms {
@@ -31,7 +34,6 @@ pub fn code_lengths(hist: &[u32; 256], max_bits: u32) -> [u8; 256] {
         }
         return lens;
     }
-    syms.sort_unstable();
     // Two-queue Huffman over sorted leaves: nodes 0..m are leaves, internal
     // nodes are appended; `parent` records the tree, depths follow.
     let m = syms.len();
@@ -145,45 +147,160 @@ fn quarter(n: usize) -> usize {
 }
 
 /// Append the Huffman payload of `syms` under `lens` to `out`.
-pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>) {
+/// `scratch` is reusable memory (the pair table), kept between blocks.
+pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut Vec<u32>) {
     let (lo, hi) = symbol_range(lens).expect("at least two symbols");
     out.push(lo as u8);
     out.push(hi as u8);
     for pair in lens[lo..=hi].chunks(2) {
         out.push(pair[0] | (pair.get(1).copied().unwrap_or(0) << 4));
     }
-    // Packed (code | len << 16) for a single lookup per symbol.
     let codes = canonical_codes(lens);
-    let mut packed = [0u32; 256];
-    for s in 0..256 {
-        packed[s] = codes[s] as u32 | (lens[s] as u32) << 16;
-    }
+    let codes64: [u64; 256] = std::array::from_fn(|s| codes[s] as u64);
+    let lens64: [u64; 256] = std::array::from_fn(|s| lens[s] as u64);
     let sizes_at = out.len();
     out.extend_from_slice(&[0u8; 12]);
-    let q = quarter(syms.len());
-    for (j, part) in syms.chunks(q.max(1)).enumerate() {
-        let start = out.len();
-        let mut w = BitWriter::new(out, part.len() * MAX_BITS as usize / 8 + 16);
-        let mut it = part.chunks_exact(5);
-        for c in &mut it {
-            for &s in c {
-                let p = packed[s as usize];
-                w.put_unflushed(p & 0xffff, p >> 16);
-            }
-            w.flush();
-        }
-        for &s in it.remainder() {
-            let p = packed[s as usize];
-            w.put_unflushed(p & 0xffff, p >> 16);
-            w.flush();
-        }
-        w.finish();
-        let len = (out.len() - start) as u32;
-        if j < 3 {
-            out[sizes_at + 4 * j..sizes_at + 4 * j + 4].copy_from_slice(&len.to_le_bytes());
-        }
+    // The four sub-streams are written side by side, each in a region of
+    // `cap` bytes (its bound plus room for the last 8-byte store), then
+    // moved together.
+    let n = syms.len();
+    let q = quarter(n).max(1);
+    let lo = [0, q.min(n), (2 * q).min(n), (3 * q).min(n)];
+    let hi = [lo[1], lo[2], lo[3], n];
+    let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
+    let cap = q * max_len / 8 + 16;
+    let base = out.len();
+    out.resize(base + 4 * cap, 0);
+    let lanes: [&[u8]; 4] = std::array::from_fn(|j| &syms[lo[j]..hi[j]]);
+    let (first, last) = symbol_range(lens).expect("at least two symbols");
+    let pairs = (last - first < 64 && n >= PAIR_MIN_SYMBOLS).then(|| {
+        let t: &mut [u32; PAIRS] = pair_table(lens, &codes, first, scratch);
+        &*t
+    });
+    let pair_base = (first | first << 8) as u32;
+    let used = encode_lanes(
+        &codes64,
+        &lens64,
+        pairs.map(|t| (t, pair_base)),
+        lanes,
+        &mut out[base..],
+        cap,
+    );
+    let mut end = base + used[0];
+    for (j, &u) in used.iter().enumerate().skip(1) {
+        let from = base + j * cap;
+        out.copy_within(from..from + u, end);
+        end += u;
+    }
+    out.truncate(end);
+    for (j, &u) in used.iter().take(3).enumerate() {
+        let at = sizes_at + 4 * j;
+        out[at..at + 4].copy_from_slice(&(u as u32).to_le_bytes());
     }
 }
+
+/// Blocks shorter than this are coded a symbol at a time: the pair table
+/// costs a few thousand instructions to fill.
+const PAIR_MIN_SYMBOLS: usize = 2048;
+
+/// Entries of the pair table: two symbols `a`, `b` of a code spanning
+/// `first .. first + 64` are at `(a - first) + 256 * (b - first)`.
+const PAIRS: usize = 1 << 14;
+
+/// Codes of two symbols at once, for a code whose symbols span fewer than
+/// 64 values (an exponent stream): the entry of `a` then `b` (see
+/// [`PAIRS`]) is the code of `a` then that of `b` (at most 22 bits) with
+/// their total length in the top byte. Only pairs of coded symbols are
+/// written; the rest of `scratch` is left as it was (never read).
+fn pair_table<'a>(
+    lens: &[u8; 256],
+    codes: &[u16; 256],
+    first: usize,
+    scratch: &'a mut Vec<u32>,
+) -> &'a mut [u32; PAIRS] {
+    if scratch.len() < PAIRS {
+        scratch.resize(PAIRS, 0);
+    }
+    let t: &mut [u32; PAIRS] = (&mut scratch[..PAIRS]).try_into().expect("PAIRS long");
+    let present: Vec<usize> = (first..256).filter(|&s| lens[s] > 0).collect();
+    for &b in &present {
+        let row = &mut t[256 * (b - first)..][..64];
+        for &a in &present {
+            let (la, lb) = (lens[a] as u32, lens[b] as u32);
+            let code = codes[a] as u32 | (codes[b] as u32) << la;
+            row[a - first] = code | (la + lb) << 24;
+        }
+    }
+    t
+}
+
+/// Write each lane's codes as an LSB-first bit stream into its region
+/// `dst[j * cap..]`; returns the bytes each took. Five codes of at most 11
+/// bits (or two pairs of at most 22) go into the 64-bit buffer between
+/// stores of it (at most 7 bits are left over from the last store), so the
+/// loop has no branch but its own.
+#[inline(always)]
+fn encode_lanes_body(
+    codes: &[u64; 256],
+    lens: &[u64; 256],
+    pairs: Option<(&[u32; PAIRS], u32)>,
+    lanes: [&[u8]; 4],
+    dst: &mut [u8],
+    cap: usize,
+) -> [usize; 4] {
+    let mut used = [0usize; 4];
+    for (j, lane) in lanes.into_iter().enumerate() {
+        let region = &mut dst[j * cap..(j + 1) * cap];
+        let (mut acc, mut nbits, mut pos) = (0u64, 0u64, 0usize);
+        let mut flush = |acc: &mut u64, nbits: &mut u64| {
+            region[pos..pos + 8].copy_from_slice(&acc.to_le_bytes());
+            pos += (*nbits >> 3) as usize;
+            // nbits <= 62, so the shift is at most 56.
+            *acc >>= *nbits & 56;
+            *nbits &= 7;
+        };
+        let rest = match pairs {
+            Some((pt, base)) => {
+                // Two symbols read as a u16, less the base, index the
+                // table: every symbol is in `first .. first + 64`.
+                let at = |v: u32| (v.wrapping_sub(base) as usize) & (PAIRS - 1);
+                let mut it = lane.chunks_exact(4);
+                for c in &mut it {
+                    let v = u32::from_le_bytes(c.try_into().expect("4 symbols"));
+                    let a = pt[at(v & 0xffff)];
+                    let b = pt[at(v >> 16)];
+                    acc |= ((a & 0xff_ffff) as u64) << nbits;
+                    nbits += (a >> 24) as u64;
+                    acc |= ((b & 0xff_ffff) as u64) << nbits;
+                    nbits += (b >> 24) as u64;
+                    flush(&mut acc, &mut nbits);
+                }
+                it.remainder()
+            }
+            None => {
+                let mut it = lane.chunks_exact(5);
+                for c in &mut it {
+                    for &s in c {
+                        acc |= codes[s as usize] << nbits;
+                        nbits += lens[s as usize];
+                    }
+                    flush(&mut acc, &mut nbits);
+                }
+                it.remainder()
+            }
+        };
+        for &s in rest {
+            acc |= codes[s as usize] << nbits;
+            nbits += lens[s as usize];
+        }
+        flush(&mut acc, &mut nbits);
+        flush(&mut acc, &mut nbits);
+        used[j] = pos + (nbits > 0) as usize;
+    }
+    used
+}
+
+dispatch!(encode_lanes, encode_lanes_body, (codes: &[u64; 256], lens: &[u64; 256], pairs: Option<(&[u32; PAIRS], u32)>, lanes: [&[u8]; 4], dst: &mut [u8], cap: usize) -> [usize; 4]);
 
 /// Decode `out.len()` symbols from the payload `frame[start..start+len]`.
 /// Bytes of `frame` after the payload may be read (never used) by the fast
@@ -193,7 +310,7 @@ pub fn decode(
     start: usize,
     len: usize,
     out: &mut [u8],
-    table: &mut Vec<u64>,
+    table: &mut DecodeTable,
 ) -> Result<(), DecodeError> {
     let payload = &frame[start..start + len];
     let corrupt = |reason: &'static str| DecodeError::Corrupt {
@@ -251,11 +368,16 @@ pub fn decode(
     let q = quarter(n).max(1);
     let mk = |j: usize| BitReader::new(frame, start + bounds[j], start + bounds[j + 1]);
     let mut r = [mk(0), mk(1), mk(2), mk(3)];
-    let (d0, rest) = out.split_at_mut(q.min(n));
-    let (d1, rest) = rest.split_at_mut(q.min(rest.len()));
-    let (d2, d3) = rest.split_at_mut(q.min(rest.len()));
-    let mut pos = [0usize; 4];
-    let multi = n >= MULTI_MIN_SYMBOLS;
+    // Lane j decodes symbols [lo[j], hi[j]) of `out`; pos[j] is how far
+    // the fast loop got.
+    let lo = [0, q.min(n), (2 * q).min(n), (3 * q).min(n)];
+    let hi = [lo[1], lo[2], lo[3], n];
+    let mut pos = lo;
+    // Two codes fit one 11-bit lookup only if the shortest is at most 5
+    // bits; else (a near-noise mantissa stream) the multi-symbol table would
+    // be the single-symbol one, built at greater cost.
+    let min_len = lens.iter().copied().filter(|&l| l > 0).min().unwrap_or(1) as u32;
+    let multi = n >= MULTI_MIN_SYMBOLS && 2 * min_len <= MAX_BITS;
     let fast = n >= FAST_MIN_SYMBOLS;
     // The fast loop indexes with 11 bits; a small block's single-symbol
     // table only needs as many as the longest code.
@@ -264,18 +386,20 @@ pub fn decode(
     } else {
         lens.iter().copied().max().unwrap_or(1) as u32
     };
-    build_table(&lens, multi, bits, table);
+    table.build(&lens, multi, bits);
+    let table = &table.entries;
     if fast {
         let t: &[u64; TABLE_SIZE] = table.as_slice().try_into().expect("table size");
-        let [r0, r1, r2, r3] = &mut r;
-        let [p0, p1, p2, p3] = &mut pos;
-        decode_fast(t, [r0, r1, r2, r3], [d0, d1, d2, d3], [p0, p1, p2, p3]);
+        let mut at = r.each_ref().map(|r| r.position());
+        decode_fast(t, frame, &mut at, out, &mut pos, &hi);
+        for (rj, &a) in r.iter_mut().zip(&at) {
+            rj.set_position(a);
+        }
     }
     // Tails (and small blocks): one symbol per lookup with bounded reads;
     // an entry's first symbol and its own length.
-    for (j, d) in [d0, d1, d2, d3].into_iter().enumerate() {
-        let rj = &mut r[j];
-        for o in &mut d[pos[j]..] {
+    for (j, rj) in r.iter_mut().enumerate() {
+        for o in &mut out[pos[j]..hi[j]] {
             let s = (table[rj.peek_safe(bits) as usize] >> 16) as u8;
             *o = s;
             rj.consume(lens[s as usize] as u32);
@@ -294,128 +418,217 @@ const MULTI_MIN_SYMBOLS: usize = 8192;
 /// Blocks shorter than this skip the four-lane loop altogether.
 const FAST_MIN_SYMBOLS: usize = 256;
 
+/// A decode table and the code it was built for, kept between blocks:
+/// consecutive blocks of a stream (the exponents of one tensor) often have
+/// the very same code lengths, and then the table is reused as it is.
+#[derive(Default)]
+pub struct DecodeTable {
+    entries: Vec<u64>,
+    /// What `entries` holds: the code lengths, `multi` and `bits` it was
+    /// built with; `None` before the first build.
+    built: Option<([u8; 256], bool, u32)>,
+    /// Scratch for the multi-symbol build's sub-tables.
+    store: Vec<u64>,
+}
+
+impl DecodeTable {
+    /// Make the table the one for `lens` (see [`build_table`]), building it
+    /// only if it is not that already.
+    fn build(&mut self, lens: &[u8; 256], multi: bool, bits: u32) {
+        if self
+            .built
+            .as_ref()
+            .is_some_and(|(l, m, b)| l == lens && *m == multi && *b == bits)
+        {
+            return;
+        }
+        build_table(lens, multi, bits, &mut self.entries, &mut self.store);
+        self.built = Some((*lens, multi, bits));
+    }
+}
+
 /// Decode table, indexed by the next 11 bits of a stream. Entry: the bits
 /// its symbols take in bits 0..8 (so the entry itself is the shift
 /// amount), their count in 8..16, the symbols in 16..48 (first in the
 /// lowest byte). With `multi`, an entry resolves as many whole codes (up to
 /// four) as fit in 11 bits; without, only the first (cheaper to build for a
 /// small block).
-fn build_table(lens: &[u8; 256], multi: bool, bits: u32, table: &mut Vec<u64>) {
-    const MASK: usize = TABLE_SIZE - 1;
+fn build_table(
+    lens: &[u8; 256],
+    multi: bool,
+    bits: u32,
+    table: &mut Vec<u64>,
+    store: &mut Vec<u64>,
+) {
     let codes = canonical_codes(lens);
-    let size = 1usize << bits;
-    // single[i] = symbol | length << 8 of the code `i`'s low bits start with.
-    let mut single = [0u16; TABLE_SIZE];
-    let single = &mut single[..size];
+    if table.len() < TABLE_SIZE {
+        table.resize(TABLE_SIZE, 0);
+    }
+    if multi {
+        build_multi(lens, &codes, table, store);
+        return;
+    }
+    // One symbol per entry: each code fills every entry whose low bits
+    // it is.
+    let table = &mut table[..1usize << bits];
     for s in 0..256 {
         let l = lens[s] as usize;
         if l > 0 {
-            let e = s as u16 | (l as u16) << 8;
-            for slot in single[codes[s] as usize..].iter_mut().step_by(1 << l) {
+            let e = l as u64 | 1 << 8 | (s as u64) << 16;
+            for slot in table[codes[s] as usize..].iter_mut().step_by(1 << l) {
                 *slot = e;
             }
         }
     }
-    if table.len() < TABLE_SIZE {
-        table.resize(TABLE_SIZE, 0);
+}
+
+/// Entries of the multi-symbol table, built by prefix: the entries that
+/// start with code `c` (symbol `s`, length `l`) are `c + (r << l)` for every
+/// `r` of `11 - l` bits, and each is `s` followed by the decode of `r`
+/// within `11 - l` bits and up to three codes. That decode is itself a
+/// table of `2^(11-l)` entries built the same way (up to two codes within
+/// fewer bits, and so on), shared by every code of length `l`. Each entry
+/// is written once per table level, a few operations each, instead of four
+/// dependent lookups per entry.
+fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &mut Vec<u64>) {
+    // `sub(level, b)`: up to `level` codes (1..=3) within `b` bits (0..=10),
+    // at `(level - 1) * TABLE_SIZE + 2^b - 1` in `store`.
+    let syms: Vec<(u64, u32, usize)> = (0..256)
+        .filter(|&s| lens[s] > 0)
+        .map(|s| (s as u64, lens[s] as u32, codes[s] as usize))
+        .collect();
+    if store.len() < 3 * TABLE_SIZE {
+        store.resize(3 * TABLE_SIZE, 0);
     }
-    if !multi {
-        for (t, &e) in table.iter_mut().zip(single.iter()) {
-            *t = (e >> 8) as u64 | 1 << 8 | ((e & 0xff) as u64) << 16;
+    let at = |level: usize, b: u32| (level - 1) * TABLE_SIZE + (1usize << b) - 1;
+    // `s` before entry `e`: bits and count grow, symbols move up a byte.
+    #[inline(always)]
+    fn prepend(e: u64, s: u64, l: u32) -> u64 {
+        (e & 0xffff) + ((e >> 16) << 24) + (l as u64 + (1 << 8) + (s << 16))
+    }
+    // Levels are filled bottom up: a level's tables need the ones below.
+    let mut need = [[false; MAX_BITS as usize]; 3];
+    for &(_, l, _) in &syms {
+        need[2][(MAX_BITS - l) as usize] = true;
+    }
+    for level in (2..=3).rev() {
+        for b in 0..MAX_BITS as usize {
+            if need[level - 1][b] {
+                for &(_, l, _) in &syms {
+                    if l as usize <= b {
+                        need[level - 2][b - l as usize] = true;
+                    }
+                }
+            }
         }
-        return;
     }
-    let table: &mut [u64; TABLE_SIZE] = (&mut table[..TABLE_SIZE]).try_into().expect("table size");
-    let single: &[u16; TABLE_SIZE] = (&*single).try_into().expect("multi tables use 11 bits");
-    for (i, t) in table.iter_mut().enumerate() {
-        // Up to four codes, each kept only if it ends within the 11 bits;
-        // branch-free so the build costs the same for every entry.
-        let e1 = single[i];
-        let b1 = (e1 >> 8) as usize;
-        let e2 = single[(i >> b1) & MASK];
-        let b2 = b1 + (e2 >> 8) as usize;
-        let e3 = single[(i >> b2.min(63)) & MASK];
-        let b3 = b2 + (e3 >> 8) as usize;
-        let e4 = single[(i >> b3.min(63)) & MASK];
-        let b4 = b3 + (e4 >> 8) as usize;
-        let max = MAX_BITS as usize;
-        let (k2, k3, k4) = (b2 <= max, b3 <= max, b4 <= max);
-        let (k3, k4) = (k2 && k3, k2 && k3 && k4);
-        let count = 1 + k2 as u64 + k3 as u64 + k4 as u64;
-        let bits = [b1, b2, b3, b4][count as usize - 1] as u64;
-        let syms = (e1 & 0xff) as u64
-            | ((e2 & 0xff) as u64) << 8
-            | ((e3 & 0xff) as u64) << 16
-            | ((e4 & 0xff) as u64) << 24;
-        let syms = syms & ((1u64 << (8 * count)) - 1);
-        *t = bits | count << 8 | syms << 16;
+    for level in 1..=3 {
+        for b in 0..MAX_BITS {
+            if !need[level - 1][b as usize] {
+                continue;
+            }
+            let dst = at(level, b);
+            store[dst..dst + (1 << b)].fill(0);
+            for &(s, l, c) in &syms {
+                if l > b {
+                    continue;
+                }
+                let n = 1usize << (b - l);
+                if level == 1 {
+                    let e = prepend(0, s, l);
+                    for r in 0..n {
+                        store[dst + c + (r << l)] = e;
+                    }
+                } else {
+                    let src = at(level - 1, b - l);
+                    for r in 0..n {
+                        store[dst + c + (r << l)] = prepend(store[src + r], s, l);
+                    }
+                }
+            }
+        }
+    }
+    for &(s, l, c) in &syms {
+        let src = at(3, MAX_BITS - l);
+        let sub = &store[src..src + (1 << (MAX_BITS - l))];
+        for (r, &e) in sub.iter().enumerate() {
+            table[c + (r << l)] = prepend(e, s, l);
+        }
     }
 }
 
 /// The hot loop: four lanes interleaved so four independent dependency
-/// chains (bit buffer -> table load -> shift) overlap. Each round refills
-/// once (>= 56 bits) and makes 5 lookups of up to 4 symbols, so a lane needs
-/// 20 symbols of room and 8 readable input bytes per round.
+/// chains (bit buffer -> table load -> shift) overlap. A round loads 8
+/// bytes per lane (56 bits used, a sentinel bit above them) and makes 5
+/// lookups of up to 4 symbols (at most 55 bits); the sentinel's place then
+/// says how many bits the round consumed. So a lane needs 20 symbols of
+/// room and 8 readable input bytes per round, and advances at most 7. The
+/// loop runs as many rounds at a time as all lanes certainly have room
+/// for, then checks again.
+///
+/// `at[j]`: lane j's next bit (absolute, in `buf`); `pos[j]`: its next
+/// output symbol, below `end[j]`. Lanes' output ranges must not overlap.
 #[inline(always)]
-fn decode_fast(
+fn decode_fast_body(
     t: &[u64; TABLE_SIZE],
-    r: [&mut BitReader; 4],
-    d: [&mut [u8]; 4],
-    p: [&mut usize; 4],
+    buf: &[u8],
+    at: &mut [usize; 4],
+    out: &mut [u8],
+    pos: &mut [usize; 4],
+    end: &[usize; 4],
 ) {
-    let [r0, r1, r2, r3] = r;
-    let [d0, d1, d2, d3] = d;
-    let [p0, p1, p2, p3] = p;
-    let buf = r0.buf;
-    let (mut a0, mut b0, mut n0, mut o0) = (r0.acc, r0.nbits, r0.next, *p0);
-    let (mut a1, mut b1, mut n1, mut o1) = (r1.acc, r1.nbits, r1.next, *p1);
-    let (mut a2, mut b2, mut n2, mut o2) = (r2.acc, r2.nbits, r2.next, *p2);
-    let (mut a3, mut b3, mut n3, mut o3) = (r3.acc, r3.nbits, r3.next, *p3);
-    macro_rules! refill {
-        ($acc:ident, $bits:ident, $next:ident) => {{
-            let w = u64::from_le_bytes(buf[$next..$next + 8].try_into().expect("8 bytes"));
-            $acc |= w << $bits;
-            let take = (63 - $bits) >> 3;
-            $next += take as usize;
-            $bits += take * 8;
-        }};
-    }
-    macro_rules! step {
-        ($acc:ident, $bits:ident, $out:ident, $d:ident) => {{
-            let v = t[($acc & (TABLE_SIZE as u64 - 1)) as usize];
-            $d[$out..$out + 4].copy_from_slice(&((v >> 16) as u32).to_le_bytes());
-            $acc >>= v & 63;
-            $bits -= v as u8 as u32;
-            $out += (v >> 8) as u8 as usize;
-        }};
-    }
-    while room(o0, d0.len(), n0, buf.len())
-        && room(o1, d1.len(), n1, buf.len())
-        && room(o2, d2.len(), n2, buf.len())
-        && room(o3, d3.len(), n3, buf.len())
-    {
-        refill!(a0, b0, n0);
-        refill!(a1, b1, n1);
-        refill!(a2, b2, n2);
-        refill!(a3, b3, n3);
-        for _ in 0..5 {
-            step!(a0, b0, o0, d0);
-            step!(a1, b1, o1, d1);
-            step!(a2, b2, o2, d2);
-            step!(a3, b3, o3, d3);
+    const SENTINEL: u64 = 1 << 56;
+    assert!(end.iter().all(|&e| e <= out.len()), "lanes inside out");
+    let dst = out.as_mut_ptr();
+    let mut o = *pos;
+    loop {
+        let mut rounds = usize::MAX;
+        for j in 0..4 {
+            let by_out = end[j].saturating_sub(o[j]) / 20;
+            let by_in = match buf.len().checked_sub((at[j] >> 3) + 8) {
+                Some(room) => room / 7 + 1,
+                None => 0,
+            };
+            rounds = rounds.min(by_out).min(by_in);
+        }
+        if rounds == 0 {
+            break;
+        }
+        for _ in 0..rounds {
+            let mut acc = [0u64; 4];
+            for j in 0..4 {
+                let b = at[j] >> 3;
+                let w = u64::from_le_bytes(buf[b..b + 8].try_into().expect("8 bytes"));
+                acc[j] = ((w >> (at[j] & 7)) & (SENTINEL - 1)) | SENTINEL;
+            }
+            for _ in 0..5 {
+                for j in 0..4 {
+                    let v = t[(acc[j] & (TABLE_SIZE as u64 - 1)) as usize];
+                    let syms = ((v >> 16) as u32).to_le_bytes();
+                    // SAFETY: `o[j] + 20 <= end[j] <= out.len()` at the
+                    // start of the round (the `rounds` bound and the assert
+                    // above), and each of its 5 steps advances by an entry's
+                    // count, which `build_table` makes 1..=4 for every
+                    // entry; so this step starts at most 16 past the round's
+                    // start and its 4 bytes stay inside lane j's range of
+                    // `out`, which `dst` points to and which is borrowed
+                    // mutably here.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(syms.as_ptr(), dst.add(o[j]), 4);
+                    }
+                    acc[j] >>= v & 63;
+                    o[j] += (v >> 8) as u8 as usize;
+                }
+            }
+            for j in 0..4 {
+                at[j] += acc[j].leading_zeros() as usize - 7;
+            }
         }
     }
-    (r0.acc, r0.nbits, r0.next, *p0) = (a0, b0, n0, o0);
-    (r1.acc, r1.nbits, r1.next, *p1) = (a1, b1, n1, o1);
-    (r2.acc, r2.nbits, r2.next, *p2) = (a2, b2, n2, o2);
-    (r3.acc, r3.nbits, r3.next, *p3) = (a3, b3, n3, o3);
+    *pos = o;
 }
 
-/// Room for one more fast round: 20 output symbols, 8 input bytes.
-#[inline(always)]
-fn room(out: usize, out_len: usize, next: usize, in_len: usize) -> bool {
-    out + 20 <= out_len && next + 8 <= in_len
-}
+dispatch!(decode_fast, decode_fast_body, (t: &[u64; TABLE_SIZE], buf: &[u8], at: &mut [usize; 4], out: &mut [u8], pos: &mut [usize; 4], end: &[usize; 4]));
 
 #[cfg(test)]
 mod tests {
@@ -440,9 +653,9 @@ mod tests {
             .sum();
         assert_eq!(kraft, 1 << MAX_BITS);
         let mut out = Vec::new();
-        encode(syms, &lens, &mut out);
+        encode(syms, &lens, &mut out, &mut Vec::new());
         let mut back = vec![0u8; syms.len()];
-        let mut t = Vec::new();
+        let mut t = DecodeTable::default();
         decode(&out, 0, out.len(), &mut back, &mut t).unwrap();
         assert_eq!(back, syms);
         out.len()
@@ -478,7 +691,64 @@ mod tests {
         round_trip(&syms);
     }
 
+    /// The multi-symbol table by definition: per entry, up to four codes,
+    /// each kept only if it ends within the 11 bits.
+    fn naive_multi_table(lens: &[u8; 256]) -> Vec<u64> {
+        let codes = canonical_codes(lens);
+        let mut single = vec![(0u64, 0u32); TABLE_SIZE];
+        for s in 0..256 {
+            let l = lens[s] as u32;
+            if l > 0 {
+                for i in (codes[s] as usize..TABLE_SIZE).step_by(1 << l) {
+                    single[i] = (s as u64, l);
+                }
+            }
+        }
+        (0..TABLE_SIZE)
+            .map(|i| {
+                let (mut bits, mut count, mut syms) = (0u32, 0u64, 0u64);
+                while count < 4 {
+                    let (s, l) = single[(i >> bits) & (TABLE_SIZE - 1)];
+                    if bits + l > MAX_BITS {
+                        break;
+                    }
+                    syms |= s << (8 * count);
+                    bits += l;
+                    count += 1;
+                }
+                bits as u64 | count << 8 | syms << 16
+            })
+            .collect()
+    }
+
+    fn check_multi_table(syms: &[u8]) {
+        let lens = code_lengths(&hist(syms), MAX_BITS);
+        let mut t = DecodeTable::default();
+        t.build(&lens, true, MAX_BITS);
+        assert_eq!(t.entries[..TABLE_SIZE], naive_multi_table(&lens)[..]);
+    }
+
+    #[test]
+    fn multi_table_matches_naive_on_skewed_codes() {
+        let v: Vec<u8> = (0..70000u32)
+            .map(|i| i.trailing_zeros().min(20) as u8)
+            .collect();
+        check_multi_table(&v);
+        check_multi_table(&[0, 1]);
+        check_multi_table(&[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 3]);
+        let all: Vec<u8> = (0..=255u8).chain(std::iter::repeat_n(7, 5000)).collect();
+        check_multi_table(&all);
+    }
+
     proptest! {
+        #[test]
+        fn multi_table_matches_naive(syms in proptest::collection::vec(0u8..40, 2..3000)) {
+            let mut syms = syms;
+            syms[0] = 0;
+            syms[1] = 1;
+            check_multi_table(&syms);
+        }
+
         #[test]
         fn arbitrary_blocks_round_trip(mut syms in proptest::collection::vec(0u8..40, 2..5000)) {
             syms[0] = 0;

@@ -5,6 +5,8 @@
 //! Every optimised routine here has a naive reference in the tests and is
 //! checked against it on lengths that are not multiples of the width.
 
+use std::mem::MaybeUninit;
+
 /// Rotate the top 16 bits of a float element left by one so the exponent
 /// (bf16, f32, the top 8 exponent bits of f64) sits alone in the top byte and
 /// the sign joins the top mantissa bits. For 8-bit floats the byte rotates.
@@ -142,29 +144,6 @@ fn ungroup4_body(s: [&[u8]; 4], out: &mut [u8], rotate: bool) {
     }
 }
 
-/// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
-/// portable build is the same source compiled for the baseline target.
-macro_rules! dispatch {
-    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
-        fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,bmi1,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) {
-                    $body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("bmi2")
-                {
-                    // SAFETY: the CPU supports the features `avx2` was compiled for.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
-    };
-}
-
 dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool));
 dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [u8]; 4], rotate: bool));
 dispatch!(ungroup2, ungroup2_body, (s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool));
@@ -178,17 +157,50 @@ dispatch!(undiff_into, undiff_body, (dst: &mut [u8], src: &[u8]));
 /// most significant byte). `raw` is `n * w` bytes; `out` becomes `n` bytes.
 pub fn context_bytes(raw: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
     let out = grow(out, raw.len() / w);
-    if w == 1 {
-        for (o, &b) in out.iter_mut().zip(raw) {
-            *o = if float { b.rotate_left(1) } else { b };
+    match w {
+        1 => {
+            for (o, &b) in out.iter_mut().zip(raw) {
+                *o = if float { b.rotate_left(1) } else { b };
+            }
         }
-        return;
-    }
-    for (o, c) in out.iter_mut().zip(raw.chunks_exact(w)) {
-        let hi = u16::from_le_bytes([c[w - 2], c[w - 1]]);
-        *o = (if float { rot2(hi) } else { hi } >> 8) as u8;
+        2 => context2(raw, out, float),
+        4 => context4(raw, out, float),
+        _ => {
+            for (o, c) in out.iter_mut().zip(raw.chunks_exact(w)) {
+                *o = top_byte(u16::from_le_bytes([c[w - 2], c[w - 1]]), float);
+            }
+        }
     }
 }
+
+/// The top byte of the top 16 bits `hi` of an element, after rotation for
+/// a float: `rot2(hi) >> 8`, which is `hi >> 7` (the bit rotated in lands
+/// in the low byte).
+#[inline(always)]
+fn top_byte(hi: u16, float: bool) -> u8 {
+    if float {
+        (hi >> 7) as u8
+    } else {
+        (hi >> 8) as u8
+    }
+}
+
+#[inline(always)]
+fn context2_body(raw: &[u8], out: &mut [u8], float: bool) {
+    for (o, c) in out.iter_mut().zip(raw.chunks_exact(2)) {
+        *o = top_byte(u16::from_le_bytes([c[0], c[1]]), float);
+    }
+}
+
+#[inline(always)]
+fn context4_body(raw: &[u8], out: &mut [u8], float: bool) {
+    for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+        *o = top_byte(u16::from_le_bytes([c[2], c[3]]), float);
+    }
+}
+
+dispatch!(context2, context2_body, (raw: &[u8], out: &mut [u8], float: bool));
+dispatch!(context4, context4_body, (raw: &[u8], out: &mut [u8], float: bool));
 
 /// Inverse of [`group`]: interleave `w` streams of `n` bytes into `out`
 /// (`n * w` bytes), undoing the rotation.
@@ -225,6 +237,61 @@ pub fn ungroup(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [u8]) {
         _ => unreachable!("element width is 1, 2, 4 or 8"),
     }
 }
+
+/// [`ungroup`] into uninitialised memory: writes every byte of `out`
+/// (`n * w` of them; every stream must hold exactly `n`).
+pub fn ungroup_uninit(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [MaybeUninit<u8>]) {
+    let n = out.len() / w;
+    assert_eq!(out.len(), n * w, "whole elements");
+    assert!(
+        streams.len() == w && streams.iter().all(|s| s.len() == n),
+        "w streams of n symbols: every output byte is written"
+    );
+    match w {
+        2 => ungroup2_uninit(streams[0], streams[1], out, rotate),
+        4 => ungroup4_uninit(
+            [streams[0], streams[1], streams[2], streams[3]],
+            out,
+            rotate,
+        ),
+        _ => {
+            // Other widths are rare: fill, then interleave as usual.
+            out.fill(MaybeUninit::new(0));
+            // SAFETY: every byte was just initialised, and MaybeUninit<u8>
+            // has the layout of u8.
+            let out: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, out.len()) };
+            ungroup(streams, w, rotate, out);
+        }
+    }
+}
+
+#[inline(always)]
+fn ungroup2_uninit_body(s0: &[u8], s1: &[u8], out: &mut [MaybeUninit<u8>], rotate: bool) {
+    for ((c, &a), &b) in out.chunks_exact_mut(2).zip(s0).zip(s1) {
+        let mut v = u16::from_le_bytes([a, b]);
+        if rotate {
+            v = unrot2(v);
+        }
+        c.copy_from_slice(&v.to_le_bytes().map(MaybeUninit::new));
+    }
+}
+
+#[inline(always)]
+fn ungroup4_uninit_body(s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool) {
+    let [s0, s1, s2, s3] = s;
+    let it = out.chunks_exact_mut(4).zip(s0).zip(s1).zip(s2).zip(s3);
+    for ((((c, &a), &b), &d), &e) in it {
+        let mut v = u32::from_le_bytes([a, b, d, e]);
+        if rotate {
+            v = (v & 0xffff) | ((unrot2((v >> 16) as u16) as u32) << 16);
+        }
+        c.copy_from_slice(&v.to_le_bytes().map(MaybeUninit::new));
+    }
+}
+
+dispatch!(ungroup2_uninit, ungroup2_uninit_body, (s0: &[u8], s1: &[u8], out: &mut [MaybeUninit<u8>], rotate: bool));
+dispatch!(ungroup4_uninit, ungroup4_uninit_body, (s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool));
 
 #[inline(always)]
 fn xor_body(dst: &mut [u8], src: &[u8]) {
@@ -413,6 +480,11 @@ mod tests {
         let mut back = vec![0u8; n * w];
         ungroup(&refs, w, rotate, &mut back);
         assert_eq!(back, body);
+        let mut fresh: Vec<u8> = Vec::with_capacity(n * w);
+        ungroup_uninit(&refs, w, rotate, &mut fresh.spare_capacity_mut()[..n * w]);
+        // SAFETY: ungroup_uninit writes all n * w bytes.
+        unsafe { fresh.set_len(n * w) };
+        assert_eq!(fresh, body);
     }
 
     #[test]
@@ -459,6 +531,21 @@ mod tests {
             op.apply(&mut s, &b);
             op.undo(&mut s, &b);
             prop_assert_eq!(s, a);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn context_bytes_match_naive(raw in proptest::collection::vec(any::<u8>(), 0..600), float: bool) {
+            for w in [1, 2, 4, 8] {
+                let n = raw.len() / w;
+                let mut out = vec![0xAA; 3];
+                context_bytes(&raw[..n * w], w, float, &mut out);
+                // The definition: byte w-1 of the element after rotation
+                // (floats) or as it is.
+                let streams = naive_group(&raw[..n * w], w, float);
+                prop_assert_eq!(&out[..n], &streams[w - 1][..]);
+            }
         }
     }
 

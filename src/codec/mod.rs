@@ -17,6 +17,32 @@
 //! assert_eq!(decode(&frame, Some(&old)).unwrap(), new);
 //! ```
 
+// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
+// portable build is the same source compiled for the baseline target.
+macro_rules! dispatch {
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
+        dispatch!($name, $body, ($($arg: $ty),*) -> ());
+    };
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,bmi1,bmi2")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("bmi2")
+                {
+                    // SAFETY: the CPU supports the features `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
 mod bits;
 mod block;
 mod dtype;
@@ -209,6 +235,9 @@ pub struct Scratch {
     streams: Vec<Vec<u8>>,
     base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
+    classes: Vec<u8>,
+    /// The Huffman encoder's pair table.
+    pairs: Vec<u32>,
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
@@ -242,6 +271,8 @@ pub fn encode_into(
         base_streams,
         tmp,
         ctx,
+        classes,
+        pairs,
         ..
     } = scratch;
     streams.resize_with(w, Vec::new);
@@ -285,10 +316,26 @@ pub fn encode_into(
         layout::group(body, w, rotate, streams);
     }
 
+    // Delta frames: the context model of each block (one for all streams)
+    // and the class of each element's context.
+    let mut models = Vec::new();
     if let (Some(base), true) = (base, delta != Delta::None) {
         layout::context_bytes(base, w, dtype.is_float(), ctx);
+        let mut c = Vec::new();
+        classes.clear();
+        for b in ctx[..n].chunks(1 << BLOCK_LOG2) {
+            let m = rans::CtxModel::new(b);
+            m.classes(b, &mut c);
+            classes.extend_from_slice(&c);
+            models.push(m);
+        }
     }
     out.clear();
+    // Room for the largest frame (every block raw) plus the Huffman
+    // encoder's scratch area past its block, so a fresh `out` grows once
+    // instead of doubling through the chunk.
+    let nblocks = n.div_ceil(1 << BLOCK_LOG2);
+    out.reserve(HEADER_LEN + w + raw.len() + 4 * w * nblocks + (3 << BLOCK_LOG2) / 8 + 1024);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(CODEC_GROUPED);
@@ -316,11 +363,12 @@ pub fn encode_into(
     for s in streams.iter() {
         // Every stream of a delta frame may be coded with the base's
         // exponent (top) byte of each element as context.
-        let ctx = (delta != Delta::None).then(|| &ctx[..n]);
         for (bi, b) in s[..n].chunks(block).enumerate() {
             let start = out.len();
-            let c = ctx.map(|c| &c[bi * block..bi * block + b.len()]);
-            let mode = block::encode(b, c, opts, out);
+            let c = models
+                .get(bi)
+                .map(|m| (m, &classes[bi * block..bi * block + b.len()]));
+            let mode = block::encode(b, c, opts, out, pairs);
             let len = (out.len() - start) as u32;
             debug_assert!(len < 1 << 24, "a block never grows past raw");
             let e = mode as u32 | len << 8;
@@ -336,14 +384,14 @@ enum Choice {
 }
 
 /// Pick the delta representation by the estimated coded size of a sample
-/// (up to 8 evenly spaced runs of 1024 elements): per stream the cheapest
+/// (up to 4 evenly spaced runs of 1024 elements): per stream the cheapest
 /// of keep / XOR / zigzag difference, or the whole-element ULP difference,
 /// each coded plainly or with the base's exponent byte as context; or no
 /// delta at all.
 fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -> Choice {
     let n = body.len() / w;
     const RUN: usize = 1024;
-    const RUNS: usize = 8;
+    const RUNS: usize = 4;
     let ranges: Vec<(usize, usize)> = if n <= RUN * RUNS {
         vec![(0, n)]
     } else {
@@ -366,11 +414,13 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let mut ctx = Vec::new();
     layout::context_bytes(&sample_base, w, float, &mut ctx);
     let model = rans::CtxModel::new(&ctx);
+    let mut classes = Vec::new();
+    model.classes(&ctx, &mut classes);
     // Context modelling only pays on streams with structure; near-noise
     // streams (>= 7.5 bits/symbol, low mantissa bytes) skip its estimate.
     let with_ctx = |t: &[u8], plain: f64| {
         if plain < 7.5 * t.len() as f64 {
-            plain.min(model.cost_bits(t, &ctx))
+            plain.min(model.cost_bits(t, &classes))
         } else {
             plain
         }
@@ -544,9 +594,6 @@ pub fn decode_into(
         }
     }
 
-    layout::set_len(out, raw_len);
-    let (body, out_tail) = out.split_at_mut(n * w);
-    out_tail.copy_from_slice(tail);
     if info.delta == Delta::PerStream {
         for k in (0..w).filter(|&k| ops[k] != StreamOp::Keep) {
             ops[k].undo(&mut streams[k][..n], &base_streams[k][..n]);
@@ -560,10 +607,24 @@ pub fn decode_into(
             None => &s[..n],
         })
         .collect();
-    layout::ungroup(&refs, w, info.rotated, body);
+    // The output is written once, by the interleave, into fresh capacity:
+    // no zero-filling pass first (a reused `out` that was shorter, or a
+    // new one, would otherwise be zeroed up to the raw length).
+    out.clear();
+    out.reserve(raw_len);
+    let spare = &mut out.spare_capacity_mut()[..raw_len];
+    let (body, out_tail) = spare.split_at_mut(n * w);
+    for (d, &t) in out_tail.iter_mut().zip(tail) {
+        d.write(t);
+    }
+    layout::ungroup_uninit(&refs, w, info.rotated, body);
+    // SAFETY: `ungroup_uninit` wrote every byte of `body` (n * w) and the
+    // loop above every byte of the tail (raw_len - n * w); so the first
+    // raw_len bytes of the capacity are initialised.
+    unsafe { out.set_len(raw_len) };
     if info.delta == Delta::Ulp {
         let base = &base.expect("checked above")[..n * w];
-        layout::ulp_undelta(body, base, w, info.dtype.is_float());
+        layout::ulp_undelta(&mut out[..n * w], base, w, info.dtype.is_float());
     }
     Ok(())
 }

@@ -56,10 +56,11 @@ pub fn normalize(hist: &[u32; 256]) -> [u32; 256] {
 
 /// Estimated payload bits for `hist` coded with frequencies `f`.
 pub fn coded_bits(hist: &[u32; 256], f: &[u32; 256]) -> f64 {
+    let log2 = super::block::Log2::get();
     let mut bits = 0.0;
     for s in 0..256 {
         if hist[s] > 0 {
-            bits += hist[s] as f64 * (SCALE_BITS as f64 - (f[s] as f64).log2());
+            bits += hist[s] as f64 * (SCALE_BITS as f64 - log2.of(f[s]));
         }
     }
     bits
@@ -83,11 +84,15 @@ fn varint_len(v: u32) -> usize {
 #[derive(Clone, Copy, Default)]
 struct EncSym {
     x_max: u32,
-    freq: u32,
+    /// `4096 - freq`: the new state is `x + (x / freq) * cmpl + start`.
+    cmpl: u32,
     start: u32,
-    /// `ceil(2^(32 + shift) / freq)`: `x / freq == (x * rcp) >> (32 + shift)`
-    /// for every 32-bit `x` (Granlund-Montgomery), so no division per symbol.
-    rcp: u64,
+    /// `rcp = ceil(2^(32 + shift) / freq)` in two halves: `x / freq ==
+    /// (x * rcp) >> (32 + shift)` for every 32-bit `x` (Granlund-Montgomery),
+    /// so no division per symbol; and `rcp < 2^34`, so the product is
+    /// `(x * rcp_lo >> 32) + x * rcp_hi` before the last shift, all in u64.
+    rcp_lo: u32,
+    rcp_hi: u32,
     shift: u32,
 }
 
@@ -95,19 +100,28 @@ impl EncSym {
     fn new(start: u32, freq: u32) -> EncSym {
         let shift = 32 - (freq - 1).leading_zeros().min(32);
         let shift = if freq == 1 { 0 } else { shift };
+        let rcp = (1u64 << (32 + shift)).div_ceil(freq as u64);
         EncSym {
             x_max: ((L >> SCALE_BITS) << 16) * freq,
-            freq,
+            cmpl: M - freq,
             start,
-            rcp: (1u64 << (32 + shift)).div_ceil(freq as u64),
+            rcp_lo: rcp as u32,
+            rcp_hi: (rcp >> 32) as u32,
             shift,
         }
     }
 
+    /// `x / freq`.
+    #[inline(always)]
+    fn quotient(&self, x: u32) -> u32 {
+        let x = x as u64;
+        ((((x * self.rcp_lo as u64) >> 32) + x * self.rcp_hi as u64) >> self.shift) as u32
+    }
+
+    /// `(x / freq) * 4096 + x % freq + start`.
     #[inline(always)]
     fn put(&self, x: u32) -> u32 {
-        let q = ((x as u128 * self.rcp as u128) >> (32 + self.shift)) as u32;
-        (q << SCALE_BITS) + (x - q * self.freq) + self.start
+        x + self.quotient(x) * self.cmpl + self.start
     }
 }
 
@@ -142,32 +156,49 @@ fn enc_table(f: &[u32; 256]) -> [EncSym; 256] {
     enc
 }
 
-/// Encode backwards, `class(i)` picking the table of symbol `i`, then
-/// write the four final states and the bytes in decoding order.
+/// Encode backwards, `classes[i]` picking the table of symbol `i` (the
+/// first table without classes), then write the eight final states and
+/// the words in decoding order. Groups of `LANES` symbols go lane by lane
+/// with the states in registers; renormalisation stores a word whether or
+/// not it is needed and advances only if it is (no branch).
 #[inline(always)]
-fn encode_core(
-    syms: &[u8],
-    enc: &[[EncSym; 256]],
-    class: impl Fn(usize) -> usize,
-    out: &mut Vec<u8>,
-) {
-    let mut stack: Vec<u16> = Vec::with_capacity(syms.len() / 4 + 16);
+fn encode_core(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out: &mut Vec<u8>) {
+    let n = syms.len();
+    // At most one word per symbol.
+    let mut words = vec![0u16; n];
+    let mut k = 0usize;
     let mut x = [L; LANES];
-    for (i, &s) in syms.iter().enumerate().rev() {
-        let e = &enc[class(i)][s as usize];
-        let st = &mut x[i % LANES];
-        let mut v = *st;
-        if v >= e.x_max {
-            stack.push(v as u16);
-            v >>= 16;
+    macro_rules! step {
+        ($j:expr, $e:expr) => {{
+            let e: &EncSym = $e;
+            let v = x[$j];
+            let need = v >= e.x_max;
+            words[k] = v as u16;
+            k += need as usize;
+            x[$j] = e.put(if need { v >> 16 } else { v });
+        }};
+    }
+    let full = n / LANES * LANES;
+    for i in (full..n).rev() {
+        let c = classes.map_or(0, |c| c[i] as usize);
+        step!(i % LANES, &enc[c][syms[i] as usize]);
+    }
+    for g in (0..full / LANES).rev() {
+        let at = g * LANES;
+        let s: &[u8; LANES] = syms[at..at + LANES].try_into().expect("a group");
+        let c: [u8; LANES] = match classes {
+            Some(c) => c[at..at + LANES].try_into().expect("a group"),
+            None => [0; LANES],
+        };
+        for j in (0..LANES).rev() {
+            step!(j, &enc[c[j] as usize][s[j] as usize]);
         }
-        *st = e.put(v);
     }
     for st in x {
         out.extend_from_slice(&st.to_le_bytes());
     }
-    out.reserve(2 * stack.len());
-    for w in stack.iter().rev() {
+    out.reserve(2 * k);
+    for w in words[..k].iter().rev() {
         out.extend_from_slice(&w.to_le_bytes());
     }
 }
@@ -175,7 +206,7 @@ fn encode_core(
 /// Append the rANS payload of `syms` with normalised frequencies `f`.
 pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
     write_freqs(f, out);
-    encode_core(syms, &[enc_table(f)], |_| 0, out);
+    encode_core(syms, &[enc_table(f)], None, out);
 }
 
 /// Read a frequency table; returns the slot table entries
@@ -218,21 +249,26 @@ fn read_freqs(
     Ok(())
 }
 
-/// Decode with the four states and bytes at `payload[p..]`; `class(i)`
-/// picks the slot table of symbol `i`.
+/// Slot tables of every class, back to back: `class << 12 | slot`.
+const ALL_SLOTS: usize = MAX_CLASSES << SCALE_BITS;
+
+/// Decode with the eight states and words at `payload[p..]`. Symbol `i`
+/// uses the slot table at `coff[ctx[i]]` (a class times 4096), or the first
+/// one without a context.
 #[inline(always)]
 fn decode_core(
     payload: &[u8],
     mut p: usize,
     offset: u64,
     slots: &[u32],
-    class: impl Fn(usize) -> usize,
+    ctx: Option<(&[u8], &[u32; 256])>,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if payload.len() < p + 4 * LANES {
         return Err(corrupt("rans states truncated"));
     }
+    let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
     let mut x: [u32; LANES] = std::array::from_fn(|j| {
         u32::from_le_bytes(
             payload[p + 4 * j..p + 4 * j + 4]
@@ -243,14 +279,15 @@ fn decode_core(
     p += 4 * LANES;
     let data = &payload[p..];
     let mut r = 0usize;
-    // One decode step of state `$x` for symbol `$i`: slot lookup, state
-    // update, then at most one renormalisation word (x >= 16 after the
-    // update, L = 2^16), taken without a branch. `$word` is the next word
-    // (read whether needed or not); the step says whether it used it.
+    // One decode step of state `$x` with slot table offset `$off`: slot
+    // lookup, state update, then at most one renormalisation word (x >= 16
+    // after the update, L = 2^16), taken without a branch. `$word` is the
+    // next word (read whether needed or not); the step says whether it used
+    // it.
     macro_rules! step {
-        ($x:expr, $i:expr, $o:expr, $word:expr) => {{
+        ($x:expr, $off:expr, $o:expr, $word:expr) => {{
             let slot = $x & (M - 1);
-            let e = slots[(class($i) << SCALE_BITS) | slot as usize];
+            let e = slots[($off | slot) as usize & (ALL_SLOTS - 1)];
             *$o = e as u8;
             let (freq, base) = ((e >> 8) & 0xfff, e >> 20);
             let v = freq * ($x >> SCALE_BITS) + slot - base;
@@ -259,20 +296,34 @@ fn decode_core(
             need
         }};
     }
+    let off_at = |i: usize| ctx.map_or(0, |(c, coff)| coff[c[i] as usize]);
     let n = out.len();
     let mut i = 0;
     {
-        // Fast path: a group of LANES symbols needs at most 2 * LANES bytes;
-        // the states are independent chains the CPU overlaps.
+        // Fast path: a group of LANES symbols needs at most 2 * LANES bytes,
+        // read from one fixed window; the states are independent chains
+        // the CPU overlaps.
         let mut groups = out.chunks_exact_mut(LANES);
         for g in &mut groups {
-            if r + 2 * LANES > data.len() {
+            let Some(win) = data.get(r..r + 2 * LANES) else {
                 break;
-            }
+            };
+            let win: &[u8; 2 * LANES] = win.try_into().expect("window");
+            let off: [u32; LANES] = match ctx {
+                Some((c, coff)) => {
+                    let c: &[u8; LANES] = c[i..i + LANES].try_into().expect("context group");
+                    c.map(|c| coff[c as usize])
+                }
+                None => [0; LANES],
+            };
+            let mut k = 0usize;
             for (j, o) in g.iter_mut().enumerate() {
-                let w = u16::from_le_bytes([data[r], data[r + 1]]);
-                r += 2 * step!(x[j], i + j, o, w) as usize;
+                // k is even and at most 2 * (LANES - 1): the mask is a no-op.
+                let kk = k & (2 * LANES - 2);
+                let w = u16::from_le_bytes([win[kk], win[kk + 1]]);
+                k += 2 * step!(x[j], off[j], o, w) as usize;
             }
+            r += k;
             i += LANES;
         }
     }
@@ -282,7 +333,7 @@ fn decode_core(
         let mut st = x[ii % LANES];
         // A missing word is only an error if it is needed.
         let w = data.get(r..r + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let need = step!(st, ii, o, w.unwrap_or(0));
+        let need = step!(st, off_at(ii), o, w.unwrap_or(0));
         if need && w.is_none() {
             return Err(corrupt("rans stream ends early"));
         }
@@ -304,10 +355,10 @@ pub fn decode(
     out: &mut [u8],
     slots: &mut Vec<u32>,
 ) -> Result<(), DecodeError> {
-    grow(slots, M as usize);
+    grow(slots, ALL_SLOTS);
     let mut p = 0;
     read_freqs(payload, &mut p, offset, &mut slots[..M as usize])?;
-    decode_core(payload, p, offset, slots, |_| 0, out)
+    decode_core(payload, p, offset, slots, None, out)
 }
 
 fn grow(v: &mut Vec<u32>, n: usize) {
@@ -324,10 +375,6 @@ pub const MAX_CLASSES: usize = 8;
 /// table of the class of `ctx[i]` (the base chunk's byte at the same place:
 /// for an exponent-change stream, the old exponent).
 pub struct CtxPlan {
-    /// Context values with a class of their own (classes 0..k-1); all other
-    /// values fall in class `k`.
-    values: Vec<u8>,
-    cmap: [u8; 256],
     freqs: Vec<Option<[u32; 256]>>,
     /// Estimated payload bytes.
     pub bytes: f64,
@@ -351,8 +398,11 @@ fn normalize_class(h: &[u32; 256]) -> Option<[u32; 256]> {
 }
 
 /// The classes of a context stream: its most frequent values get a class
-/// each, every other value shares the last.
+/// each, every other value shares the last. One model serves every stream
+/// of a block (they share the context), as does its class of each symbol.
 pub struct CtxModel {
+    /// Context values with a class of their own (classes 0..k-1); all other
+    /// values fall in class `k`.
     values: Vec<u8>,
     cmap: [u8; 256],
 }
@@ -374,20 +424,54 @@ impl CtxModel {
         CtxModel { values, cmap }
     }
 
-    fn class_histograms(&self, syms: &[u8], ctx: &[u8]) -> Vec<[u32; 256]> {
-        let mut hist = vec![[0u32; 256]; self.values.len() + 1];
-        for (&s, &c) in syms.iter().zip(ctx) {
-            hist[self.cmap[c as usize] as usize][s as usize] += 1;
+    /// The class of each context byte, into `out` (cleared first).
+    pub fn classes(&self, ctx: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend(ctx.iter().map(|&c| self.cmap[c as usize]));
+    }
+
+    /// One histogram per class (the first `values.len() + 1` are used);
+    /// `classes` from [`CtxModel::classes`]. A long input is counted in
+    /// four interleaved sets, so that a run of one symbol in one class (a
+    /// stream of unchanged bytes) is four chains of increments, not one.
+    fn class_histograms(&self, syms: &[u8], classes: &[u8]) -> [[u32; 256]; MAX_CLASSES] {
+        let n = syms.len().min(classes.len());
+        let (syms, classes) = (&syms[..n], &classes[..n]);
+        let mut h = [[0u32; 256]; MAX_CLASSES];
+        let cls = |c: u8| c as usize % MAX_CLASSES;
+        if n < 16 * 1024 {
+            for (&s, &c) in syms.iter().zip(classes) {
+                h[cls(c)][s as usize] += 1;
+            }
+            return h;
         }
-        hist
+        let mut hs = [[[0u32; 256]; MAX_CLASSES]; 3];
+        let mut quads = syms.chunks_exact(4).zip(classes.chunks_exact(4));
+        for (s, c) in &mut quads {
+            h[cls(c[0])][s[0] as usize] += 1;
+            hs[0][cls(c[1])][s[1] as usize] += 1;
+            hs[1][cls(c[2])][s[2] as usize] += 1;
+            hs[2][cls(c[3])][s[3] as usize] += 1;
+        }
+        for (&s, &c) in syms[n / 4 * 4..].iter().zip(&classes[n / 4 * 4..]) {
+            h[cls(c)][s as usize] += 1;
+        }
+        for t in &hs {
+            for (a, b) in h.iter_mut().zip(t) {
+                for (p, q) in a.iter_mut().zip(b) {
+                    *p += q;
+                }
+            }
+        }
+        h
     }
 
     /// Estimated bits of `syms` coded with this model: per-class order-0
     /// entropy plus the tables.
-    pub fn cost_bits(&self, syms: &[u8], ctx: &[u8]) -> f64 {
-        let hist = self.class_histograms(syms, ctx);
+    pub fn cost_bits(&self, syms: &[u8], classes: &[u8]) -> f64 {
+        let hist = self.class_histograms(syms, classes);
         let mut bits = 8.0 * (1 + self.values.len() + 4 * LANES + 4) as f64;
-        for h in &hist {
+        for h in &hist[..self.values.len() + 1] {
             let present = h.iter().filter(|&&c| c > 0).count();
             bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
             bits += super::entropy_bits(h);
@@ -396,14 +480,12 @@ impl CtxModel {
     }
 }
 
-/// Plan context coding of `syms` with contexts `ctx` (same length).
-pub fn ctx_plan(syms: &[u8], ctx: &[u8]) -> CtxPlan {
-    let CtxModel { values, cmap } = CtxModel::new(ctx);
-    let model = CtxModel { values, cmap };
-    let hist = model.class_histograms(syms, ctx);
-    let CtxModel { values, cmap } = model;
-    let mut bytes = (1 + values.len() + 4 * LANES + 4) as f64;
-    let freqs: Vec<Option<[u32; 256]>> = hist
+/// Plan context coding of `syms` under `model`, `classes` being the class
+/// of each symbol's context.
+pub fn ctx_plan(syms: &[u8], model: &CtxModel, classes: &[u8]) -> CtxPlan {
+    let hist = model.class_histograms(syms, classes);
+    let mut bytes = (1 + model.values.len() + 4 * LANES + 4) as f64;
+    let freqs: Vec<Option<[u32; 256]>> = hist[..model.values.len() + 1]
         .iter()
         .map(|h| {
             let f = normalize_class(h);
@@ -414,20 +496,21 @@ pub fn ctx_plan(syms: &[u8], ctx: &[u8]) -> CtxPlan {
             f
         })
         .collect();
-    CtxPlan {
-        values,
-        cmap,
-        freqs,
-        bytes,
-    }
+    CtxPlan { freqs, bytes }
 }
 
 /// Append the context-modelled payload: `k-1` as u8, the `k-1` context
 /// values, per class a presence byte and (if present) its frequency table,
 /// then the states and bytes as in plain rANS.
-pub fn ctx_encode(syms: &[u8], ctx: &[u8], plan: &CtxPlan, out: &mut Vec<u8>) {
-    out.push(plan.values.len() as u8);
-    out.extend_from_slice(&plan.values);
+pub fn ctx_encode(
+    syms: &[u8],
+    model: &CtxModel,
+    classes: &[u8],
+    plan: &CtxPlan,
+    out: &mut Vec<u8>,
+) {
+    out.push(model.values.len() as u8);
+    out.extend_from_slice(&model.values);
     let mut enc = Vec::with_capacity(plan.freqs.len());
     for f in &plan.freqs {
         match f {
@@ -442,8 +525,7 @@ pub fn ctx_encode(syms: &[u8], ctx: &[u8], plan: &CtxPlan, out: &mut Vec<u8>) {
             }
         }
     }
-    let cmap = &plan.cmap;
-    encode_core(syms, &enc, |i| cmap[ctx[i] as usize] as usize, out);
+    encode_core(syms, &enc, Some(&classes[..syms.len()]), out);
 }
 
 /// Decode a context-modelled block; `ctx` is the base's same block.
@@ -473,7 +555,7 @@ pub fn ctx_decode(
         cmap[v as usize] = c as u8;
     }
     let mut p = 1 + nv;
-    grow(slots, k << SCALE_BITS);
+    grow(slots, ALL_SLOTS);
     let mut present = [false; MAX_CLASSES];
     for (c, pr) in present.iter_mut().enumerate().take(k) {
         let flag = *payload
@@ -502,14 +584,8 @@ pub fn ctx_decode(
             *c = fallback as u8;
         }
     }
-    decode_core(
-        payload,
-        p,
-        offset,
-        slots,
-        |i| cmap[ctx[i] as usize] as usize,
-        out,
-    )
+    let coff: [u32; 256] = cmap.map(|c| (c as u32) << SCALE_BITS);
+    decode_core(payload, p, offset, slots, Some((ctx, &coff)), out)
 }
 
 #[cfg(test)]
@@ -540,6 +616,23 @@ mod tests {
         let size = round_trip(&syms);
         // entropy ~0.08 bits/symbol -> ~700 bytes; Huffman would need 8 KiB
         assert!(size < 1200, "{size}");
+    }
+
+    #[test]
+    fn reciprocal_quotient_is_exact() {
+        let mut r = 0x9E37_79B9u32;
+        for freq in 1..M {
+            let e = EncSym::new(0, freq);
+            let edge = [0, 1, freq - 1, freq, freq + 1, u32::MAX, u32::MAX - 1];
+            for x in edge.into_iter().chain((0..64).map(|_| {
+                r ^= r << 13;
+                r ^= r >> 17;
+                r ^= r << 5;
+                r
+            })) {
+                assert_eq!(e.quotient(x), x / freq, "x {x} freq {freq}");
+            }
+        }
     }
 
     #[test]
