@@ -19,16 +19,6 @@ fn unrot2(v: u16) -> u16 {
     v.rotate_right(1)
 }
 
-/// Make `v` exactly `n` long without clearing what stays: every caller
-/// overwrites all `n` bytes, so zero-filling them first would be a wasted pass.
-pub fn set_len(v: &mut Vec<u8>, n: usize) {
-    if v.len() > n {
-        v.truncate(n);
-    } else {
-        v.resize(n, 0);
-    }
-}
-
 /// Make `v` at least `n` long, never shorter: a scratch buffer reused for
 /// chunks of varying size is zero-filled only when it grows past its
 /// largest size so far. Callers use `&v[..n]`.
