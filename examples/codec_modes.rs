@@ -3,7 +3,7 @@
 //! Prints, per stream index, the symbols and payload bytes of each mode:
 //! the decoder's work is in the Huffman and rANS rows.
 
-use ckvc::bench::{load_run, BenchOptions};
+use ckvc::bench::{load_run, with_bases, BenchOptions};
 use ckvc::codec::{self, FrameInfo, Options, BLOCK_LOG2};
 
 fn main() {
@@ -18,43 +18,30 @@ fn main() {
     // [stream][mode] -> (symbols, bytes)
     let mut stats = vec![[(0u64, 0u64); 5]; 8];
     let mut kinds = [0u64; 3];
-    for (i, ck) in run.iter().enumerate() {
-        for t in ck.tensors.iter().filter(|t| t.dtype.short_name() == dtype) {
-            let base = if delta {
-                match i
-                    .checked_sub(1)
-                    .and_then(|p| run[p].tensors.iter().find(|p| p.key == t.key))
-                {
-                    Some(p) => Some(p.data.as_slice()),
-                    None => continue,
-                }
-            } else {
-                None
-            };
-            let f = codec::encode(&t.data, base, t.dtype, &o);
-            let info = FrameInfo::parse(&f).expect("own frame");
-            let w = t.dtype.width();
-            let n = t.data.len() / w;
-            let mut pos = 16 + (info.raw_len as usize % w);
-            kinds[match info.delta {
-                codec::Delta::None => 0,
-                codec::Delta::PerStream => {
-                    pos += w;
-                    1
-                }
-                codec::Delta::Ulp => 2,
-            }] += 1;
-            let block = 1usize << BLOCK_LOG2;
-            let nb = n.div_ceil(block);
-            for (k, st) in stats.iter_mut().enumerate().take(w) {
-                for b in 0..nb {
-                    let at = pos + 4 * (k * nb + b);
-                    let e = u32::from_le_bytes(f[at..at + 4].try_into().expect("4"));
-                    let syms = block.min(n - b * block) as u64;
-                    let s = &mut st[(e & 0xff) as usize];
-                    s.0 += syms;
-                    s.1 += (e >> 8) as u64;
-                }
+    for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
+        let f = codec::encode(&t.data, base, t.dtype, &o);
+        let info = FrameInfo::parse(&f).expect("own frame");
+        let w = t.dtype.width();
+        let n = t.data.len() / w;
+        let mut pos = 16 + (info.raw_len as usize % w);
+        kinds[match info.delta {
+            codec::Delta::None => 0,
+            codec::Delta::PerStream => {
+                pos += w;
+                1
+            }
+            codec::Delta::Ulp => 2,
+        }] += 1;
+        let block = 1usize << BLOCK_LOG2;
+        let nb = n.div_ceil(block);
+        for (k, st) in stats.iter_mut().enumerate().take(w) {
+            for b in 0..nb {
+                let at = pos + 4 * (k * nb + b);
+                let e = u32::from_le_bytes(f[at..at + 4].try_into().expect("4"));
+                let syms = block.min(n - b * block) as u64;
+                let s = &mut st[(e & 0xff) as usize];
+                s.0 += syms;
+                s.1 += (e >> 8) as u64;
             }
         }
     }

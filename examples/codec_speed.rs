@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use ckvc::bench::{load_run, BenchOptions};
+use ckvc::bench::{load_run, with_bases, BenchOptions};
 use ckvc::codec::{self, Options, Scratch};
 
 fn main() {
@@ -19,21 +19,8 @@ fn main() {
     let run = load_run(dir.as_ref(), &BenchOptions::default()).expect("corpus loads");
     let concat = std::env::var("CONCAT").is_ok();
     let mut jobs = Vec::new();
-    for (i, ck) in run.iter().enumerate() {
-        for t in ck.tensors.iter().filter(|t| t.dtype.short_name() == dtype) {
-            let base = if delta {
-                match i
-                    .checked_sub(1)
-                    .and_then(|p| run[p].tensors.iter().find(|p| p.key == t.key))
-                {
-                    Some(p) => Some(p.data.as_slice()),
-                    None => continue,
-                }
-            } else {
-                None
-            };
-            jobs.push((t.dtype, t.data.as_slice(), base));
-        }
+    for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
+        jobs.push((t.dtype, t.data.as_slice(), base));
     }
     let joined: Vec<u8>;
     let joined_base: Vec<u8>;

@@ -200,6 +200,28 @@ pub fn codec_bench(dir: &Path, opts: &BenchOptions) -> Result<Vec<Row>, BenchErr
     bench_checkpoints(&run, opts)
 }
 
+/// Every tensor of the run with its base: with `delta`, the same tensor
+/// (key, dtype and length) of the previous checkpoint, tensors without one
+/// left out; else no base.
+pub fn with_bases(
+    run: &[Checkpoint],
+    delta: bool,
+) -> impl Iterator<Item = (&Tensor, Option<&[u8]>)> + '_ {
+    run.iter().enumerate().flat_map(move |(i, ck)| {
+        ck.tensors.iter().filter_map(move |t| {
+            if !delta {
+                return Some((t, None));
+            }
+            let prev = &run[i.checked_sub(1)?];
+            let p = prev
+                .tensors
+                .iter()
+                .find(|p| p.key == t.key && p.dtype == t.dtype && p.data.len() == t.data.len())?;
+            Some((t, Some(p.data.as_slice())))
+        })
+    })
+}
+
 /// The benchmark on checkpoints already in memory.
 pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
     let threads = if opts.threads == 0 {
@@ -210,30 +232,15 @@ pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<
     let mut rows = Vec::new();
     for mode in ["FULL", "DELTA"] {
         let mut jobs: Vec<Job> = Vec::new();
-        for (i, ck) in run.iter().enumerate() {
-            for t in &ck.tensors {
-                let base = if mode == "FULL" {
-                    None
-                } else {
-                    let Some(prev) = i.checked_sub(1).map(|p| &run[p]) else {
-                        continue;
-                    };
-                    match prev.tensors.iter().find(|p| {
-                        p.key == t.key && p.dtype == t.dtype && p.data.len() == t.data.len()
-                    }) {
-                        Some(p) => Some(p.data.as_slice()),
-                        None => continue,
-                    }
-                };
-                let cb = opts.chunk_bytes / t.dtype.width() * t.dtype.width();
-                for (c, raw) in t.data.chunks(cb.max(t.dtype.width())).enumerate() {
-                    jobs.push(Job {
-                        key: &t.key,
-                        dtype: t.dtype,
-                        raw,
-                        base: base.map(|b| &b[c * cb..c * cb + raw.len()]),
-                    });
-                }
+        for (t, base) in with_bases(run, mode == "DELTA") {
+            let cb = opts.chunk_bytes / t.dtype.width() * t.dtype.width();
+            for (c, raw) in t.data.chunks(cb.max(t.dtype.width())).enumerate() {
+                jobs.push(Job {
+                    key: &t.key,
+                    dtype: t.dtype,
+                    raw,
+                    base: base.map(|b| &b[c * cb..c * cb + raw.len()]),
+                });
             }
         }
         let mut groups: Vec<(DType, &'static str)> = Vec::new();
