@@ -62,20 +62,29 @@ impl DirRemote {
         }
     }
 
-    /// Write `data` to a temporary file beside `path`, sync it, rename it
-    /// over `path`, sync the directory.
-    fn write_atomic(path: &Path, data: &[u8]) -> Result<(), RemoteError> {
+    /// `.<name>.<suffix>` beside `path` (whose directory is created).
+    fn hidden_sibling(path: &Path, suffix: &str) -> Result<PathBuf, RemoteError> {
         let dir = path.parent().expect("a key has a parent: the root");
         fs::create_dir_all(dir).map_err(Self::io(dir))?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = dir.join(format!(
-            ".{name}.tmp-{}-{}",
-            std::process::id(),
-            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        Ok(dir.join(format!(".{name}.{suffix}")))
+    }
+
+    /// Write `data` to a temporary file beside `path`, sync it, rename it
+    /// over `path`, sync the directory.
+    fn write_atomic(path: &Path, data: &[u8]) -> Result<(), RemoteError> {
+        let tmp = Self::hidden_sibling(
+            path,
+            &format!(
+                "tmp-{}-{}",
+                std::process::id(),
+                TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+            ),
+        )?;
+        let dir = path.parent().expect("a key has a parent: the root");
         let result = (|| {
             let mut f = File::create(&tmp).map_err(Self::io(&tmp))?;
             f.write_all(data).map_err(Self::io(&tmp))?;
@@ -133,13 +142,7 @@ impl Remote for DirRemote {
         expected: Option<&Version>,
     ) -> Result<(), RemoteError> {
         let path = self.path(key)?;
-        let dir = path.parent().expect("a key has a parent: the root");
-        fs::create_dir_all(dir).map_err(Self::io(dir))?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let lock = dir.join(format!(".{name}.lock"));
+        let lock = Self::hidden_sibling(&path, "lock")?;
         let started = Instant::now();
         let _guard = loop {
             match OpenOptions::new().write(true).create_new(true).open(&lock) {
