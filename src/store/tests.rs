@@ -606,23 +606,29 @@ proptest! {
 
 const LOCK_CHILD_ENV: &str = "CKVC_STORE_LOCK_CHILD";
 
+/// The file the child creates once it holds the store open.
+fn ready_marker(db: &std::path::Path) -> std::path::PathBuf {
+    db.with_extension("child-ready")
+}
+
 /// Does nothing unless started by `rocks_writer_in_another_process`: then it
 /// is the other process, holding the writer open until its stdin closes.
+/// It says it is ready by creating a marker file beside the store.
 #[test]
 fn rocks_lock_holder_child() {
     let Some(path) = std::env::var_os(LOCK_CHILD_ENV) else {
         return;
     };
+    let path = std::path::PathBuf::from(path);
     let s = RocksStore::open(&path, Mode::ReadWrite).expect("child opens");
     put1(&s, Space::Refs, b"from-child", b"1");
-    println!("child-ready");
+    std::fs::write(ready_marker(&path), b"").expect("child writes its marker");
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut rest);
 }
 
 #[test]
 fn rocks_writer_in_another_process() {
-    use std::io::BufRead;
     use std::process::{Command, Stdio};
     let dir = tmp();
     let path = dir.path().join("db");
@@ -630,27 +636,28 @@ fn rocks_writer_in_another_process() {
         .args([
             "--exact",
             "store::tests::rocks_lock_holder_child",
-            "--nocapture",
             "--test-threads=1",
         ])
         .env(LOCK_CHILD_ENV, &path)
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .spawn()
         .expect("spawn child");
-    let stdout = child.stdout.take().expect("child stdout");
-    // Keep reading the child's stdout to the end: closing it early would
-    // make the child's test harness fail on a broken pipe.
-    let mut lines = std::io::BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok);
-    let ready = lines.any(|l| l.contains("child-ready"));
-    assert!(ready, "child never opened the store");
+    let start = std::time::Instant::now();
+    while !ready_marker(&path).exists() {
+        if let Some(status) = child.try_wait().expect("child status") {
+            panic!("child exited before opening the store: {status}");
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "child never opened the store"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 
     let second = RocksStore::open(&path, Mode::ReadWrite);
     let reader = RocksStore::open(&path, Mode::ReadOnly);
     drop(child.stdin.take()); // let the child close and exit
-    lines.for_each(drop);
     let status = child.wait().expect("child exits");
     assert!(status.success());
 
