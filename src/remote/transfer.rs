@@ -289,6 +289,7 @@ pub fn push(
         &[head],
         WalkOptions {
             chunk_headers: true,
+            frame_headers: false,
             depth: None,
         },
     )?;

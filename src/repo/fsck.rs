@@ -12,10 +12,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use rayon::prelude::*;
 
-use crate::codec::FrameInfo;
-use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
+use crate::store::{ChunkId, CommitId, ObjectId};
 
-use super::objects::Payload;
 use super::reach::WalkOptions;
 use super::{RepoError, Repository};
 
@@ -76,6 +74,7 @@ impl Repository {
             roots,
             WalkOptions {
                 chunk_headers: true,
+                frame_headers: quick,
                 depth,
             },
         )?;
@@ -87,14 +86,9 @@ impl Repository {
         };
         // Which commits contain which manifest, and their steps.
         let mut holders: HashMap<ObjectId, Vec<(CommitId, u64)>> = HashMap::new();
-        let mut steps = HashMap::new();
-        for c in &reach.commits {
-            let commit = self.commit_object(c)?;
-            steps.insert(*c, commit.step);
-            if let Ok(tree) = self.tree(&commit.tree) {
-                for (_, mid) in tree.entries {
-                    holders.entry(mid).or_default().push((*c, commit.step));
-                }
+        for (c, (tree, step)) in &reach.commit_info {
+            for mid in reach.tree_manifests.get(tree).into_iter().flatten() {
+                holders.entry(*mid).or_default().push((*c, *step));
             }
         }
         for e in &reach.damage {
@@ -104,31 +98,15 @@ impl Repository {
                 commits: Vec::new(),
             });
         }
-        // A damaged chunk: every manifest using it is damaged.
-        // Damaged chunks (headers, and with `quick` codec frame headers),
-        // reported per file that uses them; the full check finds them again
-        // while reassembling files, with the tensor named.
-        let mut bad_chunks: HashMap<ChunkId, String> = reach
+        // Damaged chunks (headers, and with `quick` codec frame headers):
+        // with `quick` reported per file that uses them; the full check
+        // finds them again while reassembling files, with the tensor named.
+        let bad_chunks: HashMap<ChunkId, String> = reach
             .chunk_damage
             .iter()
             .map(|(id, e)| (*id, e.to_string()))
             .collect();
-        if quick {
-            for (id, h) in &reach.headers {
-                if h.payload == Payload::Codec {
-                    if let Some(bytes) = self.store.get_vec(Space::Chunks, id.as_bytes())? {
-                        if let Err(e) = FrameInfo::parse(&bytes[h.payload_offset..]) {
-                            let what = match reach.chunks.get(id) {
-                                Some(u) => u.describe(),
-                                None => "a delta base".into(),
-                            };
-                            bad_chunks
-                                .insert(*id, format!("chunk {} of {what}: {e}", id.short(12)));
-                        }
-                    }
-                }
-            }
-        } else {
+        if !quick {
             // Each path's versions in history order, so every delta's base
             // (the previous version's chunk) is usually decoded already.
             let pos: HashMap<CommitId, usize> = reach
@@ -163,7 +141,7 @@ impl Repository {
                             Err(e) if e.is_corruption() => continue, // reported by the walk
                             Err(e) => return Err(e),
                         };
-                        let step = steps.get(*commit).copied().unwrap_or(0);
+                        let step = reach.commit_info.get(*commit).map_or(0, |i| i.1);
                         let mut next: HashMap<ChunkId, Vec<u8>> = HashMap::new();
                         let mut kept = 0usize;
                         let r = self.stream_file(

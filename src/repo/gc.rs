@@ -256,6 +256,7 @@ impl Repository {
             &roots,
             WalkOptions {
                 chunk_headers: true,
+                frame_headers: false,
                 depth: None,
             },
         )?;
@@ -330,6 +331,7 @@ impl Repository {
             &roots,
             WalkOptions {
                 chunk_headers: true,
+                frame_headers: false,
                 depth: None,
             },
             &overlay,
@@ -536,6 +538,7 @@ impl Repository {
                 &dead_commits,
                 WalkOptions {
                     chunk_headers: false,
+                    frame_headers: false,
                     depth: Some(1),
                 },
             )?

@@ -10,10 +10,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::codec::DType;
+use crate::codec::{DType, FrameInfo};
 use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
 
-use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, SegmentRef};
+use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, Payload, SegmentRef};
 use super::{RepoError, Repository, HARD_MAX_CHAIN};
 
 /// Where a chunk is used: the first file and tensor found naming it.
@@ -33,6 +33,10 @@ pub struct Reachable {
     pub commits: Vec<CommitId>,
     /// Tree of each commit.
     pub trees: HashSet<ObjectId>,
+    /// Tree and step of each reachable commit.
+    pub commit_info: HashMap<CommitId, (ObjectId, u64)>,
+    /// The manifests each readable tree names.
+    pub tree_manifests: HashMap<ObjectId, Vec<ObjectId>>,
     /// Every reachable file manifest, with the first (commit, path) naming it.
     pub manifests: HashMap<ObjectId, (CommitId, String)>,
     /// Chunks named by manifests, with where they are used.
@@ -61,6 +65,9 @@ impl Reachable {
 pub struct WalkOptions {
     /// Read every chunk's header and follow delta bases (reads chunk records).
     pub chunk_headers: bool,
+    /// With `chunk_headers`, also parse each codec payload's frame header
+    /// (a damaged one is chunk damage).
+    pub frame_headers: bool,
     /// Only the newest `n` commits along parent links from each root
     /// (a shallow history); `None`: all.
     pub depth: Option<usize>,
@@ -113,6 +120,7 @@ impl Repository {
                 }
             }
             parents_of.insert(id, commit.parents.clone());
+            r.commit_info.insert(id, (commit.tree, commit.step));
             let place = format!("commit {} (step {})", id.short(12), commit.step);
             if !r.trees.insert(commit.tree) {
                 continue;
@@ -125,6 +133,8 @@ impl Repository {
                 }
                 Err(e) => return Err(e),
             };
+            r.tree_manifests
+                .insert(commit.tree, tree.entries.iter().map(|(_, m)| *m).collect());
             for (path, mid) in tree.entries {
                 if r.manifests.contains_key(&mid) {
                     continue;
@@ -161,7 +171,7 @@ impl Repository {
                 if r.headers.contains_key(&id) {
                     continue;
                 }
-                match self.chunk_header(&id) {
+                match self.chunk_header_checked(&id, opts.frame_headers) {
                     Ok(h) => {
                         if let Some(b) = h.base {
                             if hops >= HARD_MAX_CHAIN {
@@ -203,12 +213,25 @@ impl Repository {
 
     /// A chunk record's header (its payload is read but not copied).
     pub fn chunk_header(&self, id: &ChunkId) -> Result<ChunkHeader, RepoError> {
+        self.chunk_header_checked(id, false)
+    }
+
+    /// [`chunk_header`](Self::chunk_header), with `frame` also checking
+    /// that a codec payload starts with a valid frame header.
+    fn chunk_header_checked(&self, id: &ChunkId, frame: bool) -> Result<ChunkHeader, RepoError> {
         let what = || format!("chunk {}", id.short(12));
         let bytes = self
             .store
             .get_vec(Space::Chunks, id.as_bytes())?
             .ok_or(RepoError::Missing { what: what() })?;
-        ChunkRecord::decode_header(&bytes).map_err(corrupt(what()))
+        let h = ChunkRecord::decode_header(&bytes).map_err(corrupt(what()))?;
+        if frame && h.payload == Payload::Codec {
+            FrameInfo::parse(&bytes[h.payload_offset..]).map_err(|source| RepoError::Decode {
+                what: what(),
+                source,
+            })?;
+        }
+        Ok(h)
     }
 
     /// Every root of the repository: branch heads, tags and
