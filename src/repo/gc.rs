@@ -236,6 +236,10 @@ struct LinePlan {
     old: Vec<CommitId>,
 }
 
+/// What the sweep would delete: dead chunks (id, bytes), spared count, dead
+/// objects (key, bytes), chunk records stored.
+type SweepPlan = (Vec<(ChunkId, u64)>, usize, Vec<(Vec<u8>, u64)>, usize);
+
 /// A rewritten chunk: id, encoded record, its depth.
 type Rewritten = (ChunkId, Vec<u8>, u16);
 
@@ -260,13 +264,24 @@ impl Repository {
                 depth: None,
             },
         )?;
-        let depths = true_depths(&reach.headers);
         let mut chunks = 0usize;
         self.store.scan_prefix(Space::Chunks, &[], &mut |_, _| {
             chunks += 1;
             Ok(true)
         })?;
-        Ok(RepoCounts {
+        let depths = true_depths(&reach.headers);
+        Ok(self.counts_of(&reach, chunks, &depths))
+    }
+
+    /// Counts of a walk: its commits and longest live chain (by `depths`),
+    /// with `chunks` records stored and the store directory's size now.
+    fn counts_of(
+        &self,
+        reach: &Reachable,
+        chunks: usize,
+        depths: &HashMap<ChunkId, u16>,
+    ) -> RepoCounts {
+        RepoCounts {
             disk_bytes: dir_size(&self.root.join(DOT_DIR)),
             commits: reach.commits.len(),
             chunks,
@@ -277,18 +292,15 @@ impl Repository {
                 .copied()
                 .max()
                 .unwrap_or(0),
-        })
+        }
     }
 
     /// Run gc.
     pub fn gc(&self, opts: &GcOptions) -> Result<GcReport, RepoError> {
         let now = now_secs();
         let since = now.saturating_sub(opts.grace_secs);
-        let before = self.counts()?;
         let mut report = GcReport {
             dry_run: opts.dry_run,
-            before,
-            after: before,
             ..GcReport::default()
         };
 
@@ -356,7 +368,15 @@ impl Repository {
         let live: HashSet<ChunkId> = reach.chunks.keys().copied().collect();
 
         // 4 (planned). What the sweep removes.
-        let (dead_chunks, spared, dead_objects) = self.sweep_plan(&reach, &live, since)?;
+        let (dead_chunks, spared, dead_objects, stored_chunks) =
+            self.sweep_plan(&reach, &live, since)?;
+        // Before: the mark is of the current refs unless --keep moves some.
+        report.before = if plans.is_empty() {
+            self.counts_of(&reach, stored_chunks, &true_depths(&reach.headers))
+        } else {
+            self.counts()?
+        };
+        report.after = report.before;
         report.spared_chunks = spared;
         report.deleted_chunks = dead_chunks.len();
         report.deleted_objects = dead_objects.len();
@@ -367,7 +387,7 @@ impl Repository {
             return Ok(report);
         }
 
-        self.rewrite_chunks(&reach, limit, false, &mut report)?;
+        let depths = self.rewrite_chunks(&reach, limit, false, &mut report)?;
 
         // 3. New commits and branch moves, atomically.
         if !plans.is_empty() {
@@ -416,7 +436,8 @@ impl Repository {
         {
             self.store.compact()?;
         }
-        report.after = self.counts()?;
+        // After: what the mark kept, with the chains as rewritten.
+        report.after = self.counts_of(&reach, stored_chunks - dead_chunks.len(), &depths);
         Ok(report)
     }
 
@@ -491,14 +512,14 @@ impl Repository {
     }
 
     /// Dead chunks (id, stored bytes), how many unreferenced chunks the
-    /// grace spares, dead objects (key, bytes).
-    #[allow(clippy::type_complexity)]
+    /// grace spares, dead objects (key, bytes), and how many chunk records
+    /// are stored.
     fn sweep_plan(
         &self,
         reach: &Reachable,
         live: &HashSet<ChunkId>,
         since: u64,
-    ) -> Result<(Vec<(ChunkId, u64)>, usize, Vec<(Vec<u8>, u64)>), RepoError> {
+    ) -> Result<SweepPlan, RepoError> {
         let mut dead_objects = Vec::new();
         let reached_commits: HashSet<&CommitId> = reach.commits.iter().collect();
         self.store.scan_prefix(Space::Objects, &[], &mut |k, v| {
@@ -518,7 +539,9 @@ impl Repository {
             Ok(true)
         })?;
         let mut candidates: Vec<(ChunkId, u64, Option<ChunkHeader>)> = Vec::new();
+        let mut stored = 0usize;
         self.store.scan_prefix(Space::Chunks, &[], &mut |k, v| {
+            stored += 1;
             if let Some(id) = ChunkId::from_slice(k) {
                 if !live.contains(&id) {
                     candidates.push((id, v.len() as u64, ChunkRecord::decode_header(v).ok()));
@@ -568,7 +591,7 @@ impl Repository {
             .filter(|(id, _, _)| !spare.contains(id))
             .map(|(id, n, _)| (id, n))
             .collect();
-        Ok((dead_chunks, spared, dead_objects))
+        Ok((dead_chunks, spared, dead_objects, stored))
     }
 
     /// Give every live chunk a live base (the nearest live chunk of its old
@@ -576,14 +599,15 @@ impl Repository {
     /// re-encode or relabel records, level by level of the old chains (a
     /// new base is always an old ancestor, so it is final before its
     /// dependents), each level in bounded parallel batches. A dry run only
-    /// counts (assuming every delta still pays).
+    /// counts (assuming every delta still pays). Returns every live chunk's
+    /// depth afterwards.
     fn rewrite_chunks(
         &self,
         reach: &Reachable,
         limit: Option<u16>,
         dry_run: bool,
         report: &mut GcReport,
-    ) -> Result<(), RepoError> {
+    ) -> Result<HashMap<ChunkId, u16>, RepoError> {
         let live = &reach.chunks;
         let old_depth = true_depths(&reach.headers);
         let mut levels: BTreeMap<u16, Vec<ChunkId>> = BTreeMap::new();
@@ -698,7 +722,7 @@ impl Repository {
         if !dry_run {
             self.store.flush()?;
         }
-        Ok(())
+        Ok(depth)
     }
 }
 
