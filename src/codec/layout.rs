@@ -110,34 +110,8 @@ fn group4_body(raw: &[u8], s: [&mut [u8]; 4], rotate: bool) {
     }
 }
 
-#[inline(always)]
-fn ungroup2_body(s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool) {
-    for ((c, &a), &b) in out.chunks_exact_mut(2).zip(s0).zip(s1) {
-        let mut v = u16::from_le_bytes([a, b]);
-        if rotate {
-            v = unrot2(v);
-        }
-        c.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
-#[inline(always)]
-fn ungroup4_body(s: [&[u8]; 4], out: &mut [u8], rotate: bool) {
-    let [s0, s1, s2, s3] = s;
-    let it = out.chunks_exact_mut(4).zip(s0).zip(s1).zip(s2).zip(s3);
-    for ((((c, &a), &b), &d), &e) in it {
-        let mut v = u32::from_le_bytes([a, b, d, e]);
-        if rotate {
-            v = (v & 0xffff) | ((unrot2((v >> 16) as u16) as u32) << 16);
-        }
-        c.copy_from_slice(&v.to_le_bytes());
-    }
-}
-
 dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool));
 dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [u8]; 4], rotate: bool));
-dispatch!(ungroup2, ungroup2_body, (s0: &[u8], s1: &[u8], out: &mut [u8], rotate: bool));
-dispatch!(ungroup4, ungroup4_body, (s: [&[u8]; 4], out: &mut [u8], rotate: bool));
 dispatch!(xor_into, xor_body, (dst: &mut [u8], src: &[u8]));
 dispatch!(diff_into, diff_body, (dst: &mut [u8], src: &[u8]));
 dispatch!(undiff_into, undiff_body, (dst: &mut [u8], src: &[u8]));
@@ -205,12 +179,14 @@ pub fn ungroup(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [u8]) {
                 *d = b.rotate_right(1);
             }
         }
-        2 => ungroup2(streams[0], streams[1], out, rotate),
-        4 => ungroup4(
-            [streams[0], streams[1], streams[2], streams[3]],
-            out,
-            rotate,
-        ),
+        2 | 4 => {
+            // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and
+            // `ungroup_uninit` only ever writes initialised bytes, so `out`
+            // stays initialised.
+            let out: &mut [MaybeUninit<u8>] =
+                unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
+            ungroup_uninit(streams, w, rotate, out)
+        }
         8 => {
             for (i, c) in out.chunks_exact_mut(8).enumerate() {
                 let mut v = 0u64;
