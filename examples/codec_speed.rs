@@ -19,8 +19,17 @@ fn main() {
     let run = load_run(dir.as_ref(), &BenchOptions::default()).expect("corpus loads");
     let concat = std::env::var("CONCAT").is_ok();
     let mut jobs = Vec::new();
+    // CHUNK=bytes splits tensors into chunks as a repository does.
+    let chunk: usize = std::env::var("CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
     for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
-        jobs.push((t.dtype, t.data.as_slice(), base));
+        let cb = (chunk / t.dtype.width()).max(1) * t.dtype.width();
+        for (i, c) in t.data.chunks(cb).enumerate() {
+            let b = base.map(|b| &b[i * cb..(i * cb + c.len()).min(b.len())]);
+            jobs.push((t.dtype, c, b));
+        }
     }
     let joined: Vec<u8>;
     let joined_base: Vec<u8>;

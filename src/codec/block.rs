@@ -134,58 +134,86 @@ pub fn encode(
 ) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
-    if n >= 16 * 1024 {
-        // A quarter sample first: noise is stored raw without a full pass.
-        // The sample's entropy runs low by ~0.01 bit (small-sample bias), so
-        // it only decides "raw" when even that estimate cannot pay.
-        const STEP: usize = 4;
-        let sh = sampled_histogram(syms, STEP);
+    // `h` counts the symbols of the block, or of a quarter sample of a large
+    // one, with every symbol between the block's least and greatest counted
+    // at least once: a code built on it covers every symbol present. Sizes
+    // estimated from it are scaled by `scale` to the whole block.
+    // A delta block that may be context-coded counts its symbols per
+    // class anyway: their sum is its exact histogram.
+    let ctx = ctx.filter(|_| opts.rans && n >= RANS_CTX_MIN_SYMBOLS);
+    let mut plan = None;
+    let (h, scale, exact) = if n >= SAMPLE_MIN_SYMBOLS {
+        let (lo, hi) = min_max(syms);
+        if lo == hi {
+            out.push(lo);
+            return BlockMode::Const;
+        }
+        // Noise is stored raw on the sample's word alone. The sample's
+        // entropy runs low by ~0.01 bit (small-sample bias), so it only
+        // decides "raw" when even that estimate (plus the least a table
+        // costs, if context coding is out) cannot pay.
+        let mut sh = sampled_histogram(syms, SAMPLE_STEP);
         let sampled: u32 = sh.iter().sum();
-        let est = entropy_bits(&sh) / 8.0 * n as f64 / sampled.max(1) as f64;
-        if sh.iter().filter(|&&c| c > 0).count() > 1 && est >= keep_raw_above {
+        let scale = n as f64 / sampled.max(1) as f64;
+        let sample_bits = entropy_bits(&sh);
+        let est = sample_bits / 8.0 * scale;
+        if est >= keep_raw_above || (ctx.is_none() && est + table_floor(lo, hi) >= keep_raw_above) {
             out.extend_from_slice(syms);
             return BlockMode::Raw;
         }
-    }
-    let h = histogram(syms);
-    let distinct = h.iter().filter(|&&c| c > 0).count();
-    if distinct <= 1 {
-        out.push(syms.first().copied().unwrap_or(0));
-        return BlockMode::Const;
-    }
-    let ideal = entropy_bits(&h) / 8.0;
+        if let Some((model, classes)) = ctx {
+            let p = rans::ctx_plan(syms, model, classes);
+            let h = p.hist;
+            plan = Some(p);
+            (h, 1.0, true)
+        } else if sample_bits > SAMPLE_MAX_BITS * sampled as f64 {
+            // Near-flat: the sample's noise would move codes between
+            // lengths; count the block (no repeated bins, so fast).
+            (histogram(syms), 1.0, true)
+        } else {
+            for c in &mut sh[lo as usize..=hi as usize] {
+                *c = (*c).max(1);
+            }
+            (sh, scale, false)
+        }
+    } else {
+        let h = histogram(syms);
+        if h.iter().filter(|&&c| c > 0).count() <= 1 {
+            out.push(syms.first().copied().unwrap_or(0));
+            return BlockMode::Const;
+        }
+        (h, 1.0, true)
+    };
+    let ideal = entropy_bits(&h) / 8.0 * scale;
     // Without context coding, no coder beats the entropy plus its own
-    // table: Huffman's lengths take half a byte per symbol of the range
-    // and 16 bytes of sizes, rANS at least a byte per symbol of the range
-    // and 36 of states. A block that cannot pay even so is raw, as the
-    // full comparison below would find, without building either code.
+    // table. A block that cannot pay even so is raw, as the full
+    // comparison below would find, without building either code.
     let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
     let hi = 255 - h.iter().rev().position(|&c| c > 0).unwrap_or(0);
-    let range = hi + 1 - lo;
-    let floor = ideal + (2 + range.div_ceil(2) + 16).min(2 + range + 36) as f64;
-    let ctx_possible = ctx.is_some() && opts.rans && n >= RANS_CTX_MIN_SYMBOLS;
-    if ideal >= keep_raw_above || (!ctx_possible && floor >= keep_raw_above) {
+    let floor = ideal + table_floor(lo as u8, hi as u8);
+    if ideal >= keep_raw_above || (ctx.is_none() && floor >= keep_raw_above) {
         out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
     let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
-    let huff =
-        (huffman::table_bytes(&lens) + 12 + 4) as f64 + huffman::coded_bits(&h, &lens) as f64 / 8.0;
+    let huff = (huffman::table_bytes(&lens) + 12 + 4) as f64
+        + huffman::coded_bits(&h, &lens) as f64 / 8.0 * scale;
     let mut best = (huff, BlockMode::Huffman);
     let mut freqs = None;
     // rANS tables cost 16 KiB of slots per class to build at decode time:
     // not worth it for small blocks.
     if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > opts.rans_min_gain as f64 * huff {
         let f = rans::normalize(&h);
-        let r = (rans::header_bytes(&f) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0;
+        let r = (rans::header_bytes(&f) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0 * scale;
         if r < huff * (1.0 - opts.rans_min_gain as f64) {
             best = (r, BlockMode::Rans);
             freqs = Some(f);
         }
     }
-    let mut plan = None;
-    if let (Some((model, classes)), true) = (ctx, opts.rans && n >= RANS_CTX_MIN_SYMBOLS) {
-        let p = rans::ctx_plan(syms, model, classes);
+    if let Some((model, classes)) = ctx {
+        let p = plan
+            .take()
+            .unwrap_or_else(|| rans::ctx_plan(syms, model, classes));
         if p.bytes < best.0 * (1.0 - opts.rans_min_gain as f64) {
             best = (p.bytes, BlockMode::RansCtx);
             plan = Some(p);
@@ -195,6 +223,7 @@ pub fn encode(
         out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
+    let start = out.len();
     match best.1 {
         BlockMode::Rans => rans::encode(syms, &freqs.expect("set with Rans"), out),
         BlockMode::RansCtx => {
@@ -203,7 +232,46 @@ pub fn encode(
         }
         _ => huffman::encode(syms, &lens, out, scratch),
     }
+    // Sizes from a sample are estimates: a block that did not pay is raw.
+    if !exact && (out.len() - start) as f64 >= keep_raw_above {
+        out.truncate(start);
+        out.extend_from_slice(syms);
+        return BlockMode::Raw;
+    }
     best.1
+}
+
+/// The fewest bytes a Huffman or rANS table over the symbols `lo..=hi`
+/// takes: Huffman's lengths take half a byte per symbol of the range and 16
+/// bytes of sizes, rANS at least a byte per symbol and 36 of states.
+fn table_floor(lo: u8, hi: u8) -> f64 {
+    let range = (hi - lo) as usize + 1;
+    (2 + range.div_ceil(2) + 16).min(2 + range + 36) as f64
+}
+
+/// Blocks at least this long are measured on a sample of their symbols.
+const SAMPLE_MIN_SYMBOLS: usize = 16 * 1024;
+/// The sample is every `SAMPLE_STEP`-th symbol.
+const SAMPLE_STEP: usize = 4;
+/// Blocks whose sample takes more bits per symbol than this are counted
+/// whole after all.
+const SAMPLE_MAX_BITS: f64 = 6.0;
+
+/// Least and greatest symbol of a block (vectorised by the compiler).
+fn min_max(s: &[u8]) -> (u8, u8) {
+    let mut lo = [u8::MAX; 32];
+    let mut hi = [0u8; 32];
+    let mut it = s.chunks_exact(32);
+    for c in &mut it {
+        for i in 0..32 {
+            lo[i] = lo[i].min(c[i]);
+            hi[i] = hi[i].max(c[i]);
+        }
+    }
+    let rest = it.remainder();
+    let lo = rest.iter().chain(&lo).copied().min().unwrap_or(0);
+    let hi = rest.iter().chain(&hi).copied().max().unwrap_or(0);
+    (lo, hi)
 }
 
 /// Decoding tables kept between blocks (allocated once per thread).

@@ -378,6 +378,8 @@ pub struct CtxPlan {
     freqs: Vec<Option<[u32; 256]>>,
     /// Estimated payload bytes.
     pub bytes: f64,
+    /// The block's histogram (the classes' summed).
+    pub hist: [u32; 256],
 }
 
 /// Normalise a class histogram; a class with one symbol lends one slot to
@@ -496,7 +498,17 @@ pub fn ctx_plan(syms: &[u8], model: &CtxModel, classes: &[u8]) -> CtxPlan {
             f
         })
         .collect();
-    CtxPlan { freqs, bytes }
+    let mut all = [0u32; 256];
+    for h in &hist {
+        for (a, &c) in all.iter_mut().zip(h) {
+            *a += c;
+        }
+    }
+    CtxPlan {
+        freqs,
+        bytes,
+        hist: all,
+    }
 }
 
 /// Append the context-modelled payload: `k-1` as u8, the `k-1` context

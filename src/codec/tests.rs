@@ -117,6 +117,48 @@ fn multi_block_tensors_round_trip_full_and_delta() {
     }
 }
 
+/// A large block's code is built on a sample of its symbols; symbols the
+/// sample never sees (here every one off the sampled places, some of them
+/// once only, one at each end of the range) must still get codes, under
+/// Huffman and rANS alike, and the block must still be entropy coded.
+#[test]
+fn symbols_the_sample_misses_are_still_coded() {
+    let n = 1 << 16;
+    let mut seen = Vec::new();
+    for skew in [3u32, 40] {
+        let mut x = 0x9e37_79b9u32;
+        let syms: Vec<u8> = (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match i {
+                    _ if i % 4 == 0 => 100,
+                    1 => 20,
+                    5 => 250,
+                    _ if x % skew == 0 => 90 + (x >> 8) as u8 % 16,
+                    _ => 100,
+                }
+            })
+            .collect();
+        for opts in all_options() {
+            let mut out = Vec::new();
+            let mode = block::encode(&syms, None, &opts, &mut out, &mut Vec::new());
+            assert!(
+                matches!(mode, BlockMode::Huffman | BlockMode::Rans),
+                "skew {skew}: {mode:?}"
+            );
+            assert!(out.len() < n / 2, "skew {skew}: {} bytes", out.len());
+            let mut back = vec![0u8; n];
+            let mut tables = block::Tables::default();
+            block::decode(mode, &out, 0, out.len(), None, &mut back, &mut tables).unwrap();
+            assert_eq!(back, syms, "skew {skew} {mode:?}");
+            seen.push(mode);
+        }
+    }
+    assert!(seen.contains(&BlockMode::Huffman) && seen.contains(&BlockMode::Rans));
+}
+
 #[test]
 fn identical_base_gives_a_tiny_frame() {
     let a = f32_bytes(&gaussian_f32(300_000, 3, 0.02));
