@@ -316,12 +316,25 @@ fn decode_core(
                 }
                 None => [0; LANES],
             };
+            // First every lane's symbol and new state (eight independent
+            // chains), then the renormalisation words in lane order (only
+            // this part depends on the lanes before).
+            let mut v = [0u32; LANES];
+            for j in 0..LANES {
+                let xj = x[j];
+                let slot = xj & (M - 1);
+                let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
+                g[j] = e as u8;
+                v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
+            }
             let mut k = 0usize;
-            for (j, o) in g.iter_mut().enumerate() {
+            for j in 0..LANES {
                 // k is even and at most 2 * (LANES - 1): the mask is a no-op.
                 let kk = k & (2 * LANES - 2);
-                let w = u16::from_le_bytes([win[kk], win[kk + 1]]);
-                k += 2 * step!(x[j], off[j], o, w) as usize;
+                let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
+                let need = v[j] < L;
+                x[j] = if need { (v[j] << 16) | w } else { v[j] };
+                k += 2 * need as usize;
             }
             r += k;
             i += LANES;
