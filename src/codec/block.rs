@@ -134,12 +134,12 @@ pub fn encode(
 ) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
-    // `h` counts the symbols of the block, or of a quarter sample of a large
-    // one, with every symbol between the block's least and greatest counted
-    // at least once: a code built on it covers every symbol present. Sizes
-    // estimated from it are scaled by `scale` to the whole block.
-    // A delta block that may be context-coded counts its symbols per
-    // class anyway: their sum is its exact histogram.
+    // `h` counts the symbols of the block (`exact`), or of a quarter sample
+    // of a large skewed one with every symbol between the block's least and
+    // greatest counted at least once: a code built on it covers every
+    // symbol present. Sizes estimated from it are scaled by `scale` to the
+    // whole block. A delta block that may be context-coded counts its
+    // symbols per class anyway: their sum is its exact histogram.
     let ctx = ctx.filter(|_| opts.rans && n >= RANS_CTX_MIN_SYMBOLS);
     let mut plan = None;
     let (h, scale, exact) = if n >= SAMPLE_MIN_SYMBOLS {
