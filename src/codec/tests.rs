@@ -26,15 +26,20 @@ fn all_options() -> [Options; 3] {
     [Options::default(), Options::lmc(), no_rans]
 }
 
-/// Bytes that look like a trained layer: N(0, 0.02) via a cheap generator.
-fn gaussian_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(2654435761).max(1);
-    let mut next = || {
+/// A cheap deterministic generator (xorshift32) from a non-zero seed.
+fn xorshift32(mut x: u32) -> impl FnMut() -> u32 {
+    move || {
         x ^= x << 13;
         x ^= x >> 17;
         x ^= x << 5;
-        (x as f32) / (u32::MAX as f32)
-    };
+        x
+    }
+}
+
+/// Bytes that look like a trained layer: N(0, 0.02) via a cheap generator.
+fn gaussian_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
+    let mut r = xorshift32(seed.wrapping_mul(2654435761).max(1));
+    let mut next = || (r() as f32) / (u32::MAX as f32);
     (0..n)
         .map(|_| {
             let s: f32 = (0..4).map(|_| next()).sum::<f32>() - 2.0;
@@ -126,12 +131,10 @@ fn symbols_the_sample_misses_are_still_coded() {
     let n = 1 << 16;
     let mut seen = Vec::new();
     for skew in [3u32, 40] {
-        let mut x = 0x9e37_79b9u32;
+        let mut next = xorshift32(0x9e37_79b9);
         let syms: Vec<u8> = (0..n)
             .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
+                let x = next();
                 match i {
                     _ if i % 4 == 0 => 100,
                     1 => 20,
