@@ -14,25 +14,8 @@
 
 use std::time::Instant;
 
+use ckvc::bench::Rng;
 use ckvc::store::{Batch, Mode, RocksOptions, RocksStore, Space, Store};
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let x = self.next().to_le_bytes();
-            c.copy_from_slice(&x[..c.len()]);
-        }
-    }
-}
 
 fn disk_write_bytes() -> Option<u64> {
     let io = std::fs::read_to_string("/proc/self/io").ok()?;
@@ -63,7 +46,7 @@ fn run(name: &'static str, options: &RocksOptions, dir: &std::path::Path, total:
     let mut values: Vec<(Vec<u8>, usize)> = Vec::new();
     let mut sum = 0u64;
     while sum < total {
-        let len = (64 << 10) + (rng.next() % (448 << 10)) as usize;
+        let len = (64 << 10) + (rng.next_u64() % (448 << 10)) as usize;
         let mut key = [0u8; 32];
         rng.fill(&mut key);
         values.push((key.to_vec(), len));
@@ -89,7 +72,7 @@ fn run(name: &'static str, options: &RocksOptions, dir: &std::path::Path, total:
 
     let mut order: Vec<usize> = (0..values.len()).collect();
     for i in (1..order.len()).rev() {
-        order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
     let t = Instant::now();
     let mut out = Vec::new();

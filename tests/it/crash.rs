@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ckvc::bench::Rng;
+
 use super::{run_ckvc, same_tree, steps};
 
 const KILLS_PER_OP: usize = 17;
@@ -32,17 +34,6 @@ fn small_steps(root: &Path) -> Vec<(u64, PathBuf)> {
             (step, d)
         })
         .collect()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
 }
 
 /// Run `ckvc args` in `repo`, SIGKILL it after `delay` if still running.
@@ -165,7 +156,7 @@ fn sigkill_during_commit_and_gc_never_loses_a_committed_step() {
             1 => (gc_compact.clone(), t_compact),
             _ => (gc_keep.clone(), t_keep),
         };
-        let delay = Duration::from_micros(rng.next() % (t.as_micros() as u64 * 6 / 5 + 1));
+        let delay = Duration::from_micros(rng.next_u64() % (t.as_micros() as u64 * 6 / 5 + 1));
         let (killed, ok, out) = run_and_kill(&repo, &args, delay);
         if killed {
             kills[op] += 1;
