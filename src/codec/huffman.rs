@@ -625,6 +625,23 @@ fn decode_fast_body(
             }
         }
     }
+    // Each lane's rest, one lookup at a time, while it has room for an
+    // entry's four symbols and 8 readable bytes: this leaves at most three
+    // symbols a lane to the caller's bounded loop (a lane stops the loop
+    // above up to 20 symbols early, and a small block never enters it).
+    for j in 0..4 {
+        let (mut a, mut p) = (at[j], o[j]);
+        while p + 4 <= end[j] {
+            let b = a >> 3;
+            let Some(w) = buf.get(b..b + 8) else { break };
+            let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+            let v = t[((w >> (a & 7)) & (TABLE_SIZE as u64 - 1)) as usize];
+            out[p..p + 4].copy_from_slice(&((v >> 16) as u32).to_le_bytes());
+            a += (v & 0xff) as usize;
+            p += (v >> 8) as u8 as usize;
+        }
+        (at[j], o[j]) = (a, p);
+    }
     *pos = o;
 }
 
