@@ -130,7 +130,7 @@ pub fn encode(
     ctx: Option<(&rans::CtxModel, &[u8])>,
     opts: &Options,
     out: &mut Vec<u8>,
-    scratch: &mut Vec<u32>,
+    scratch: &mut huffman::EncodeScratch,
 ) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);

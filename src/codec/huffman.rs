@@ -146,9 +146,17 @@ fn quarter(n: usize) -> usize {
     n.div_ceil(4)
 }
 
+/// Memory the encoder keeps between blocks: the pair table, and the four
+/// lanes' regions, which are written before they are read and so are
+/// never cleared.
+#[derive(Default)]
+pub struct EncodeScratch {
+    pairs: Vec<u32>,
+    lanes: Vec<u8>,
+}
+
 /// Append the Huffman payload of `syms` under `lens` to `out`.
-/// `scratch` is reusable memory (the pair table), kept between blocks.
-pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut Vec<u32>) {
+pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut EncodeScratch) {
     let (lo, hi) = symbol_range(lens).expect("at least two symbols");
     out.push(lo as u8);
     out.push(hi as u8);
@@ -160,21 +168,22 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut Ve
     let lens64: [u64; 256] = std::array::from_fn(|s| lens[s] as u64);
     let sizes_at = out.len();
     out.extend_from_slice(&[0u8; 12]);
-    // The four sub-streams are written side by side, each in a region of
-    // `cap` bytes (its bound plus room for the last 8-byte store), then
-    // moved together.
+    // The four sub-streams are written side by side in scratch, each in a
+    // region of `cap` bytes (its bound plus room for the last 8-byte
+    // store), then appended.
     let n = syms.len();
     let q = quarter(n).max(1);
     let lo = [0, q.min(n), (2 * q).min(n), (3 * q).min(n)];
     let hi = [lo[1], lo[2], lo[3], n];
     let max_len = lens.iter().copied().max().unwrap_or(0) as usize;
     let cap = q * max_len / 8 + 16;
-    let base = out.len();
-    out.resize(base + 4 * cap, 0);
+    if scratch.lanes.len() < 4 * cap {
+        scratch.lanes.resize(4 * cap, 0);
+    }
     let lanes: [&[u8]; 4] = std::array::from_fn(|j| &syms[lo[j]..hi[j]]);
     let (first, last) = symbol_range(lens).expect("at least two symbols");
     let pairs = (last - first < 64 && n >= PAIR_MIN_SYMBOLS).then(|| {
-        let t: &mut [u32; PAIRS] = pair_table(lens, &codes, first, scratch);
+        let t: &mut [u32; PAIRS] = pair_table(lens, &codes, first, &mut scratch.pairs);
         &*t
     });
     let pair_base = (first | first << 8) as u32;
@@ -183,16 +192,12 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut Ve
         &lens64,
         pairs.map(|t| (t, pair_base)),
         lanes,
-        &mut out[base..],
+        &mut scratch.lanes[..4 * cap],
         cap,
     );
-    let mut end = base + used[0];
-    for (j, &u) in used.iter().enumerate().skip(1) {
-        let from = base + j * cap;
-        out.copy_within(from..from + u, end);
-        end += u;
+    for (j, &u) in used.iter().enumerate() {
+        out.extend_from_slice(&scratch.lanes[j * cap..j * cap + u]);
     }
-    out.truncate(end);
     for (j, &u) in used.iter().take(3).enumerate() {
         let at = sizes_at + 4 * j;
         out[at..at + 4].copy_from_slice(&(u as u32).to_le_bytes());
@@ -670,7 +675,7 @@ mod tests {
             .sum();
         assert_eq!(kraft, 1 << MAX_BITS);
         let mut out = Vec::new();
-        encode(syms, &lens, &mut out, &mut Vec::new());
+        encode(syms, &lens, &mut out, &mut EncodeScratch::default());
         let mut back = vec![0u8; syms.len()];
         let mut t = DecodeTable::default();
         decode(&out, 0, out.len(), &mut back, &mut t).unwrap();

@@ -236,8 +236,8 @@ pub struct Scratch {
     base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
     classes: Vec<u8>,
-    /// The Huffman encoder's pair table.
-    pairs: Vec<u32>,
+    /// The Huffman encoder's pair table and lane regions.
+    pairs: huffman::EncodeScratch,
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
@@ -331,11 +331,10 @@ pub fn encode_into(
         }
     }
     out.clear();
-    // Room for the largest frame (every block raw) plus the Huffman
-    // encoder's scratch area past its block, so a fresh `out` grows once
-    // instead of doubling through the chunk.
+    // Room for the largest frame (every block raw), so a fresh `out` grows
+    // once instead of doubling through the chunk.
     let nblocks = n.div_ceil(1 << BLOCK_LOG2);
-    out.reserve(HEADER_LEN + w + raw.len() + 4 * w * nblocks + (3 << BLOCK_LOG2) / 8 + 1024);
+    out.reserve(HEADER_LEN + w + raw.len() + 4 * w * nblocks);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(CODEC_GROUPED);

@@ -146,7 +146,13 @@ fn symbols_the_sample_misses_are_still_coded() {
             .collect();
         for opts in all_options() {
             let mut out = Vec::new();
-            let mode = block::encode(&syms, None, &opts, &mut out, &mut Vec::new());
+            let mode = block::encode(
+                &syms,
+                None,
+                &opts,
+                &mut out,
+                &mut huffman::EncodeScratch::default(),
+            );
             assert!(
                 matches!(mode, BlockMode::Huffman | BlockMode::Rans),
                 "skew {skew}: {mode:?}"
