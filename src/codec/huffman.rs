@@ -118,8 +118,12 @@ fn symbol_range(lens: &[u8; 256]) -> Option<(usize, usize)> {
 
 /// Canonical codes, bit-reversed for an LSB-first stream.
 fn canonical_codes(lens: &[u8; 256]) -> [u16; 256] {
+    let mut codes = [0u16; 256];
+    let Some((lo, hi)) = symbol_range(lens) else {
+        return codes;
+    };
     let mut count = [0u32; MAX_BITS as usize + 2];
-    for &l in lens.iter() {
+    for &l in &lens[lo..=hi] {
         count[l as usize] += 1;
     }
     count[0] = 0;
@@ -129,8 +133,7 @@ fn canonical_codes(lens: &[u8; 256]) -> [u16; 256] {
         code = (code + count[l - 1]) << 1;
         next[l] = code;
     }
-    let mut codes = [0u16; 256];
-    for s in 0..256 {
+    for s in lo..=hi {
         let l = lens[s] as u32;
         if l > 0 {
             let c = next[l as usize];
@@ -343,7 +346,10 @@ pub fn decode(
         }
         lens[lo + i] = l;
     }
-    let kraft: u64 = lens
+    // Per-block work stays within lo..=hi: a small block's decode is
+    // comparable to these loops over all 256 symbols.
+    let used = &lens[lo..=hi];
+    let kraft: u64 = used
         .iter()
         .filter(|&&l| l > 0)
         .map(|&l| 1u64 << (MAX_BITS - l as u32))
@@ -351,12 +357,10 @@ pub fn decode(
     if kraft != 1 << MAX_BITS {
         return Err(corrupt("huffman code lengths do not form a complete code"));
     }
-    let sizes: Vec<usize> = (0..3)
-        .map(|j| {
-            let at = tb + 4 * j;
-            u32::from_le_bytes(payload[at..at + 4].try_into().expect("4 bytes")) as usize
-        })
-        .collect();
+    let sizes: [usize; 3] = std::array::from_fn(|j| {
+        let at = tb + 4 * j;
+        u32::from_le_bytes(payload[at..at + 4].try_into().expect("4 bytes")) as usize
+    });
     let data_start = tb + 12;
     let total: usize = sizes.iter().sum();
     if total > payload.len() - data_start {
@@ -381,7 +385,7 @@ pub fn decode(
     // Two codes fit one 11-bit lookup only if the shortest is at most 5
     // bits; else (a near-noise mantissa stream) the multi-symbol table would
     // be the single-symbol one, built at greater cost.
-    let min_len = lens.iter().copied().filter(|&l| l > 0).min().unwrap_or(1) as u32;
+    let min_len = used.iter().copied().filter(|&l| l > 0).min().unwrap_or(1) as u32;
     let multi = n >= MULTI_MIN_SYMBOLS && 2 * min_len <= MAX_BITS;
     let fast = n >= FAST_MIN_SYMBOLS;
     // The fast loop indexes with 11 bits; a small block's single-symbol
@@ -389,7 +393,7 @@ pub fn decode(
     let bits = if fast {
         MAX_BITS
     } else {
-        lens.iter().copied().max().unwrap_or(1) as u32
+        used.iter().copied().max().unwrap_or(1) as u32
     };
     table.build(&lens, multi, bits);
     let table = &table.entries;
@@ -498,10 +502,15 @@ fn build_table(
 fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &mut Vec<u64>) {
     // `sub(level, b)`: up to `level` codes (1..=3) within `b` bits (0..=10),
     // at `(level - 1) * TABLE_SIZE + 2^b - 1` in `store`.
-    let syms: Vec<(u64, u32, usize)> = (0..256)
-        .filter(|&s| lens[s] > 0)
-        .map(|s| (s as u64, lens[s] as u32, codes[s] as usize))
-        .collect();
+    let mut all = [(0u64, 0u32, 0usize); 256];
+    let mut k = 0;
+    for s in 0..256 {
+        if lens[s] > 0 {
+            all[k] = (s as u64, lens[s] as u32, codes[s] as usize);
+            k += 1;
+        }
+    }
+    let syms = &all[..k];
     if store.len() < 3 * TABLE_SIZE {
         store.resize(3 * TABLE_SIZE, 0);
     }
@@ -513,13 +522,13 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
     }
     // Levels are filled bottom up: a level's tables need the ones below.
     let mut need = [[false; MAX_BITS as usize]; 3];
-    for &(_, l, _) in &syms {
+    for &(_, l, _) in syms {
         need[2][(MAX_BITS - l) as usize] = true;
     }
     for level in (2..=3).rev() {
         for b in 0..MAX_BITS as usize {
             if need[level - 1][b] {
-                for &(_, l, _) in &syms {
+                for &(_, l, _) in syms {
                     if l as usize <= b {
                         need[level - 2][b - l as usize] = true;
                     }
@@ -534,7 +543,7 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
             }
             let dst = at(level, b);
             store[dst..dst + (1 << b)].fill(0);
-            for &(s, l, c) in &syms {
+            for &(s, l, c) in syms {
                 if l > b {
                     continue;
                 }
@@ -553,7 +562,7 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
             }
         }
     }
-    for &(s, l, c) in &syms {
+    for &(s, l, c) in syms {
         let src = at(3, MAX_BITS - l);
         let sub = &store[src..src + (1 << (MAX_BITS - l))];
         for (r, &e) in sub.iter().enumerate() {
