@@ -49,12 +49,18 @@ fn main() {
     }
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
     let mut o = Options::default();
-    // Knob experiments: RANS_MIN_GAIN=0.05 MIN_GAIN=0.01 NO_RANS=1
+    // Knob experiments: RANS_MIN_GAIN=0.05 PLAIN_RANS_MIN_GAIN=0.02 MIN_GAIN=0.01 NO_RANS=1
     if let Some(v) = std::env::var("RANS_MIN_GAIN")
         .ok()
         .and_then(|v| v.parse().ok())
     {
         o.rans_min_gain = v;
+    }
+    if let Some(v) = std::env::var("PLAIN_RANS_MIN_GAIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        o.plain_rans_min_gain = v;
     }
     if let Some(v) = std::env::var("MIN_GAIN").ok().and_then(|v| v.parse().ok()) {
         o.min_gain = v;

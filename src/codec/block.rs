@@ -202,10 +202,11 @@ pub fn encode(
     let mut freqs = None;
     // rANS tables cost 16 KiB of slots per class to build at decode time:
     // not worth it for small blocks.
-    if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > opts.rans_min_gain as f64 * huff {
+    let plain_gain = opts.plain_rans_min_gain as f64;
+    if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > plain_gain * huff {
         let f = rans::normalize(&h);
         let r = (rans::header_bytes(&f) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0 * scale;
-        if r < huff * (1.0 - opts.rans_min_gain as f64) {
+        if r < huff * (1.0 - plain_gain) {
             best = (r, BlockMode::Rans);
             freqs = Some(f);
         }
