@@ -154,7 +154,8 @@ fn quarter(n: usize) -> usize {
 /// never cleared.
 #[derive(Default)]
 pub struct EncodeScratch {
-    pairs: Vec<u32>,
+    pair_codes: Vec<u32>,
+    pair_lens: Vec<u8>,
     lanes: Vec<u8>,
 }
 
@@ -186,14 +187,18 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut En
     let lanes: [&[u8]; 4] = std::array::from_fn(|j| &syms[lo[j]..hi[j]]);
     let (first, last) = symbol_range(lens).expect("at least two symbols");
     let pairs = (last - first < 64 && n >= PAIR_MIN_SYMBOLS).then(|| {
-        let t: &mut [u32; PAIRS] = pair_table(lens, &codes, first, &mut scratch.pairs);
-        &*t
+        pair_table(
+            lens,
+            &codes,
+            first,
+            &mut scratch.pair_codes,
+            &mut scratch.pair_lens,
+        )
     });
-    let pair_base = (first | first << 8) as u32;
     let used = encode_lanes(
         &codes64,
         &lens64,
-        pairs.map(|t| (t, pair_base)),
+        pairs.map(|(c, l)| (&*c, &*l, first as u32 * 0x0101_0101)),
         lanes,
         &mut scratch.lanes[..4 * cap],
         cap,
@@ -217,29 +222,33 @@ const PAIRS: usize = 1 << 14;
 
 /// Codes of two symbols at once, for a code whose symbols span fewer than
 /// 64 values (an exponent stream): the entry of `a` then `b` (see
-/// [`PAIRS`]) is the code of `a` then that of `b` (at most 22 bits) with
-/// their total length in the top byte. Only pairs of coded symbols are
-/// written; the rest of `scratch` is left as it was (never read).
+/// [`PAIRS`]) is the code of `a` then that of `b` (at most 22 bits), and
+/// beside it, in a table of its own (one load instead of two operations to
+/// unpack), their total length. Only pairs of coded symbols are written;
+/// the rest of the tables is left as it was (never read).
 fn pair_table<'a>(
     lens: &[u8; 256],
     codes: &[u16; 256],
     first: usize,
-    scratch: &'a mut Vec<u32>,
-) -> &'a mut [u32; PAIRS] {
-    if scratch.len() < PAIRS {
-        scratch.resize(PAIRS, 0);
+    pair_codes: &'a mut Vec<u32>,
+    pair_lens: &'a mut Vec<u8>,
+) -> (&'a mut [u32; PAIRS], &'a mut [u8; PAIRS]) {
+    if pair_codes.len() < PAIRS {
+        pair_codes.resize(PAIRS, 0);
+        pair_lens.resize(PAIRS, 0);
     }
-    let t: &mut [u32; PAIRS] = (&mut scratch[..PAIRS]).try_into().expect("PAIRS long");
+    let tc: &mut [u32; PAIRS] = (&mut pair_codes[..PAIRS]).try_into().expect("PAIRS long");
+    let tl: &mut [u8; PAIRS] = (&mut pair_lens[..PAIRS]).try_into().expect("PAIRS long");
     let present: Vec<usize> = (first..256).filter(|&s| lens[s] > 0).collect();
     for &b in &present {
-        let row = &mut t[256 * (b - first)..][..64];
         for &a in &present {
             let (la, lb) = (lens[a] as u32, lens[b] as u32);
-            let code = codes[a] as u32 | (codes[b] as u32) << la;
-            row[a - first] = code | (la + lb) << 24;
+            let at = 256 * (b - first) + (a - first);
+            tc[at] = codes[a] as u32 | (codes[b] as u32) << la;
+            tl[at] = (la + lb) as u8;
         }
     }
-    t
+    (tc, tl)
 }
 
 /// Write each lane's codes as an LSB-first bit stream into its region
@@ -251,7 +260,7 @@ fn pair_table<'a>(
 fn encode_lanes_body(
     codes: &[u64; 256],
     lens: &[u64; 256],
-    pairs: Option<(&[u32; PAIRS], u32)>,
+    pairs: Option<(&[u32; PAIRS], &[u8; PAIRS], u32)>,
     lanes: [&[u8]; 4],
     dst: &mut [u8],
     cap: usize,
@@ -268,19 +277,20 @@ fn encode_lanes_body(
             *nbits &= 7;
         };
         let rest = match pairs {
-            Some((pt, base)) => {
-                // Two symbols read as a u16, less the base, index the
-                // table: every symbol is in `first .. first + 64`.
-                let at = |v: u32| (v.wrapping_sub(base) as usize) & (PAIRS - 1);
+            Some((pc, pl, first4)) => {
+                // Four symbols read as a u32, less `first` in every byte
+                // (no borrows: every symbol is in `first .. first + 64`),
+                // are two pair indices in its halves.
                 let mut it = lane.chunks_exact(4);
                 for c in &mut it {
-                    let v = u32::from_le_bytes(c.try_into().expect("4 symbols"));
-                    let a = pt[at(v & 0xffff)];
-                    let b = pt[at(v >> 16)];
-                    acc |= ((a & 0xff_ffff) as u64) << nbits;
-                    nbits += (a >> 24) as u64;
-                    acc |= ((b & 0xff_ffff) as u64) << nbits;
-                    nbits += (b >> 24) as u64;
+                    let v =
+                        u32::from_le_bytes(c.try_into().expect("4 symbols")).wrapping_sub(first4);
+                    let (a, b) = ((v & 0xffff) as usize, (v >> 16) as usize);
+                    let (a, b) = (a & (PAIRS - 1), b & (PAIRS - 1));
+                    acc |= (pc[a] as u64) << nbits;
+                    nbits += pl[a] as u64;
+                    acc |= (pc[b] as u64) << nbits;
+                    nbits += pl[b] as u64;
                     flush(&mut acc, &mut nbits);
                 }
                 it.remainder()
@@ -308,7 +318,7 @@ fn encode_lanes_body(
     used
 }
 
-dispatch!(encode_lanes, encode_lanes_body, (codes: &[u64; 256], lens: &[u64; 256], pairs: Option<(&[u32; PAIRS], u32)>, lanes: [&[u8]; 4], dst: &mut [u8], cap: usize) -> [usize; 4]);
+dispatch!(encode_lanes, encode_lanes_body, (codes: &[u64; 256], lens: &[u64; 256], pairs: Option<(&[u32; PAIRS], &[u8; PAIRS], u32)>, lanes: [&[u8]; 4], dst: &mut [u8], cap: usize) -> [usize; 4]);
 
 /// Decode `out.len()` symbols from the payload `frame[start..start+len]`.
 /// Bytes of `frame` after the payload may be read (never used) by the fast
