@@ -143,6 +143,30 @@ pub fn encode(
     let ctx = ctx.filter(|_| opts.rans && n >= RANS_CTX_MIN_SYMBOLS);
     let mut plan = None;
     let (h, scale, exact) = if n >= SAMPLE_MIN_SYMBOLS {
+        // Noise (low mantissa bytes, half or more of a checkpoint) is
+        // recognised on a 1-in-16 sample first: its entropy, corrected for
+        // the sample's size (Miller-Madow) and less a margin, plus the
+        // least table over the sample's symbols if context coding is out,
+        // must reach the raw threshold. Anything else takes the finer look
+        // below.
+        let coarse = sampled_histogram(syms, COARSE_STEP);
+        let m: u32 = coarse.iter().sum();
+        let present = coarse.iter().filter(|&&c| c > 0).count();
+        if m > 0 {
+            let corrected = entropy_bits(&coarse) + (present as f64 - 1.0) / (2.0 * LN_2);
+            let est = (corrected / m as f64 - COARSE_MARGIN_BITS) / 8.0 * n as f64;
+            let clo = coarse.iter().position(|&c| c > 0).unwrap_or(0) as u8;
+            let chi = (255 - coarse.iter().rev().position(|&c| c > 0).unwrap_or(0)) as u8;
+            let floor = if ctx.is_none() {
+                table_floor(clo, chi)
+            } else {
+                0.0
+            };
+            if est + floor >= keep_raw_above {
+                out.extend_from_slice(syms);
+                return BlockMode::Raw;
+            }
+        }
         let (lo, hi) = min_max(syms);
         if lo == hi {
             out.push(lo);
@@ -257,6 +281,13 @@ const SAMPLE_STEP: usize = 4;
 /// Blocks whose sample takes more bits per symbol than this are counted
 /// whole after all.
 const SAMPLE_MAX_BITS: f64 = 6.0;
+/// The first, coarse sample (for noise) is every `COARSE_STEP`-th symbol
+/// ...
+const COARSE_STEP: usize = 16;
+/// ... and calls a block raw only if its corrected entropy per symbol
+/// exceeds the raw threshold by this much.
+const COARSE_MARGIN_BITS: f64 = 0.01;
+const LN_2: f64 = std::f64::consts::LN_2;
 
 /// Least and greatest symbol of a block (vectorised by the compiler).
 fn min_max(s: &[u8]) -> (u8, u8) {

@@ -168,6 +168,27 @@ fn symbols_the_sample_misses_are_still_coded() {
     assert!(seen.contains(&BlockMode::Huffman) && seen.contains(&BlockMode::Rans));
 }
 
+/// Large blocks are first screened for noise on a coarse sample: noise is
+/// raw, but a block just compressible enough to pay (uniform over 240
+/// values, 7.91 bits/symbol: 1.1% under raw, over the 0.5% threshold) must
+/// not be called noise.
+#[test]
+fn the_noise_screen_keeps_blocks_that_pay() {
+    let n = 1 << 16;
+    let mut next = xorshift32(0x2545_f491);
+    let noise: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+    let near: Vec<u8> = (0..n).map(|_| (next() % 240) as u8).collect();
+    let opts = Options::default();
+    let mut scratch = huffman::EncodeScratch::default();
+    let mut out = Vec::new();
+    let mode = block::encode(&noise, None, &opts, &mut out, &mut scratch);
+    assert_eq!((mode, out.len()), (BlockMode::Raw, n));
+    out.clear();
+    let mode = block::encode(&near, None, &opts, &mut out, &mut scratch);
+    assert_eq!(mode, BlockMode::Huffman);
+    assert!(out.len() < n * 995 / 1000, "{} bytes", out.len());
+}
+
 #[test]
 fn identical_base_gives_a_tiny_frame() {
     let a = f32_bytes(&gaussian_f32(300_000, 3, 0.02));
