@@ -487,17 +487,30 @@ fn build_table(
         build_multi(lens, &codes, table, store);
         return;
     }
-    // One symbol per entry: each code fills every entry whose low bits
-    // it is.
-    let table = &mut table[..1usize << bits];
-    for s in 0..256 {
+    // One symbol per entry: each code fills every entry whose low bits it
+    // is. Entries depend only on the low `max` bits (the longest code), so
+    // the first 2^max are filled and then repeated by doubling copies.
+    let Some((lo, hi)) = symbol_range(lens) else {
+        return;
+    };
+    let max = lens[lo..=hi].iter().copied().max().unwrap_or(1) as u32;
+    let (size, base) = (1usize << bits, 1usize << max.min(bits));
+    let table = &mut table[..size];
+    for s in lo..=hi {
         let l = lens[s] as usize;
         if l > 0 {
             let e = l as u64 | 1 << 8 | (s as u64) << 16;
-            for slot in table[codes[s] as usize..].iter_mut().step_by(1 << l) {
-                *slot = e;
+            let mut i = codes[s] as usize;
+            while i < base {
+                table[i] = e;
+                i += 1 << l;
             }
         }
+    }
+    let mut filled = base;
+    while filled < size {
+        table.copy_within(..filled, filled);
+        filled *= 2;
     }
 }
 
