@@ -519,9 +519,10 @@ fn build_table(
 /// `r` of `11 - l` bits, and each is `s` followed by the decode of `r`
 /// within `11 - l` bits and up to three codes. That decode is itself a
 /// table of `2^(11-l)` entries built the same way (up to two codes within
-/// fewer bits, and so on), shared by every code of length `l`. Each entry
-/// is written once per table level, a few operations each, instead of four
-/// dependent lookups per entry.
+/// fewer bits, and so on), shared by every code of length `l`. A table of
+/// up to `k` codes holds its symbols where they land in a final entry
+/// (from byte `4 - k` of the symbol bytes on), so putting a code in front
+/// of an entry is one addition: its bits, a count of one, its symbol.
 fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &mut Vec<u64>) {
     // `sub(level, b)`: up to `level` codes (1..=3) within `b` bits (0..=10),
     // at `(level - 1) * TABLE_SIZE + 2^b - 1` in `store`.
@@ -534,15 +535,16 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
         }
     }
     let syms = &all[..k];
-    if store.len() < 3 * TABLE_SIZE {
-        store.resize(3 * TABLE_SIZE, 0);
+    const STORE: usize = 4 * TABLE_SIZE;
+    if store.len() < STORE {
+        store.resize(STORE, 0);
     }
+    let store: &mut [u64; STORE] = (&mut store[..STORE]).try_into().expect("store size");
+    let table: &mut [u64; TABLE_SIZE] = (&mut table[..TABLE_SIZE]).try_into().expect("table size");
     let at = |level: usize, b: u32| (level - 1) * TABLE_SIZE + (1usize << b) - 1;
-    // `s` before entry `e`: bits and count grow, symbols move up a byte.
-    #[inline(always)]
-    fn prepend(e: u64, s: u64, l: u32) -> u64 {
-        (e & 0xffff) + ((e >> 16) << 24) + (l as u64 + (1 << 8) + (s << 16))
-    }
+    // Code `s` of length `l` as the first of a level's entry (level 4: the
+    // final table).
+    let code = |s: u64, l: u32, level: usize| l as u64 + (1 << 8) + (s << (16 + 8 * (4 - level)));
     // Levels are filled bottom up: a level's tables need the ones below.
     let mut need = [[false; MAX_BITS as usize]; 3];
     for &(_, l, _) in syms {
@@ -559,6 +561,8 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
             }
         }
     }
+    // Entries at `dst + c + (r << l)`; the masks only keep the indexing
+    // visibly in bounds (every index is below STORE or TABLE_SIZE already).
     for level in 1..=3 {
         for b in 0..MAX_BITS {
             if !need[level - 1][b as usize] {
@@ -570,16 +574,17 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
                 if l > b {
                     continue;
                 }
-                let n = 1usize << (b - l);
+                let (n, e, mut i) = (1usize << (b - l), code(s, l, level), dst + c);
                 if level == 1 {
-                    let e = prepend(0, s, l);
-                    for r in 0..n {
-                        store[dst + c + (r << l)] = e;
+                    for _ in 0..n {
+                        store[i & (STORE - 1)] = e;
+                        i += 1 << l;
                     }
                 } else {
                     let src = at(level - 1, b - l);
-                    for r in 0..n {
-                        store[dst + c + (r << l)] = prepend(store[src + r], s, l);
+                    for r in src..src + n {
+                        store[i & (STORE - 1)] = store[r & (STORE - 1)] + e;
+                        i += 1 << l;
                     }
                 }
             }
@@ -587,9 +592,10 @@ fn build_multi(lens: &[u8; 256], codes: &[u16; 256], table: &mut [u64], store: &
     }
     for &(s, l, c) in syms {
         let src = at(3, MAX_BITS - l);
-        let sub = &store[src..src + (1 << (MAX_BITS - l))];
-        for (r, &e) in sub.iter().enumerate() {
-            table[c + (r << l)] = prepend(e, s, l);
+        let (e, mut i) = (code(s, l, 4), c);
+        for &sub in &store[src..src + (1 << (MAX_BITS - l))] {
+            table[i & (TABLE_SIZE - 1)] = sub + e;
+            i += 1 << l;
         }
     }
 }
