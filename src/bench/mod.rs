@@ -402,6 +402,8 @@ fn time_codec(
             });
         }
         best_c = best_c.min(t.elapsed().as_secs_f64());
+        // Decode only is timed; the output is compared with the input
+        // once, after the passes (a comparison reads every byte again).
         let t = Instant::now();
         let ok = if threads == 1 {
             let mut s = Scratch::default();
@@ -409,8 +411,7 @@ fn time_codec(
             let mut ok = true;
             for (j, f) in jobs.iter().zip(&frames) {
                 ok &= codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, &mut out, &mut s)
-                    .is_ok()
-                    && out == j.raw;
+                    .is_ok();
             }
             ok
         } else {
@@ -418,20 +419,23 @@ fn time_codec(
                 jobs.par_iter().zip(frames.par_iter()).all(|(j, f)| {
                     SCRATCH.with_borrow_mut(|(s, out)| {
                         codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, out, s).is_ok()
-                            && out.as_slice() == j.raw
                     })
                 })
             })
         };
         best_d = best_d.min(t.elapsed().as_secs_f64());
         if !ok {
-            let bad = jobs
-                .iter()
-                .zip(&frames)
-                .find(|(j, f)| codec::decode(f, j.base).ok().as_deref() != Some(j.raw))
-                .map_or("?".to_string(), |(j, _)| j.key.to_string());
-            return Err(BenchError::Mismatch { tensor: bad });
+            break;
         }
+    }
+    let bad = pool.install(|| {
+        jobs.par_iter()
+            .zip(frames.par_iter())
+            .find_any(|(j, f)| codec::decode(f, j.base).ok().as_deref() != Some(j.raw))
+            .map(|(j, _)| j.key.to_string())
+    });
+    if let Some(tensor) = bad {
+        return Err(BenchError::Mismatch { tensor });
     }
     let out: u64 = frames.iter().map(|f| f.len() as u64).sum();
     Ok((out, mib_s(bytes_in, best_c), mib_s(bytes_in, best_d)))
