@@ -87,35 +87,27 @@ struct EncSym {
     /// `4096 - freq`: the new state is `x + (x / freq) * cmpl + start`.
     cmpl: u32,
     start: u32,
-    /// `rcp = ceil(2^(32 + shift) / freq)` in two halves: `x / freq ==
-    /// (x * rcp) >> (32 + shift)` for every 32-bit `x` (Granlund-Montgomery),
-    /// so no division per symbol; and `rcp < 2^34`, so the product is
-    /// `(x * rcp_lo >> 32) + x * rcp_hi` before the last shift, all in u64.
-    rcp_lo: u32,
-    rcp_hi: u32,
-    shift: u32,
+    /// `ceil(2^44 / freq)`: `x / freq == (x * rcp) >> 44` for every state
+    /// `x < x_max = 2^20 * freq` the encoder divides, since the product's
+    /// excess over `x / freq` is below `x / 2^44 < freq / 2^24 < 1 / freq`
+    /// (freq < 2^12). One 64 x 64 -> 128-bit multiply, no division.
+    rcp: u64,
 }
 
 impl EncSym {
     fn new(start: u32, freq: u32) -> EncSym {
-        let shift = 32 - (freq - 1).leading_zeros().min(32);
-        let shift = if freq == 1 { 0 } else { shift };
-        let rcp = (1u64 << (32 + shift)).div_ceil(freq as u64);
         EncSym {
             x_max: ((L >> SCALE_BITS) << 16) * freq,
             cmpl: M - freq,
             start,
-            rcp_lo: rcp as u32,
-            rcp_hi: (rcp >> 32) as u32,
-            shift,
+            rcp: (1u64 << 44).div_ceil(freq as u64),
         }
     }
 
-    /// `x / freq`.
+    /// `x / freq`, for `x < x_max`.
     #[inline(always)]
     fn quotient(&self, x: u32) -> u32 {
-        let x = x as u64;
-        ((((x * self.rcp_lo as u64) >> 32) + x * self.rcp_hi as u64) >> self.shift) as u32
+        ((x as u128 * self.rcp as u128) >> 44) as u32
     }
 
     /// `(x / freq) * 4096 + x % freq + start`.
@@ -647,13 +639,16 @@ mod tests {
     fn reciprocal_quotient_is_exact() {
         let mut r = 0x9E37_79B9u32;
         for freq in 1..M {
+            // The encoder divides states below x_max only.
             let e = EncSym::new(0, freq);
-            let edge = [0, 1, freq - 1, freq, freq + 1, u32::MAX, u32::MAX - 1];
+            let top = e.x_max - 1;
+            let last = top / freq * freq;
+            let edge = [0, 1, freq - 1, freq, freq + 1, top, top - 1, last, last - 1];
             for x in edge.into_iter().chain((0..64).map(|_| {
                 r ^= r << 13;
                 r ^= r >> 17;
                 r ^= r << 5;
-                r
+                r % e.x_max
             })) {
                 assert_eq!(e.quotient(x), x / freq, "x {x} freq {freq}");
             }
