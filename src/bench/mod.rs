@@ -462,11 +462,12 @@ fn grouped_input(j: &Job) -> Vec<Vec<u8>> {
 fn time_zstd(jobs: &[&Job], level: i32, repeat: usize) -> Result<(u64, f64, f64), BenchError> {
     let bytes_in: u64 = jobs.iter().map(|j| j.raw.len() as u64).sum();
     let (mut best_c, mut best_d, mut out) = (f64::MAX, f64::MAX, 0);
+    let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut cctx = zstd::bulk::Compressor::new(level).expect("zstd level 3 or 19");
     let mut dctx = zstd::bulk::Decompressor::new().expect("zstd decompressor");
     for _ in 0..repeat.max(1) {
         let t = Instant::now();
-        let frames: Vec<Vec<u8>> = jobs
+        frames = jobs
             .iter()
             .map(|j| {
                 let joined = grouped_input(j).concat();
@@ -489,6 +490,15 @@ fn time_zstd(jobs: &[&Job], level: i32, repeat: usize) -> Result<(u64, f64, f64)
             }
         }
         best_d = best_d.min(t.elapsed().as_secs_f64());
+    }
+    // Once, outside the timed passes: every frame gives back its input.
+    for (j, f) in jobs.iter().zip(&frames) {
+        let d = dctx.decompress(f, j.raw.len()).ok();
+        if d.as_deref() != Some(grouped_input(j).concat().as_slice()) {
+            return Err(BenchError::Mismatch {
+                tensor: j.key.to_string(),
+            });
+        }
     }
     Ok((out, mib_s(bytes_in, best_c), mib_s(bytes_in, best_d)))
 }
