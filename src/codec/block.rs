@@ -64,12 +64,38 @@ const SHORT_HISTOGRAM: usize = 4096;
 
 /// Histogram of every `step`-th byte: enough to see that a block of
 /// noise (low mantissa bytes) is not worth entropy coding.
-fn sampled_histogram(s: &[u8], step: usize) -> [u32; 256] {
+pub(super) fn sampled_histogram(s: &[u8], step: usize) -> [u32; 256] {
     let mut h = [[0u32; 256]; 4];
     let mut it = s.chunks_exact(4 * step);
     for c in &mut it {
         for (k, t) in h.iter_mut().enumerate() {
             t[c[k * step] as usize] += 1;
+        }
+    }
+    let mut out = [0u32; 256];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = h.iter().map(|t| t[i]).sum();
+    }
+    out
+}
+
+/// What the 1-in-4 sample counts beyond the 1-in-16 one:
+/// `sampled_histogram(s, 16)` plus this is `sampled_histogram(s, 4)`, so a
+/// block past the noise screen reuses the screen's counts.
+pub(super) fn sampled_rest(s: &[u8]) -> [u32; 256] {
+    let mut h = [[0u32; 256]; 4];
+    let mut it = s.chunks_exact(64);
+    for c in &mut it {
+        for g in c.chunks_exact(16) {
+            h[1][g[4] as usize] += 1;
+            h[2][g[8] as usize] += 1;
+            h[3][g[12] as usize] += 1;
+        }
+    }
+    // The screen takes whole runs of 64, the 1-in-4 sample whole runs of 16.
+    for g in it.remainder().chunks_exact(16) {
+        for (k, t) in h.iter_mut().enumerate() {
+            t[g[4 * k] as usize] += 1;
         }
     }
     let mut out = [0u32; 256];
@@ -198,7 +224,10 @@ pub fn encode(
         // entropy runs low by ~0.01 bit (small-sample bias), so it only
         // decides "raw" when even that estimate (plus the least a table
         // costs, if context coding is out) cannot pay.
-        let mut sh = sampled_histogram(syms, SAMPLE_STEP);
+        let mut sh = coarse;
+        for (a, b) in sh.iter_mut().zip(sampled_rest(syms)) {
+            *a += b;
+        }
         let sampled: u32 = sh.iter().sum();
         let scale = n as f64 / sampled.max(1) as f64;
         let sample_bits = entropy_bits(&sh);
@@ -298,21 +327,28 @@ fn table_floor(lo: u8, hi: u8) -> f64 {
 
 /// Blocks at least this long are measured on a sample of their symbols.
 const SAMPLE_MIN_SYMBOLS: usize = 16 * 1024;
-/// The sample is every `SAMPLE_STEP`-th symbol.
-const SAMPLE_STEP: usize = 4;
+/// The sample is every `SAMPLE_STEP`-th symbol (the screen's counts plus
+/// [`sampled_rest`]'s).
+pub(super) const SAMPLE_STEP: usize = 4;
+const _: () = assert!(
+    COARSE_STEP == 4 * SAMPLE_STEP,
+    "sampled_rest fills in 3 of 4"
+);
 /// Blocks whose sample takes more bits per symbol than this are counted
 /// whole after all.
 const SAMPLE_MAX_BITS: f64 = 6.0;
 /// The first, coarse sample (for noise) is every `COARSE_STEP`-th symbol
 /// ...
-const COARSE_STEP: usize = 16;
+pub(super) const COARSE_STEP: usize = 16;
 /// ... and calls a block raw only if its corrected entropy per symbol
 /// exceeds the raw threshold by this much.
 const COARSE_MARGIN_BITS: f64 = 0.01;
 const LN_2: f64 = std::f64::consts::LN_2;
 
-/// Least and greatest symbol of a block (vectorised by the compiler).
-fn min_max(s: &[u8]) -> (u8, u8) {
+/// Least and greatest symbol of a block (vectorised by the compiler, with
+/// 32-byte registers where the CPU has AVX2).
+#[inline(always)]
+fn min_max_body(s: &[u8]) -> (u8, u8) {
     let mut lo = [u8::MAX; 32];
     let mut hi = [0u8; 32];
     let mut it = s.chunks_exact(32);
@@ -327,6 +363,8 @@ fn min_max(s: &[u8]) -> (u8, u8) {
     let hi = rest.iter().chain(&hi).copied().max().unwrap_or(0);
     (lo, hi)
 }
+
+dispatch!(min_max, min_max_body, (s: &[u8]) -> (u8, u8));
 
 /// Decoding tables kept between blocks (allocated once per thread).
 #[derive(Default)]

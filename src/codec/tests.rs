@@ -168,6 +168,27 @@ fn symbols_the_sample_misses_are_still_coded() {
     assert!(seen.contains(&BlockMode::Huffman) && seen.contains(&BlockMode::Rans));
 }
 
+/// The 1-in-4 sample of a block past the noise screen is the screen's
+/// 1-in-16 counts plus `sampled_rest`: the same counts as sampling afresh,
+/// whatever the length.
+#[test]
+fn the_fine_sample_reuses_the_noise_screen() {
+    let mut next = xorshift32(0x1234_5678);
+    let syms: Vec<u8> = (0..70_000).map(|_| (next() % 97) as u8).collect();
+    for n in (0..300).chain([16_383, 16_384, 16_400, 65_536, 69_999]) {
+        let s = &syms[..n];
+        let mut sum = block::sampled_histogram(s, block::COARSE_STEP);
+        for (a, b) in sum.iter_mut().zip(block::sampled_rest(s)) {
+            *a += b;
+        }
+        assert_eq!(
+            sum,
+            block::sampled_histogram(s, block::SAMPLE_STEP),
+            "n {n}"
+        );
+    }
+}
+
 /// Large blocks are first screened for noise on a coarse sample: noise is
 /// raw, but a block just compressible enough to pay (uniform over 240
 /// values, 7.91 bits/symbol: 1.1% under raw, over the 0.5% threshold) must
