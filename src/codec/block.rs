@@ -1,6 +1,8 @@
 //! Per-block entropy coding: each 64 KiB block of a stream is stored as the
 //! smallest of raw, constant run, Huffman and rANS.
 
+use std::f64::consts::LN_2;
+
 use super::{huffman, rans, DecodeError, Options};
 
 /// How one block is stored. The discriminant is the on-disk mode byte.
@@ -197,23 +199,19 @@ pub fn encode(
         // least table over the sample's symbols if context coding is out,
         // must reach the raw threshold. Anything else takes the finer look
         // below.
+        // (At least 1024 samples: the block has 16 Ki symbols or more.)
         let coarse = sampled_histogram(syms, COARSE_STEP);
         let m: u32 = coarse.iter().sum();
         let present = coarse.iter().filter(|&&c| c > 0).count();
-        if m > 0 {
-            let corrected = entropy_bits(&coarse) + (present as f64 - 1.0) / (2.0 * LN_2);
-            let est = (corrected / m as f64 - COARSE_MARGIN_BITS) / 8.0 * n as f64;
-            let clo = coarse.iter().position(|&c| c > 0).unwrap_or(0) as u8;
-            let chi = (255 - coarse.iter().rev().position(|&c| c > 0).unwrap_or(0)) as u8;
-            let floor = if ctx.is_none() {
-                table_floor(clo, chi)
-            } else {
-                0.0
-            };
-            if est + floor >= keep_raw_above {
-                out.extend_from_slice(syms);
-                return BlockMode::Raw;
-            }
+        let corrected = entropy_bits(&coarse) + (present as f64 - 1.0) / (2.0 * LN_2);
+        let est = (corrected / m as f64 - COARSE_MARGIN_BITS) / 8.0 * n as f64;
+        let floor = match ctx {
+            None => table_floor(hist_range(&coarse)),
+            Some(_) => 0.0,
+        };
+        if est + floor >= keep_raw_above {
+            out.extend_from_slice(syms);
+            return BlockMode::Raw;
         }
         let (lo, hi) = min_max(syms);
         if lo == hi {
@@ -232,7 +230,8 @@ pub fn encode(
         let scale = n as f64 / sampled.max(1) as f64;
         let sample_bits = entropy_bits(&sh);
         let est = sample_bits / 8.0 * scale;
-        if est >= keep_raw_above || (ctx.is_none() && est + table_floor(lo, hi) >= keep_raw_above) {
+        if est >= keep_raw_above || (ctx.is_none() && est + table_floor((lo, hi)) >= keep_raw_above)
+        {
             out.extend_from_slice(syms);
             return BlockMode::Raw;
         }
@@ -263,9 +262,7 @@ pub fn encode(
     // Without context coding, no coder beats the entropy plus its own
     // table. A block that cannot pay even so is raw, as the full
     // comparison below would find, without building either code.
-    let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
-    let hi = 255 - h.iter().rev().position(|&c| c > 0).unwrap_or(0);
-    let floor = ideal + table_floor(lo as u8, hi as u8);
+    let floor = ideal + table_floor(hist_range(&h));
     if ideal >= keep_raw_above || (ctx.is_none() && floor >= keep_raw_above) {
         out.extend_from_slice(syms);
         return BlockMode::Raw;
@@ -317,10 +314,17 @@ pub fn encode(
     best.1
 }
 
+/// Least and greatest symbol a histogram counts ((0, 0) if none).
+fn hist_range(h: &[u32; 256]) -> (u8, u8) {
+    let lo = h.iter().position(|&c| c > 0).unwrap_or(0);
+    let hi = 255 - h.iter().rev().position(|&c| c > 0).unwrap_or(0);
+    (lo as u8, hi as u8)
+}
+
 /// The fewest bytes a Huffman or rANS table over the symbols `lo..=hi`
 /// takes: Huffman's lengths take half a byte per symbol of the range and 16
 /// bytes of sizes, rANS at least a byte per symbol and 36 of states.
-fn table_floor(lo: u8, hi: u8) -> f64 {
+fn table_floor((lo, hi): (u8, u8)) -> f64 {
     let range = (hi - lo) as usize + 1;
     (2 + range.div_ceil(2) + 16).min(2 + range + 36) as f64
 }
@@ -343,7 +347,6 @@ pub(super) const COARSE_STEP: usize = 16;
 /// ... and calls a block raw only if its corrected entropy per symbol
 /// exceeds the raw threshold by this much.
 const COARSE_MARGIN_BITS: f64 = 0.01;
-const LN_2: f64 = std::f64::consts::LN_2;
 
 /// Least and greatest symbol of a block (vectorised by the compiler, with
 /// 32-byte registers where the CPU has AVX2).

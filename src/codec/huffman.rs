@@ -161,10 +161,10 @@ pub struct EncodeScratch {
 
 /// Append the Huffman payload of `syms` under `lens` to `out`.
 pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut EncodeScratch) {
-    let (lo, hi) = symbol_range(lens).expect("at least two symbols");
-    out.push(lo as u8);
-    out.push(hi as u8);
-    for pair in lens[lo..=hi].chunks(2) {
+    let (first, last) = symbol_range(lens).expect("at least two symbols");
+    out.push(first as u8);
+    out.push(last as u8);
+    for pair in lens[first..=last].chunks(2) {
         out.push(pair[0] | (pair.get(1).copied().unwrap_or(0) << 4));
     }
     let codes = canonical_codes(lens);
@@ -185,7 +185,6 @@ pub fn encode(syms: &[u8], lens: &[u8; 256], out: &mut Vec<u8>, scratch: &mut En
         scratch.lanes.resize(4 * cap, 0);
     }
     let lanes: [&[u8]; 4] = std::array::from_fn(|j| &syms[lo[j]..hi[j]]);
-    let (first, last) = symbol_range(lens).expect("at least two symbols");
     let pairs = (last - first < 64 && n >= PAIR_MIN_SYMBOLS).then(|| {
         pair_table(
             lens,

@@ -244,8 +244,8 @@ pub struct Scratch {
     base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
     classes: Vec<u8>,
-    /// The Huffman encoder's pair table and lane regions.
-    pairs: huffman::EncodeScratch,
+    /// The Huffman encoder's pair tables and lane regions.
+    huffman: huffman::EncodeScratch,
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
@@ -280,7 +280,7 @@ pub fn encode_into(
         tmp,
         ctx,
         classes,
-        pairs,
+        huffman: huff,
         ..
     } = scratch;
     streams.resize_with(w, Vec::new);
@@ -375,7 +375,7 @@ pub fn encode_into(
             let c = models
                 .get(bi)
                 .map(|m| (m, &classes[bi * block..bi * block + b.len()]));
-            let mode = block::encode(b, c, opts, out, pairs);
+            let mode = block::encode(b, c, opts, out, huff);
             let len = (out.len() - start) as u32;
             debug_assert!(len < 1 << 24, "a block never grows past raw");
             let e = mode as u32 | len << 8;
