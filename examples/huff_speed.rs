@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use ckvc::bench::{load_run, BenchOptions};
-use ckvc::codec::{histogram, huffman, layout, rans};
+use ckvc::codec::{self, histogram, huffman, layout, rans};
 
 fn main() {
     let run = load_run(
@@ -78,7 +78,8 @@ fn main() {
     for _ in 0..10 {
         let t = Instant::now();
         for (b, f) in blocks.iter().zip(&rframes) {
-            rans::decode(f, 0, &mut dst[..b.len()], &mut slots).expect("decodes");
+            rans::decode(f, 0, &mut dst[..b.len()], &mut slots, codec::FORMAT_VERSION)
+                .expect("decodes");
         }
         rd = rd.min(t.elapsed().as_secs_f64());
     }

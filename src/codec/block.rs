@@ -277,7 +277,7 @@ pub fn encode(
     let plain_gain = opts.plain_rans_min_gain as f64;
     if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > plain_gain * huff {
         let f = rans::normalize(&h);
-        let r = (rans::header_bytes(&f) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0 * scale;
+        let r = (rans::header_bytes(&f, n) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0 * scale;
         if r < huff * (1.0 - plain_gain) {
             best = (r, BlockMode::Rans);
             freqs = Some(f);
@@ -377,8 +377,11 @@ pub struct Tables {
 }
 
 /// Decode one block whose payload is `frame[start..start+len]` into `out`;
-/// `ctx` is the base's same block in a delta frame.
+/// `ctx` is the base's same block in a delta frame; `version` is the
+/// frame's format version.
+#[allow(clippy::too_many_arguments)]
 pub fn decode(
+    version: u8,
     mode: BlockMode,
     frame: &[u8],
     start: usize,
@@ -406,10 +409,10 @@ pub fn decode(
             out.fill(payload[0]);
         }
         BlockMode::Huffman => huffman::decode(frame, start, len, out, &mut tables.huffman)?,
-        BlockMode::Rans => rans::decode(payload, start as u64, out, &mut tables.rans)?,
+        BlockMode::Rans => rans::decode(payload, start as u64, out, &mut tables.rans, version)?,
         BlockMode::RansCtx => {
             let ctx = ctx.ok_or(corrupt("context-coded block outside a delta stream"))?;
-            rans::ctx_decode(payload, start as u64, ctx, out, &mut tables.rans)?
+            rans::ctx_decode(payload, start as u64, ctx, out, &mut tables.rans, version)?
         }
     }
     Ok(())

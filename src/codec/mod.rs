@@ -57,7 +57,7 @@ use layout::StreamOp;
 /// Frame magic, "CK".
 pub const MAGIC: [u8; 2] = *b"CK";
 /// The frame format version this build writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 /// Codec id of the grouped-entropy codec (the only one so far).
 pub const CODEC_GROUPED: u8 = 1;
 /// Block size of each stream: a fresh entropy code every 64 KiB.
@@ -596,7 +596,7 @@ pub fn decode_into(
         let ctx = base.is_some().then(|| &ctx[..n]);
         for (bi, (dst, &(mode, len))) in s.chunks_mut(block).zip(ents).enumerate() {
             let c = ctx.map(|c| &c[bi * block..bi * block + dst.len()]);
-            block::decode(mode, frame, pos, len, c, dst, tables)?;
+            block::decode(info.version, mode, frame, pos, len, c, dst, tables)?;
             pos += len;
         }
     }

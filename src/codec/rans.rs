@@ -1,18 +1,42 @@
-//! Interleaved rANS (eight 32-bit states, 12-bit probabilities, 16-bit
+//! Interleaved rANS (8 or 32 32-bit states, 12-bit probabilities, 16-bit
 //! renormalisation) for blocks where Huffman's floor of one bit per symbol
 //! wastes space: the mostly-zero streams of late-training deltas.
 //!
 //! Block payload (see docs/format/codec.md): `lo u8, hi u8, one LEB128
-//! frequency per symbol lo..=hi (summing to 4096), eight u32 LE final states,
-//! then the renormalisation words (u16 LE) in decoding order`. With the state
-//! in `[2^16, 2^32)` a decode step needs at most one word, so the decoder
-//! renormalises without a branch.
+//! frequency per symbol lo..=hi (summing to 4096), the final states (u32
+//! LE each), then the renormalisation words (u16 LE) in decoding order`.
+//! With the state in `[2^16, 2^32)` a decode step needs at most one word,
+//! so the decoder renormalises without a branch. Blocks of 16 Ki symbols
+//! or more in format version 2 have 32 states: four AVX2 registers of
+//! eight, whose table lookups (gathers) overlap.
 
 use super::DecodeError;
 
 pub const SCALE_BITS: u32 = 12;
-/// Interleaved states: symbol `i` is coded by state `i % LANES`.
-pub const LANES: usize = 8;
+/// Interleaved states of a small block (and of every block of a version 1
+/// frame): symbol `i` is coded by state `i % NARROW`.
+pub const NARROW: usize = 8;
+/// Interleaved states of a block of [`WIDE_MIN_SYMBOLS`] or more in a
+/// version 2 frame.
+pub const WIDE: usize = 32;
+/// Blocks at least this long have [`WIDE`] states (from format version 2):
+/// the 96 more bytes of states are under 1% of such a block's payload.
+pub const WIDE_MIN_SYMBOLS: usize = 16 * 1024;
+
+/// How many interleaved states a block of `n` symbols has in a frame of
+/// format `version`.
+pub fn lanes(n: usize, version: u8) -> usize {
+    if version >= 2 && n >= WIDE_MIN_SYMBOLS {
+        WIDE
+    } else {
+        NARROW
+    }
+}
+
+/// States of a block this build writes.
+fn lanes_written(n: usize) -> usize {
+    lanes(n, super::FORMAT_VERSION)
+}
 const M: u32 = 1 << SCALE_BITS;
 const L: u32 = 1 << 16;
 
@@ -66,11 +90,16 @@ pub fn coded_bits(hist: &[u32; 256], f: &[u32; 256]) -> f64 {
     bits
 }
 
-/// Bytes of the frequency table plus the states.
-pub fn header_bytes(f: &[u32; 256]) -> usize {
+/// Bytes of the frequency table.
+fn table_bytes(f: &[u32; 256]) -> usize {
     let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
     let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
-    2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>() + 4 * LANES
+    2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>()
+}
+
+/// Bytes of the frequency table plus the states of a block of `n` symbols.
+pub fn header_bytes(f: &[u32; 256], n: usize) -> usize {
+    table_bytes(f) + 4 * lanes_written(n)
 }
 
 fn varint_len(v: u32) -> usize {
@@ -148,13 +177,17 @@ fn enc_table(f: &[u32; 256]) -> [EncSym; 256] {
     enc
 }
 
-/// Encode backwards, `classes[i]` picking the table of symbol `i` (the
-/// first table without classes), then write the eight final states and
-/// the words in decoding order. Groups of `LANES` symbols go lane by lane
-/// with the states in registers; renormalisation stores a word whether or
-/// not it is needed and advances only if it is (no branch).
-#[inline(always)]
-fn encode_core(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out: &mut Vec<u8>) {
+/// Encode backwards with `LANES` states, `classes[i]` picking the table of
+/// symbol `i` (the first table without classes), then write the final
+/// states and the words in decoding order. Groups of `LANES` symbols go
+/// lane by lane; renormalisation stores a word whether or not it is needed
+/// and advances only if it is (no branch).
+fn encode_core<const LANES: usize>(
+    syms: &[u8],
+    enc: &[[EncSym; 256]],
+    classes: Option<&[u8]>,
+    out: &mut Vec<u8>,
+) {
     let n = syms.len();
     // At most one word per symbol.
     let mut words = vec![0u16; n];
@@ -198,7 +231,16 @@ fn encode_core(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out: 
 /// Append the rANS payload of `syms` with normalised frequencies `f`.
 pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
     write_freqs(f, out);
-    encode_core(syms, &[enc_table(f)], None, out);
+    encode_lanes(syms, &[enc_table(f)], None, out);
+}
+
+/// [`encode_core`] with the states a block of this length has.
+fn encode_lanes(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out: &mut Vec<u8>) {
+    if lanes_written(syms.len()) == WIDE {
+        encode_core::<WIDE>(syms, enc, classes, out)
+    } else {
+        encode_core::<NARROW>(syms, enc, classes, out)
+    }
 }
 
 /// Read a frequency table; returns the slot table entries
@@ -244,17 +286,30 @@ fn read_freqs(
 /// Slot tables of every class, back to back: `class << 12 | slot`.
 const ALL_SLOTS: usize = MAX_CLASSES << SCALE_BITS;
 
-/// Decode with the eight states and words at `payload[p..]`. Symbol `i`
-/// uses the slot table at `coff[ctx[i]]` (a class times 4096), or the first
-/// one without a context.
-#[inline(always)]
-fn decode_core(
+/// The class of each context byte, as a decoder reads it from a block: a
+/// byte equal to `values[j]` (the first such `j`) is in class `classes[j]`,
+/// any other byte in class `other`. `coff` is the same map as slot table
+/// offsets (class times 4096), for the scalar decoder.
+struct ClassMap {
+    nv: usize,
+    values: [u8; MAX_CLASSES - 1],
+    classes: [u8; MAX_CLASSES - 1],
+    other: u8,
+    coff: [u32; 256],
+}
+
+/// Decode with `LANES` states and the words at `payload[p..]`. Symbol `i`
+/// uses the slot table of the class of `ctx[i]`, or the first one without
+/// a context. `simd` allows the AVX2 kernel (tests compare it with the
+/// scalar loop).
+fn decode_core<const LANES: usize>(
     payload: &[u8],
     mut p: usize,
     offset: u64,
     slots: &[u32],
-    ctx: Option<(&[u8], &[u32; 256])>,
+    ctx: Option<(&[u8], &ClassMap)>,
     out: &mut [u8],
+    simd: bool,
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if payload.len() < p + 4 * LANES {
@@ -271,6 +326,17 @@ fn decode_core(
     p += 4 * LANES;
     let data = &payload[p..];
     let mut r = 0usize;
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if LANES == WIDE
+        && simd
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("popcnt")
+    {
+        let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
+        // SAFETY: the CPU has the features the kernel was compiled for.
+        (i, r) = unsafe { decode_wide_avx2(x, data, slots, ctx, out) };
+    }
     // One decode step of state `$x` with slot table offset `$off`: slot
     // lookup, state update, then at most one renormalisation word (x >= 16
     // after the update, L = 2^16), taken without a branch. `$word` is the
@@ -288,29 +354,24 @@ fn decode_core(
             need
         }};
     }
-    let off_at = |i: usize| ctx.map_or(0, |(c, coff)| coff[c[i] as usize]);
+    let off_at = |i: usize| ctx.map_or(0, |(c, m)| m.coff[c[i] as usize]);
     let n = out.len();
-    let mut i = 0;
     {
         // Fast path: a group of LANES symbols needs at most 2 * LANES bytes,
         // read from one fixed window; the states are independent chains
         // the CPU overlaps.
-        let mut groups = out.chunks_exact_mut(LANES);
+        let mut groups = out[i..].chunks_exact_mut(LANES);
         for g in &mut groups {
             let Some(win) = data.get(r..r + 2 * LANES) else {
                 break;
             };
-            let win: &[u8; 2 * LANES] = win.try_into().expect("window");
             let off: [u32; LANES] = match ctx {
-                Some((c, coff)) => {
-                    let c: &[u8; LANES] = c[i..i + LANES].try_into().expect("context group");
-                    c.map(|c| coff[c as usize])
-                }
+                Some((c, m)) => std::array::from_fn(|j| m.coff[c[i + j] as usize]),
                 None => [0; LANES],
             };
-            // First every lane's symbol and new state (eight independent
-            // chains), then the renormalisation words in lane order (only
-            // this part depends on the lanes before).
+            // First every lane's symbol and new state (independent chains),
+            // then the renormalisation words in lane order (only this part
+            // depends on the lanes before).
             let mut v = [0u32; LANES];
             for j in 0..LANES {
                 let xj = x[j];
@@ -351,6 +412,108 @@ fn decode_core(
     Ok(())
 }
 
+/// `EXPAND[m][j]`: the index of the renormalisation word that lane `j` of
+/// eight takes when the lanes in mask `m` take one each, in lane order
+/// (the number of lanes of `m` below `j`).
+#[cfg(target_arch = "x86_64")]
+static EXPAND: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut j = 0;
+        while j < 8 {
+            t[m][j] = (m & ((1 << j) - 1)).count_ones();
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+};
+
+/// The fast path of [`decode_core`] with [`WIDE`] states, in four AVX2
+/// registers: per group of 32 symbols, four gathers of eight slots (each
+/// register's chain is independent, so their latencies overlap), then each
+/// register's renormalisation words, expanded to the lanes that need them
+/// with one permutation. Decodes whole groups while 64 bytes of words are
+/// left (a group needs at most that) and returns the symbols decoded and
+/// the words' bytes read; the caller goes on from there.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn decode_wide_avx2(
+    x: &mut [u32; WIDE],
+    data: &[u8],
+    slots: &[u32; ALL_SLOTS],
+    ctx: Option<(&[u8], &ClassMap)>,
+    out: &mut [u8],
+) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    let mut xv: [__m256i; 4] =
+        std::array::from_fn(|k| _mm256_loadu_si256(x.as_ptr().add(8 * k).cast()));
+    let low12 = _mm256_set1_epi32(M as i32 - 1);
+    let low8 = _mm256_set1_epi32(0xff);
+    let zero = _mm256_setzero_si256();
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let n = out.len();
+    let (mut i, mut r) = (0usize, 0usize);
+    while i + WIDE <= n && r + 2 * WIDE <= data.len() {
+        let off: [__m256i; 4] = match ctx {
+            Some((c, m)) => {
+                // The class of each of the 32 context bytes: compare with
+                // each value, last to first, so the first match wins.
+                let cv = _mm256_loadu_si256(c.as_ptr().add(i).cast());
+                let mut cls = _mm256_set1_epi8(m.other as i8);
+                for j in (0..m.nv).rev() {
+                    let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
+                    cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
+                }
+                let lo = _mm256_castsi256_si128(cls);
+                let hi = _mm256_extracti128_si256(cls, 1);
+                [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+                    .map(|q| _mm256_slli_epi32(_mm256_cvtepu8_epi32(q), SCALE_BITS as i32))
+            }
+            None => [zero; 4],
+        };
+        let mut e = [zero; 4];
+        for k in 0..4 {
+            let slot = _mm256_and_si256(xv[k], low12);
+            // A class is below 8 and a slot below 4096: in bounds.
+            let ek =
+                _mm256_i32gather_epi32::<4>(slots.as_ptr().cast(), _mm256_or_si256(slot, off[k]));
+            e[k] = ek;
+            let freq = _mm256_and_si256(_mm256_srli_epi32(ek, 8), low12);
+            let start = _mm256_srli_epi32(ek, 20);
+            let v = _mm256_add_epi32(
+                _mm256_mullo_epi32(freq, _mm256_srli_epi32(xv[k], SCALE_BITS as i32)),
+                _mm256_sub_epi32(slot, start),
+            );
+            let need = _mm256_cmpeq_epi32(_mm256_srli_epi32(v, 16), zero);
+            let mask = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+            // r + 16 <= data.len(): the loop left 64 bytes, and each
+            // register before this one took at most 16.
+            let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(data.as_ptr().add(r).cast()));
+            let words = _mm256_permutevar8x32_epi32(
+                words,
+                _mm256_loadu_si256(EXPAND[mask & 255].as_ptr().cast()),
+            );
+            let renorm = _mm256_or_si256(_mm256_slli_epi32(v, 16), words);
+            xv[k] = _mm256_blendv_epi8(v, renorm, need);
+            r += 2 * mask.count_ones() as usize;
+        }
+        // Byte 0 of each entry is its symbol: pack 4 x 8 entries to 32
+        // bytes (the packs work per 128-bit half; the permutation puts
+        // the halves' quarters back in lane order).
+        let a = _mm256_packus_epi32(_mm256_and_si256(e[0], low8), _mm256_and_si256(e[1], low8));
+        let b = _mm256_packus_epi32(_mm256_and_si256(e[2], low8), _mm256_and_si256(e[3], low8));
+        let syms = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
+        _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), syms);
+        i += WIDE;
+    }
+    for (k, v) in xv.iter().enumerate() {
+        _mm256_storeu_si256(x.as_mut_ptr().add(8 * k).cast(), *v);
+    }
+    (i, r)
+}
+
 /// Decode `out.len()` symbols from `payload`.
 /// `slots` is reusable scratch: grown as needed, never cleared (every slot a
 /// decode can reach is written by the block's own tables first).
@@ -359,11 +522,44 @@ pub fn decode(
     offset: u64,
     out: &mut [u8],
     slots: &mut Vec<u32>,
+    version: u8,
 ) -> Result<(), DecodeError> {
     grow(slots, ALL_SLOTS);
     let mut p = 0;
     read_freqs(payload, &mut p, offset, &mut slots[..M as usize])?;
-    decode_core(payload, p, offset, slots, None, out)
+    decode_lanes(payload, p, offset, slots, None, out, version)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Whether wide blocks may take the AVX2 kernel; tests switch it off to
+    /// compare the scalar loop with it on the same payloads.
+    static SIMD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+fn simd_allowed() -> bool {
+    #[cfg(test)]
+    return SIMD.get();
+    #[cfg(not(test))]
+    true
+}
+
+/// [`decode_core`] with the states a block of this length has in a frame
+/// of format `version`.
+fn decode_lanes(
+    payload: &[u8],
+    p: usize,
+    offset: u64,
+    slots: &[u32],
+    ctx: Option<(&[u8], &ClassMap)>,
+    out: &mut [u8],
+    version: u8,
+) -> Result<(), DecodeError> {
+    if lanes(out.len(), version) == WIDE {
+        decode_core::<WIDE>(payload, p, offset, slots, ctx, out, simd_allowed())
+    } else {
+        decode_core::<NARROW>(payload, p, offset, slots, ctx, out, false)
+    }
 }
 
 fn grow(v: &mut Vec<u32>, n: usize) {
@@ -477,7 +673,8 @@ impl CtxModel {
     /// entropy plus the tables.
     pub fn cost_bits(&self, syms: &[u8], classes: &[u8]) -> f64 {
         let hist = self.class_histograms(syms, classes);
-        let mut bits = 8.0 * (1 + self.values.len() + 4 * LANES + 4) as f64;
+        let states = 4 * lanes_written(syms.len());
+        let mut bits = 8.0 * (1 + self.values.len() + states + 4) as f64;
         for h in &hist[..self.values.len() + 1] {
             let present = h.iter().filter(|&&c| c > 0).count();
             bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
@@ -491,14 +688,14 @@ impl CtxModel {
 /// of each symbol's context.
 pub fn ctx_plan(syms: &[u8], model: &CtxModel, classes: &[u8]) -> CtxPlan {
     let hist = model.class_histograms(syms, classes);
-    let mut bytes = (1 + model.values.len() + 4 * LANES + 4) as f64;
+    let mut bytes = (1 + model.values.len() + 4 * lanes_written(syms.len()) + 4) as f64;
     let freqs: Vec<Option<[u32; 256]>> = hist[..model.values.len() + 1]
         .iter()
         .map(|h| {
             let f = normalize_class(h);
             bytes += 1.0;
             if let Some(f) = &f {
-                bytes += header_bytes(f) as f64 - (4 * LANES) as f64 + coded_bits(h, f) / 8.0;
+                bytes += table_bytes(f) as f64 + coded_bits(h, f) / 8.0;
             }
             f
         })
@@ -542,7 +739,7 @@ pub fn ctx_encode(
             }
         }
     }
-    encode_core(syms, &enc, Some(&classes[..syms.len()]), out);
+    encode_lanes(syms, &enc, Some(&classes[..syms.len()]), out);
 }
 
 /// Decode a context-modelled block; `ctx` is the base's same block.
@@ -552,6 +749,7 @@ pub fn ctx_decode(
     ctx: &[u8],
     out: &mut [u8],
     slots: &mut Vec<u32>,
+    version: u8,
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if ctx.len() != out.len() {
@@ -566,15 +764,10 @@ pub fn ctx_decode(
     let values = payload
         .get(1..1 + nv)
         .ok_or(corrupt("rans context header truncated"))?;
-    let k = nv + 1;
-    let mut cmap = [nv as u8; 256];
-    for (c, &v) in values.iter().enumerate() {
-        cmap[v as usize] = c as u8;
-    }
     let mut p = 1 + nv;
     grow(slots, ALL_SLOTS);
     let mut present = [false; MAX_CLASSES];
-    for (c, pr) in present.iter_mut().enumerate().take(k) {
+    for (c, pr) in present.iter_mut().enumerate().take(nv + 1) {
         let flag = *payload
             .get(p)
             .ok_or(corrupt("rans context table truncated"))?;
@@ -595,14 +788,24 @@ pub fn ctx_decode(
     let fallback = present
         .iter()
         .position(|&p| p)
-        .ok_or(corrupt("rans context block without tables"))?;
-    for c in cmap.iter_mut() {
-        if !present[*c as usize] {
-            *c = fallback as u8;
-        }
+        .ok_or(corrupt("rans context block without tables"))? as u8;
+    let table = |c: usize| if present[c] { c as u8 } else { fallback };
+    let mut map = ClassMap {
+        nv,
+        values: [0; MAX_CLASSES - 1],
+        classes: [0; MAX_CLASSES - 1],
+        other: table(nv),
+        coff: [0; 256],
+    };
+    let mut cmap = [map.other; 256];
+    // The first of equal values wins (an encoder never repeats one).
+    for (c, &v) in values.iter().enumerate().rev() {
+        map.values[c] = v;
+        map.classes[c] = table(c);
+        cmap[v as usize] = table(c);
     }
-    let coff: [u32; 256] = cmap.map(|c| (c as u32) << SCALE_BITS);
-    decode_core(payload, p, offset, slots, Some((ctx, &coff)), out)
+    map.coff = cmap.map(|c| (c as u32) << SCALE_BITS);
+    decode_lanes(payload, p, offset, slots, Some((ctx, &map)), out, version)
 }
 
 #[cfg(test)]
@@ -620,7 +823,14 @@ mod tests {
         let mut out = Vec::new();
         encode(syms, &f, &mut out);
         let mut back = vec![0u8; syms.len()];
-        decode(&out, 0, &mut back, &mut Vec::new()).unwrap();
+        decode(
+            &out,
+            0,
+            &mut back,
+            &mut Vec::new(),
+            crate::codec::FORMAT_VERSION,
+        )
+        .unwrap();
         assert_eq!(back, syms);
         out.len()
     }
@@ -667,7 +877,114 @@ mod tests {
         let n = out.len();
         out[n - 1] ^= 0x55;
         let mut back = vec![0u8; syms.len()];
-        assert!(decode(&out, 0, &mut back, &mut Vec::new()).is_err());
+        assert!(decode(
+            &out,
+            0,
+            &mut back,
+            &mut Vec::new(),
+            crate::codec::FORMAT_VERSION
+        )
+        .is_err());
+    }
+
+    /// A skewed block (mostly zeros, like a delta's high byte) whose
+    /// distribution depends on a context byte, and that context.
+    fn skewed_with_context(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
+        let mut r = seed | 1;
+        let mut next = move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            r
+        };
+        let ctx: Vec<u8> = (0..n).map(|_| 100 + (next() % 11) as u8).collect();
+        let syms = ctx
+            .iter()
+            .map(|&c| {
+                let v = next();
+                if v % 16 < (c as u64 - 98) {
+                    (v >> 8) as u8 % (c - 95)
+                } else {
+                    0
+                }
+            })
+            .collect();
+        (syms, ctx)
+    }
+
+    /// Context-code `syms` and decode the payload with the AVX2 kernel
+    /// allowed or not; the result and every output byte.
+    fn ctx_payload(syms: &[u8], ctx: &[u8]) -> Vec<u8> {
+        let model = CtxModel::new(ctx);
+        let mut classes = Vec::new();
+        model.classes(ctx, &mut classes);
+        let plan = ctx_plan(syms, &model, &classes);
+        let mut out = Vec::new();
+        ctx_encode(syms, &model, &classes, &plan, &mut out);
+        out
+    }
+
+    fn ctx_decode_with(simd: bool, payload: &[u8], ctx: &[u8]) -> (bool, Vec<u8>) {
+        SIMD.set(simd);
+        let mut back = vec![0u8; ctx.len()];
+        let r = ctx_decode(payload, 0, ctx, &mut back, &mut Vec::new(), 2);
+        SIMD.set(true);
+        (r.is_ok(), back)
+    }
+
+    #[test]
+    fn large_blocks_have_32_states_from_version_2() {
+        assert_eq!(lanes(WIDE_MIN_SYMBOLS, 2), WIDE);
+        assert_eq!(lanes(WIDE_MIN_SYMBOLS - 1, 2), NARROW);
+        assert_eq!(lanes(1 << 16, 1), NARROW);
+        // A version 1 block of 64 Ki symbols keeps eight states.
+        let (syms, _) = skewed_with_context(1 << 16, 5);
+        let f = normalize(&crate::codec::histogram(&syms));
+        let mut out = Vec::new();
+        write_freqs(&f, &mut out);
+        encode_core::<NARROW>(&syms, &[enc_table(&f)], None, &mut out);
+        let mut back = vec![0u8; syms.len()];
+        decode(&out, 0, &mut back, &mut Vec::new(), 1).unwrap();
+        assert_eq!(back, syms);
+        // The same block in version 2 is 96 bytes of states longer.
+        let mut wide = Vec::new();
+        encode(&syms, &f, &mut wide);
+        assert!(wide.len() > out.len() + 64, "{} {}", wide.len(), out.len());
+        decode(&wide, 0, &mut back, &mut Vec::new(), 2).unwrap();
+        assert_eq!(back, syms);
+    }
+
+    #[test]
+    fn the_avx2_kernel_matches_the_scalar_loop_on_damaged_blocks() {
+        let (syms, ctx) = skewed_with_context(40_000, 9);
+        let payload = ctx_payload(&syms, &ctx);
+        assert_eq!(ctx_decode_with(true, &payload, &ctx), (true, syms.clone()));
+        assert_eq!(ctx_decode_with(false, &payload, &ctx), (true, syms));
+        // Damage in the states, the words, and a context the tables do
+        // not expect: both decoders read the same symbols and agree that
+        // it is an error.
+        let n = payload.len();
+        for at in [n - 300, n - 5000, n / 2, n - 2] {
+            let mut bad = payload.clone();
+            bad[at] ^= 0x5a;
+            let simd = ctx_decode_with(true, &bad, &ctx);
+            assert_eq!(simd, ctx_decode_with(false, &bad, &ctx), "byte {at}");
+            assert!(!simd.0, "byte {at}");
+        }
+        // A context value listed twice (no encoder writes that): the first
+        // one's class counts, in both.
+        assert!(payload[0] >= 2, "seven context values");
+        let mut twice = payload.clone();
+        twice[2] = twice[1];
+        let simd = ctx_decode_with(true, &twice, &ctx);
+        assert_eq!(simd, ctx_decode_with(false, &twice, &ctx));
+        let mut other = ctx.clone();
+        other[123] = 7;
+        other[20_000] = 250;
+        assert_eq!(
+            ctx_decode_with(true, &payload, &other),
+            ctx_decode_with(false, &payload, &other)
+        );
     }
 
     proptest! {
@@ -677,6 +994,19 @@ mod tests {
             s[0] = 0;
             s[1] = 255;
             round_trip(&s);
+        }
+
+        /// Wide blocks, context coded, of any length and context: the AVX2
+        /// kernel and the scalar loop decode the same symbols.
+        #[test]
+        fn wide_blocks_decode_alike_with_and_without_avx2(
+            n in WIDE_MIN_SYMBOLS..WIDE_MIN_SYMBOLS + 3000,
+            seed in any::<u64>(),
+        ) {
+            let (syms, ctx) = skewed_with_context(n, seed);
+            let payload = ctx_payload(&syms, &ctx);
+            prop_assert_eq!(ctx_decode_with(true, &payload, &ctx), (true, syms.clone()));
+            prop_assert_eq!(ctx_decode_with(false, &payload, &ctx), (true, syms));
         }
     }
 }

@@ -160,7 +160,17 @@ fn symbols_the_sample_misses_are_still_coded() {
             assert!(out.len() < n / 2, "skew {skew}: {} bytes", out.len());
             let mut back = vec![0u8; n];
             let mut tables = block::Tables::default();
-            block::decode(mode, &out, 0, out.len(), None, &mut back, &mut tables).unwrap();
+            block::decode(
+                FORMAT_VERSION,
+                mode,
+                &out,
+                0,
+                out.len(),
+                None,
+                &mut back,
+                &mut tables,
+            )
+            .unwrap();
             assert_eq!(back, syms, "skew {skew} {mode:?}");
             seen.push(mode);
         }
@@ -259,11 +269,11 @@ fn known_answer_frames() {
     let f = encode(&raw, None, DType::BF16, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b010108041000060000000000000000030000000300000001007f807e"
+        "434b020108041000060000000000000000030000000300000001007f807e"
     );
     // 5 bytes of u8 all equal: one constant block, no tail.
     let f = encode(&[9u8; 5], None, DType::U8, &Options::default());
-    assert_eq!(hex(&f), "434b01010100100005000000000000000101000009");
+    assert_eq!(hex(&f), "434b02010100100005000000000000000101000009");
     // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
     // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
     let mut raw = f32_bytes(&[0.25, 0.5]);
@@ -271,7 +281,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b01010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
+        "434b02010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
     );
     // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
     // four stream ops, every stream one constant block of zeros.
@@ -279,8 +289,30 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b01010b0510000001000000000000010101010101000001010000010100000101000000000000"
+        "434b02010b0510000001000000000000010101010101000001010000010100000101000000000000"
     );
+}
+
+/// Frames written by format version 1 (the known answers above before
+/// version 2) still decode, and still say version 1.
+#[test]
+fn version_1_frames_still_decode() {
+    let unhex = |h: &str| -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    let f = unhex("434b010108041000060000000000000000030000000300000001007f807e");
+    assert_eq!(FrameInfo::parse(&f).unwrap().version, 1);
+    assert_eq!(decode(&f, None).unwrap(), bf16_bytes(&[1.0, -2.0, 0.5]));
+    let f = unhex("434b01010100100005000000000000000101000009");
+    assert_eq!(decode(&f, None).unwrap(), [9u8; 5]);
+    let mut raw = f32_bytes(&[0.25, 0.5]);
+    raw.extend_from_slice(&[1, 2, 3]);
+    let f =
+        unhex("434b01010b0410000b00000000000000010203010100000101000001010000000200000000007d7e");
+    assert_eq!(decode(&f, Some(&raw)).unwrap(), raw);
 }
 
 #[test]

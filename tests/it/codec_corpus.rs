@@ -92,3 +92,31 @@ fn ckvc_beats_plain_lmc_and_delta_beats_full_on_real_weights() {
         assert!(ckvc_full < raw, "{dtype}: compresses at all");
     }
 }
+
+/// A frame written by format version 1 (ckvc at a1f4535): the bf16
+/// `h.0.c_attn.weight` of step 540 against step 480, a ULP delta whose two
+/// 48 Ki-symbol blocks are context rANS and plain rANS with eight states.
+/// Version 2 gives such blocks 32 states; version 1 frames in existing
+/// repositories must decode as before.
+#[test]
+fn a_version_1_frame_from_the_corpus_still_decodes() {
+    let frame = include_bytes!("../fixtures/codec/h0_c_attn_bf16_step540_vs_480.v1.ckf");
+    let run = run();
+    let tensor = |step: u64| {
+        let ck = run.iter().find(|c| c.step == step).expect("step in corpus");
+        ck.tensors
+            .iter()
+            .find(|t| t.key == "model.bf16.safetensors/h.0.c_attn.weight")
+            .expect("tensor in checkpoint")
+            .data
+            .clone()
+    };
+    let (base, new) = (tensor(480), tensor(540));
+    let info = FrameInfo::parse(frame).unwrap();
+    assert_eq!((info.version, info.dtype), (1, DType::BF16));
+    assert_eq!(decode(frame, Some(&base)).unwrap(), new);
+    // This build writes the same tensor as version 2, and decodes it too.
+    let f = encode(&new, Some(&base), DType::BF16, &Options::default());
+    assert_eq!(FrameInfo::parse(&f).unwrap().version, 2);
+    assert_eq!(decode(&f, Some(&base)).unwrap(), new);
+}
