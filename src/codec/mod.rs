@@ -329,12 +329,13 @@ pub fn encode_into(
     let mut models = Vec::new();
     if let (Some(base), true) = (base, delta != Delta::None) {
         layout::context_bytes(base, w, dtype.is_float(), ctx);
-        let mut c = Vec::new();
-        classes.clear();
-        for b in ctx[..n].chunks(1 << BLOCK_LOG2) {
+        let classes = layout::grow(classes, n);
+        for (b, c) in ctx[..n]
+            .chunks(1 << BLOCK_LOG2)
+            .zip(classes.chunks_mut(1 << BLOCK_LOG2))
+        {
             let m = rans::CtxModel::new(b);
-            m.classes(b, &mut c);
-            classes.extend_from_slice(&c);
+            m.classes_into(b, c);
             models.push(m);
         }
     }

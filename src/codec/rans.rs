@@ -600,6 +600,24 @@ fn normalize_class(h: &[u32; 256]) -> Option<[u32; 256]> {
     }
 }
 
+/// `out[i]` = the `j < nv` with `values[j] == ctx[i]` (the values are
+/// distinct), else `nv`: seven compares and selects per byte, which the
+/// compiler vectorises (a table lookup per byte does not).
+#[inline(always)]
+fn classes_body(values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]) {
+    for (o, &c) in out.iter_mut().zip(ctx) {
+        let mut k = nv;
+        for (j, &v) in values.iter().enumerate() {
+            if (j as u8) < nv && c == v {
+                k = j as u8;
+            }
+        }
+        *o = k;
+    }
+}
+
+dispatch!(classes_of, classes_body, (values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]));
+
 /// The classes of a context stream: its most frequent values get a class
 /// each, every other value shares the last. One model serves every stream
 /// of a block (they share the context), as does its class of each symbol.
@@ -607,7 +625,6 @@ pub struct CtxModel {
     /// Context values with a class of their own (classes 0..k-1); all other
     /// values fall in class `k`.
     values: Vec<u8>,
-    cmap: [u8; 256],
 }
 
 impl CtxModel {
@@ -620,17 +637,21 @@ impl CtxModel {
             .take(MAX_CLASSES - 1)
             .map(|&v| v as u8)
             .collect();
-        let mut cmap = [values.len() as u8; 256];
-        for (c, &v) in values.iter().enumerate() {
-            cmap[v as usize] = c as u8;
-        }
-        CtxModel { values, cmap }
+        CtxModel { values }
     }
 
     /// The class of each context byte, into `out` (cleared first).
     pub fn classes(&self, ctx: &[u8], out: &mut Vec<u8>) {
         out.clear();
-        out.extend(ctx.iter().map(|&c| self.cmap[c as usize]));
+        out.resize(ctx.len(), 0);
+        self.classes_into(ctx, out);
+    }
+
+    /// The class of each context byte of `ctx` into `out` (as long).
+    pub fn classes_into(&self, ctx: &[u8], out: &mut [u8]) {
+        let mut values = [0u8; MAX_CLASSES - 1];
+        values[..self.values.len()].copy_from_slice(&self.values);
+        classes_of(&values, self.values.len() as u8, ctx, out);
     }
 
     /// One histogram per class (the first `values.len() + 1` are used);
@@ -994,6 +1015,21 @@ mod tests {
             s[0] = 0;
             s[1] = 255;
             round_trip(&s);
+        }
+
+        /// The vectorised class of each context byte is the model's table's.
+        #[test]
+        fn classes_match_the_table(ctx in proptest::collection::vec(any::<u8>(), 0..2000), spread in 1u8..=255) {
+            let ctx: Vec<u8> = ctx.iter().map(|&c| c % spread).collect();
+            let model = CtxModel::new(&ctx);
+            let mut got = Vec::new();
+            model.classes(&ctx, &mut got);
+            let nv = model.values.len();
+            let want: Vec<u8> = ctx
+                .iter()
+                .map(|c| model.values.iter().position(|v| v == c).unwrap_or(nv) as u8)
+                .collect();
+            prop_assert_eq!(got, want);
         }
 
         /// Wide blocks, context coded, of any length and context: the AVX2
