@@ -189,8 +189,9 @@ fn encode_core<const LANES: usize>(
     out: &mut Vec<u8>,
 ) {
     let n = syms.len();
-    // At most one word per symbol.
-    let mut words = vec![0u16; n];
+    // At most one word per symbol, and room for the AVX2 kernel's last
+    // store of eight.
+    let mut words = vec![0u16; n + 8];
     let mut k = 0usize;
     let mut x = [L; LANES];
     macro_rules! step {
@@ -208,7 +209,23 @@ fn encode_core<const LANES: usize>(
         let c = classes.map_or(0, |c| c[i] as usize);
         step!(i % LANES, &enc[c][syms[i] as usize]);
     }
-    for g in (0..full / LANES).rev() {
+    let mut groups = full / LANES;
+    #[cfg(target_arch = "x86_64")]
+    if LANES == WIDE
+        && simd_allowed()
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("popcnt")
+    {
+        let fs: Vec<u32> = enc
+            .iter()
+            .flat_map(|t| t.iter().map(|e| (e.x_max >> 20) | e.start << 16))
+            .collect();
+        let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
+        // SAFETY: the CPU has the features the kernel was compiled for.
+        k = unsafe { encode_wide_avx2(x, &syms[..full], classes, &fs, &mut words, k) };
+        groups = 0;
+    }
+    for g in (0..groups).rev() {
         let at = g * LANES;
         let s: &[u8; LANES] = syms[at..at + LANES].try_into().expect("a group");
         let c: [u8; LANES] = match classes {
@@ -226,6 +243,118 @@ fn encode_core<const LANES: usize>(
     for w in words[..k].iter().rev() {
         out.extend_from_slice(&w.to_le_bytes());
     }
+}
+
+/// `COMPRESS[m]`: the lanes of mask `m` from the highest down, then the
+/// rest (unused): the order in which the encoder's lanes of one register
+/// write their renormalisation words.
+#[cfg(target_arch = "x86_64")]
+static COMPRESS: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut at = 0;
+        let mut j = 8;
+        while j > 0 {
+            j -= 1;
+            if m & (1 << j) != 0 {
+                t[m][at] = j as u32;
+                at += 1;
+            }
+        }
+        m += 1;
+    }
+    t
+};
+
+/// The group loop of [`encode_core`] with [`WIDE`] states in four AVX2
+/// registers, for every whole group of `syms` from the last: per register
+/// one gather of `fs` (`freq | start << 16` per `class << 8 | symbol`),
+/// the words of the lanes that renormalise compressed in descending lane
+/// order (the scalar loop's order), and the quotient `x / freq` by a
+/// double-precision division, which is exact here: `x < 2^32` and
+/// `freq < 2^12` are exact doubles, and a quotient's distance below the
+/// next integer (at least `1 / freq`, relative `2^-32`) is far above the
+/// division's rounding (relative `2^-53`). Returns the words written
+/// (`k` on entry plus this kernel's).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+unsafe fn encode_wide_avx2(
+    x: &mut [u32; WIDE],
+    syms: &[u8],
+    classes: Option<&[u8]>,
+    fs: &[u32],
+    words: &mut [u16],
+    mut k: usize,
+) -> usize {
+    use std::arch::x86_64::*;
+    let mut xv: [__m256i; 4] =
+        std::array::from_fn(|r| _mm256_loadu_si256(x.as_ptr().add(8 * r).cast()));
+    // A class past the last table takes the last (only a caller's bug
+    // could pass one; the gather stays in bounds either way).
+    let last = _mm256_set1_epi32((fs.len() / 256).max(1) as i32 - 1);
+    let low16 = _mm256_set1_epi32(0xffff);
+    let m_scale = _mm256_set1_epi32(M as i32);
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let two31 = _mm256_set1_pd(2_147_483_648.0);
+    let widen = |q: __m128i| _mm256_cvtepu8_epi32(q);
+    for g in (0..syms.len() / WIDE).rev() {
+        let at = g * WIDE;
+        let sv = _mm256_loadu_si256(syms.as_ptr().add(at).cast());
+        let s_lo = _mm256_castsi256_si128(sv);
+        let s_hi = _mm256_extracti128_si256(sv, 1);
+        let sk = [s_lo, _mm_srli_si128(s_lo, 8), s_hi, _mm_srli_si128(s_hi, 8)].map(widen);
+        let ck = match classes {
+            Some(c) => {
+                // `classes` is at least as long as `syms` (the caller's slice).
+                let cv = _mm256_loadu_si256(c[at..at + WIDE].as_ptr().cast());
+                let c_lo = _mm256_castsi256_si128(cv);
+                let c_hi = _mm256_extracti128_si256(cv, 1);
+                [c_lo, _mm_srli_si128(c_lo, 8), c_hi, _mm_srli_si128(c_hi, 8)]
+                    .map(|q| _mm256_min_epu32(widen(q), last))
+            }
+            None => [_mm256_setzero_si256(); 4],
+        };
+        for r in (0..4).rev() {
+            let idx = _mm256_or_si256(_mm256_slli_epi32(ck[r], 8), sk[r]);
+            let e = _mm256_i32gather_epi32::<4>(fs.as_ptr().cast(), idx);
+            let freq = _mm256_and_si256(e, low16);
+            let start = _mm256_srli_epi32(e, 16);
+            let v = xv[r];
+            // x >= freq << 20, unsigned.
+            let x_max = _mm256_slli_epi32(freq, 20);
+            let need = _mm256_cmpeq_epi32(_mm256_max_epu32(v, x_max), v);
+            let mask = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+            let w = _mm256_permutevar8x32_epi32(
+                _mm256_and_si256(v, low16),
+                _mm256_loadu_si256(COMPRESS[mask & 255].as_ptr().cast()),
+            );
+            let w = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            // k + 8 <= words.len(): k counts words of symbols already coded
+            // (fewer than syms.len()), and words has 8 to spare.
+            debug_assert!(k + 8 <= words.len());
+            _mm_storeu_si128(words.as_mut_ptr().add(k).cast(), w);
+            k += mask.count_ones() as usize;
+            let v = _mm256_blendv_epi8(v, _mm256_srli_epi32(v, 16), need);
+            // q = v / freq in doubles: v as unsigned (flip the sign bit,
+            // convert as signed, add 2^31 back).
+            let vs = _mm256_xor_si256(v, sign);
+            let f_lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(freq));
+            let f_hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(freq, 1));
+            let v_lo = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(vs)), two31);
+            let v_hi = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(vs, 1)), two31);
+            let q_lo = _mm256_cvttpd_epi32(_mm256_div_pd(v_lo, f_lo));
+            let q_hi = _mm256_cvttpd_epi32(_mm256_div_pd(v_hi, f_hi));
+            let q = _mm256_set_m128i(q_hi, q_lo);
+            // x = v + q * (4096 - freq) + start
+            let cmpl = _mm256_sub_epi32(m_scale, freq);
+            xv[r] = _mm256_add_epi32(_mm256_add_epi32(v, _mm256_mullo_epi32(q, cmpl)), start);
+        }
+    }
+    for (r, v) in xv.iter().enumerate() {
+        _mm256_storeu_si256(x.as_mut_ptr().add(8 * r).cast(), *v);
+    }
+    k
 }
 
 /// Append the rANS payload of `syms` with normalised frequencies `f`.
@@ -1030,6 +1159,34 @@ mod tests {
                 .map(|c| model.values.iter().position(|v| v == c).unwrap_or(nv) as u8)
                 .collect();
             prop_assert_eq!(got, want);
+        }
+
+        /// The AVX2 encoder writes the scalar encoder's very bytes, context
+        /// coded or plain.
+        #[test]
+        fn the_avx2_encoder_writes_the_scalar_bytes(
+            n in WIDE_MIN_SYMBOLS..WIDE_MIN_SYMBOLS + 3000,
+            seed in any::<u64>(),
+        ) {
+            let (syms, ctx) = skewed_with_context(n, seed);
+            let simd = ctx_payload(&syms, &ctx);
+            SIMD.set(false);
+            let scalar = ctx_payload(&syms, &ctx);
+            SIMD.set(true);
+            prop_assert_eq!(simd, scalar);
+            // Plain, over the context bytes (flat) and over nearly constant
+            // symbols (frequencies 4095 and 1, the extremes of the division).
+            let mut rare: Vec<u8> = (0..n as u64).map(|i| (i.wrapping_mul(seed | 1) % 4999 == 0) as u8).collect();
+            (rare[0], rare[1]) = (1, 0);
+            for t in [&ctx, &rare] {
+                let f = normalize(&crate::codec::histogram(t));
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                encode(t, &f, &mut a);
+                SIMD.set(false);
+                encode(t, &f, &mut b);
+                SIMD.set(true);
+                prop_assert_eq!(a, b);
+            }
         }
 
         /// Wide blocks, context coded, of any length and context: the AVX2
