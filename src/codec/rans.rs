@@ -209,13 +209,16 @@ fn encode_core<const LANES: usize>(
         let c = classes.map_or(0, |c| c[i] as usize);
         step!(i % LANES, &enc[c][syms[i] as usize]);
     }
-    let mut groups = full / LANES;
+    // The AVX2 kernel takes every whole group, or none.
     #[cfg(target_arch = "x86_64")]
-    if LANES == WIDE
+    let kernel = LANES == WIDE
         && simd_allowed()
         && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("popcnt")
-    {
+        && std::arch::is_x86_feature_detected!("popcnt");
+    #[cfg(not(target_arch = "x86_64"))]
+    let kernel = false;
+    #[cfg(target_arch = "x86_64")]
+    if kernel {
         let fs: Vec<u32> = enc
             .iter()
             .flat_map(|t| t.iter().map(|e| (e.x_max >> 20) | e.start << 16))
@@ -223,8 +226,8 @@ fn encode_core<const LANES: usize>(
         let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
         // SAFETY: the CPU has the features the kernel was compiled for.
         k = unsafe { encode_wide_avx2(x, &syms[..full], classes, &fs, &mut words, k) };
-        groups = 0;
     }
+    let groups = if kernel { 0 } else { full / LANES };
     for g in (0..groups).rev() {
         let at = g * LANES;
         let s: &[u8; LANES] = syms[at..at + LANES].try_into().expect("a group");
