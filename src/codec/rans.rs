@@ -270,6 +270,16 @@ static COMPRESS: [[u32; 8]; 256] = {
     t
 };
 
+/// The 32 bytes of `v` as four registers of eight u32, in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn widen_quarters(v: std::arch::x86_64::__m256i) -> [std::arch::x86_64::__m256i; 4] {
+    use std::arch::x86_64::*;
+    let lo = _mm256_castsi256_si128(v);
+    let hi = _mm256_extracti128_si256(v, 1);
+    [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)].map(|q| _mm256_cvtepu8_epi32(q))
+}
+
 /// The group loop of [`encode_core`] with [`WIDE`] states in four AVX2
 /// registers, for every whole group of `syms` from the last: per register
 /// one gather of `fs` (`freq | start << 16` per `class << 8 | symbol`),
@@ -300,21 +310,14 @@ unsafe fn encode_wide_avx2(
     let m_scale = _mm256_set1_epi32(M as i32);
     let sign = _mm256_set1_epi32(i32::MIN);
     let two31 = _mm256_set1_pd(2_147_483_648.0);
-    let widen = |q: __m128i| _mm256_cvtepu8_epi32(q);
     for g in (0..syms.len() / WIDE).rev() {
         let at = g * WIDE;
-        let sv = _mm256_loadu_si256(syms.as_ptr().add(at).cast());
-        let s_lo = _mm256_castsi256_si128(sv);
-        let s_hi = _mm256_extracti128_si256(sv, 1);
-        let sk = [s_lo, _mm_srli_si128(s_lo, 8), s_hi, _mm_srli_si128(s_hi, 8)].map(widen);
+        let sk = widen_quarters(_mm256_loadu_si256(syms.as_ptr().add(at).cast()));
         let ck = match classes {
             Some(c) => {
                 // `classes` is at least as long as `syms` (the caller's slice).
                 let cv = _mm256_loadu_si256(c[at..at + WIDE].as_ptr().cast());
-                let c_lo = _mm256_castsi256_si128(cv);
-                let c_hi = _mm256_extracti128_si256(cv, 1);
-                [c_lo, _mm_srli_si128(c_lo, 8), c_hi, _mm_srli_si128(c_hi, 8)]
-                    .map(|q| _mm256_min_epu32(widen(q), last))
+                widen_quarters(cv).map(|q| _mm256_min_epu32(q, last))
             }
             None => [_mm256_setzero_si256(); 4],
         };
@@ -598,10 +601,7 @@ unsafe fn decode_wide_avx2(
                     let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
                     cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
                 }
-                let lo = _mm256_castsi256_si128(cls);
-                let hi = _mm256_extracti128_si256(cls, 1);
-                [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
-                    .map(|q| _mm256_slli_epi32(_mm256_cvtepu8_epi32(q), SCALE_BITS as i32))
+                widen_quarters(cls).map(|q| _mm256_slli_epi32(q, SCALE_BITS as i32))
             }
             None => [zero; 4],
         };
