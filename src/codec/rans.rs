@@ -210,13 +210,7 @@ fn encode_core<const LANES: usize>(
         step!(i % LANES, &enc[c][syms[i] as usize]);
     }
     // The AVX2 kernel takes every whole group, or none.
-    #[cfg(target_arch = "x86_64")]
-    let kernel = LANES == WIDE
-        && simd_allowed()
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("popcnt");
-    #[cfg(not(target_arch = "x86_64"))]
-    let kernel = false;
+    let kernel = LANES == WIDE && avx2_kernels();
     #[cfg(target_arch = "x86_64")]
     if kernel {
         let fs: Vec<u32> = enc
@@ -435,8 +429,7 @@ struct ClassMap {
 
 /// Decode with `LANES` states and the words at `payload[p..]`. Symbol `i`
 /// uses the slot table of the class of `ctx[i]`, or the first one without
-/// a context. `simd` allows the AVX2 kernel (tests compare it with the
-/// scalar loop).
+/// a context.
 fn decode_core<const LANES: usize>(
     payload: &[u8],
     mut p: usize,
@@ -444,7 +437,6 @@ fn decode_core<const LANES: usize>(
     slots: &[u32],
     ctx: Option<(&[u8], &ClassMap)>,
     out: &mut [u8],
-    simd: bool,
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if payload.len() < p + 4 * LANES {
@@ -463,11 +455,7 @@ fn decode_core<const LANES: usize>(
     let mut r = 0usize;
     let mut i = 0;
     #[cfg(target_arch = "x86_64")]
-    if LANES == WIDE
-        && simd
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("popcnt")
-    {
+    if LANES == WIDE && avx2_kernels() {
         let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
         // SAFETY: the CPU has the features the kernel was compiled for.
         (i, r) = unsafe { decode_wide_avx2(x, data, slots, ctx, out) };
@@ -669,11 +657,18 @@ thread_local! {
     static SIMD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
-fn simd_allowed() -> bool {
+/// Whether the AVX2 kernels of 32-state blocks run here: x86-64 with AVX2
+/// and popcnt (and, in tests, not switched off).
+fn avx2_kernels() -> bool {
     #[cfg(test)]
-    return SIMD.get();
-    #[cfg(not(test))]
-    true
+    if !SIMD.get() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("popcnt");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// [`decode_core`] with the states a block of this length has in a frame
@@ -688,9 +683,9 @@ fn decode_lanes(
     version: u8,
 ) -> Result<(), DecodeError> {
     if lanes(out.len(), version) == WIDE {
-        decode_core::<WIDE>(payload, p, offset, slots, ctx, out, simd_allowed())
+        decode_core::<WIDE>(payload, p, offset, slots, ctx, out)
     } else {
-        decode_core::<NARROW>(payload, p, offset, slots, ctx, out, false)
+        decode_core::<NARROW>(payload, p, offset, slots, ctx, out)
     }
 }
 
@@ -950,14 +945,14 @@ pub fn ctx_decode(
         other: table(nv),
         coff: [0; 256],
     };
-    let mut cmap = [map.other; 256];
+    let offset_of = |class: u8| (class as u32) << SCALE_BITS;
+    map.coff = [offset_of(map.other); 256];
     // The first of equal values wins (an encoder never repeats one).
     for (c, &v) in values.iter().enumerate().rev() {
         map.values[c] = v;
         map.classes[c] = table(c);
-        cmap[v as usize] = table(c);
+        map.coff[v as usize] = offset_of(table(c));
     }
-    map.coff = cmap.map(|c| (c as u32) << SCALE_BITS);
     decode_lanes(payload, p, offset, slots, Some((ctx, &map)), out, version)
 }
 
@@ -1043,13 +1038,8 @@ mod tests {
     /// A skewed block (mostly zeros, like a delta's high byte) whose
     /// distribution depends on a context byte, and that context.
     fn skewed_with_context(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
-        let mut r = seed | 1;
-        let mut next = move || {
-            r ^= r << 13;
-            r ^= r >> 7;
-            r ^= r << 17;
-            r
-        };
+        let mut r = crate::bench::Rng(seed | 1);
+        let mut next = move || r.next_u64();
         let ctx: Vec<u8> = (0..n).map(|_| 100 + (next() % 11) as u8).collect();
         let syms = ctx
             .iter()
@@ -1065,8 +1055,7 @@ mod tests {
         (syms, ctx)
     }
 
-    /// Context-code `syms` and decode the payload with the AVX2 kernel
-    /// allowed or not; the result and every output byte.
+    /// The context-coded payload of `syms` (classes from `ctx`).
     fn ctx_payload(syms: &[u8], ctx: &[u8]) -> Vec<u8> {
         let model = CtxModel::new(ctx);
         let mut classes = Vec::new();
@@ -1077,12 +1066,22 @@ mod tests {
         out
     }
 
-    fn ctx_decode_with(simd: bool, payload: &[u8], ctx: &[u8]) -> (bool, Vec<u8>) {
+    /// `f()` with the AVX2 kernels allowed (where the CPU has them) or not.
+    fn with_simd<T>(simd: bool, f: impl FnOnce() -> T) -> T {
         SIMD.set(simd);
-        let mut back = vec![0u8; ctx.len()];
-        let r = ctx_decode(payload, 0, ctx, &mut back, &mut Vec::new(), 2);
+        let t = f();
         SIMD.set(true);
-        (r.is_ok(), back)
+        t
+    }
+
+    /// Decode a context-coded payload with the AVX2 kernel allowed or not:
+    /// whether it decoded, and every output byte.
+    fn ctx_decode_with(simd: bool, payload: &[u8], ctx: &[u8]) -> (bool, Vec<u8>) {
+        with_simd(simd, || {
+            let mut back = vec![0u8; ctx.len()];
+            let r = ctx_decode(payload, 0, ctx, &mut back, &mut Vec::new(), 2);
+            (r.is_ok(), back)
+        })
     }
 
     #[test]
@@ -1173,9 +1172,7 @@ mod tests {
         ) {
             let (syms, ctx) = skewed_with_context(n, seed);
             let simd = ctx_payload(&syms, &ctx);
-            SIMD.set(false);
-            let scalar = ctx_payload(&syms, &ctx);
-            SIMD.set(true);
+            let scalar = with_simd(false, || ctx_payload(&syms, &ctx));
             prop_assert_eq!(simd, scalar);
             // Plain, over the context bytes (flat) and over nearly constant
             // symbols (frequencies 4095 and 1, the extremes of the division).
@@ -1183,12 +1180,12 @@ mod tests {
             (rare[0], rare[1]) = (1, 0);
             for t in [&ctx, &rare] {
                 let f = normalize(&crate::codec::histogram(t));
-                let (mut a, mut b) = (Vec::new(), Vec::new());
-                encode(t, &f, &mut a);
-                SIMD.set(false);
-                encode(t, &f, &mut b);
-                SIMD.set(true);
-                prop_assert_eq!(a, b);
+                let plain = |simd| with_simd(simd, || {
+                    let mut out = Vec::new();
+                    encode(t, &f, &mut out);
+                    out
+                });
+                prop_assert_eq!(plain(true), plain(false));
             }
         }
 
