@@ -26,19 +26,16 @@ fn all_options() -> [Options; 3] {
     [Options::default(), Options::lmc(), no_rans]
 }
 
-/// A cheap deterministic generator (xorshift32) from a non-zero seed.
-fn xorshift32(mut x: u32) -> impl FnMut() -> u32 {
-    move || {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        x
-    }
+/// 32 random bits at a time from the project's deterministic generator
+/// (a non-zero seed).
+fn random_u32s(seed: u32) -> impl FnMut() -> u32 {
+    let mut r = crate::bench::Rng(seed as u64);
+    move || (r.next_u64() >> 32) as u32
 }
 
 /// Bytes that look like a trained layer: N(0, 0.02) via a cheap generator.
 fn gaussian_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
-    let mut r = xorshift32(seed.wrapping_mul(2654435761).max(1));
+    let mut r = random_u32s(seed.wrapping_mul(2654435761).max(1));
     let mut next = || (r() as f32) / (u32::MAX as f32);
     (0..n)
         .map(|_| {
@@ -131,7 +128,7 @@ fn symbols_the_sample_misses_are_still_coded() {
     let n = 1 << 16;
     let mut seen = Vec::new();
     for skew in [3u32, 40] {
-        let mut next = xorshift32(0x9e37_79b9);
+        let mut next = random_u32s(0x9e37_79b9);
         let syms: Vec<u8> = (0..n)
             .map(|i| {
                 let x = next();
@@ -183,7 +180,7 @@ fn symbols_the_sample_misses_are_still_coded() {
 /// whatever the length.
 #[test]
 fn the_fine_sample_reuses_the_noise_screen() {
-    let mut next = xorshift32(0x1234_5678);
+    let mut next = random_u32s(0x1234_5678);
     let syms: Vec<u8> = (0..70_000).map(|_| (next() % 97) as u8).collect();
     for n in (0..300).chain([16_383, 16_384, 16_400, 65_536, 69_999]) {
         let s = &syms[..n];
@@ -206,7 +203,7 @@ fn the_fine_sample_reuses_the_noise_screen() {
 #[test]
 fn the_noise_screen_keeps_blocks_that_pay() {
     let n = 1 << 16;
-    let mut next = xorshift32(0x2545_f491);
+    let mut next = random_u32s(0x2545_f491);
     let noise: Vec<u8> = (0..n).map(|_| next() as u8).collect();
     let near: Vec<u8> = (0..n).map(|_| (next() % 240) as u8).collect();
     let opts = Options::default();
