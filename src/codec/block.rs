@@ -171,7 +171,10 @@ const RANS_MIN_SYMBOLS: usize = 1024;
 /// Smallest block worth context-modelled rANS (up to eight tables).
 const RANS_CTX_MIN_SYMBOLS: usize = 4096;
 
-/// Encode one block, appending its payload to `out`; returns its mode.
+/// Encode one block, appending its payload to `out`; returns its mode. A
+/// raw block's payload is its symbols as they are, which the caller places
+/// (the encoder groups them where they belong in the frame already): for
+/// [`BlockMode::Raw`] nothing is appended.
 /// `ctx`, when given, is the context model of the base's same block and
 /// the class of each symbol's context: context-modelled rANS may then code
 /// each symbol with the table of its class.
@@ -210,7 +213,6 @@ pub fn encode(
             Some(_) => 0.0,
         };
         if est + floor >= keep_raw_above {
-            out.extend_from_slice(syms);
             return BlockMode::Raw;
         }
         let (lo, hi) = min_max(syms);
@@ -232,7 +234,6 @@ pub fn encode(
         let est = sample_bits / 8.0 * scale;
         if est >= keep_raw_above || (ctx.is_none() && est + table_floor((lo, hi)) >= keep_raw_above)
         {
-            out.extend_from_slice(syms);
             return BlockMode::Raw;
         }
         if let Some((model, classes)) = ctx {
@@ -264,7 +265,6 @@ pub fn encode(
     // comparison below would find, without building either code.
     let floor = ideal + table_floor(hist_range(&h));
     if ideal >= keep_raw_above || (ctx.is_none() && floor >= keep_raw_above) {
-        out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
     let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
@@ -293,7 +293,6 @@ pub fn encode(
         }
     }
     if best.0 >= keep_raw_above {
-        out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
     let start = out.len();
@@ -308,7 +307,6 @@ pub fn encode(
     // Sizes from a sample are estimates: a block that did not pay is raw.
     if !exact && (out.len() - start) as f64 >= keep_raw_above {
         out.truncate(start);
-        out.extend_from_slice(syms);
         return BlockMode::Raw;
     }
     best.1

@@ -38,38 +38,57 @@ pub fn grow(v: &mut Vec<u8>, n: usize) -> &mut [u8] {
 /// by one bit first.
 pub fn group(raw: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
     let n = raw.len() / w;
-    debug_assert_eq!(raw.len(), n * w);
     debug_assert_eq!(streams.len(), w);
-    let mut views: Vec<&mut [u8]> = streams.iter_mut().map(|s| grow(s, n)).collect();
-    let streams = views.as_mut_slice();
-    match (w, rotate) {
-        (1, false) => streams[0].copy_from_slice(raw),
-        (1, true) => {
-            for (d, &b) in streams[0].iter_mut().zip(raw) {
-                *d = b.rotate_left(1);
+    let mut parts: Vec<&mut [MaybeUninit<u8>]> = streams
+        .iter_mut()
+        .map(|s| {
+            let s = grow(s, n);
+            // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and
+            // `group_parts` only ever writes initialised bytes, so the
+            // stream stays initialised.
+            unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), n) }
+        })
+        .collect();
+    group_parts(raw, w, rotate, &mut parts);
+}
+
+/// [`group`] into one region of uninitialised memory, `w * n` bytes with
+/// stream `k` at `out[k * n..(k + 1) * n]`: the encoder groups straight
+/// into the frame, where most blocks of low mantissa bytes stay as they
+/// are. Writes every byte of `out`.
+pub fn group_uninit(raw: &[u8], w: usize, rotate: bool, out: &mut [MaybeUninit<u8>]) {
+    let n = raw.len() / w;
+    assert_eq!(out.len(), n * w, "w streams of n bytes");
+    let mut parts: Vec<&mut [MaybeUninit<u8>]> = out.chunks_mut(n.max(1)).collect();
+    parts.resize_with(w, Default::default);
+    group_parts(raw, w, rotate, &mut parts);
+}
+
+/// Group `raw` (`n * w` bytes) into `w` parts of at least `n` bytes each,
+/// writing the first `n` bytes of every part.
+fn group_parts(raw: &[u8], w: usize, rotate: bool, parts: &mut [&mut [MaybeUninit<u8>]]) {
+    let n = raw.len() / w;
+    assert!(
+        raw.len() == n * w && parts.len() == w && parts.iter().all(|p| p.len() >= n),
+        "whole elements, and w parts of room for them"
+    );
+    match (w, parts) {
+        (1, [s0]) => {
+            for (d, &b) in s0.iter_mut().zip(raw) {
+                d.write(if rotate { b.rotate_left(1) } else { b });
             }
         }
-        (2, _) => {
-            let [s0, s1] = streams else {
-                unreachable!("w == 2")
-            };
-            group2(raw, s0, s1, rotate)
-        }
-        (4, _) => {
-            let [s0, s1, s2, s3] = streams else {
-                unreachable!("w == 4")
-            };
-            group4(raw, [s0, s1, s2, s3], rotate)
-        }
-        (8, _) => {
+        (2, [s0, s1]) => group2(raw, s0, s1, rotate),
+        (4, [s0, s1, s2, s3]) => group4(raw, [s0, s1, s2, s3], rotate),
+        (8, parts) => {
             for (i, c) in raw.chunks_exact(8).enumerate() {
                 let mut v = u64::from_le_bytes(c.try_into().expect("chunk of 8"));
                 if rotate {
                     let hi = rot2((v >> 48) as u16) as u64;
                     v = (v & 0x0000_ffff_ffff_ffff) | (hi << 48);
                 }
-                for (k, s) in streams.iter_mut().enumerate() {
-                    s[i] = (v >> (8 * k)) as u8;
+                for (k, s) in parts.iter_mut().enumerate() {
+                    s[i].write((v >> (8 * k)) as u8);
                 }
             }
         }
@@ -78,19 +97,19 @@ pub fn group(raw: &[u8], w: usize, rotate: bool, streams: &mut [Vec<u8>]) {
 }
 
 #[inline(always)]
-fn group2_body(raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool) {
+fn group2_body(raw: &[u8], s0: &mut [MaybeUninit<u8>], s1: &mut [MaybeUninit<u8>], rotate: bool) {
     for ((c, a), b) in raw.chunks_exact(2).zip(s0.iter_mut()).zip(s1.iter_mut()) {
         let mut v = u16::from_le_bytes([c[0], c[1]]);
         if rotate {
             v = rot2(v);
         }
-        *a = v as u8;
-        *b = (v >> 8) as u8;
+        a.write(v as u8);
+        b.write((v >> 8) as u8);
     }
 }
 
 #[inline(always)]
-fn group4_body(raw: &[u8], s: [&mut [u8]; 4], rotate: bool) {
+fn group4_body(raw: &[u8], s: [&mut [MaybeUninit<u8>]; 4], rotate: bool) {
     let [s0, s1, s2, s3] = s;
     let it = raw
         .chunks_exact(4)
@@ -103,15 +122,15 @@ fn group4_body(raw: &[u8], s: [&mut [u8]; 4], rotate: bool) {
         if rotate {
             v = (v & 0xffff) | ((rot2((v >> 16) as u16) as u32) << 16);
         }
-        *a = v as u8;
-        *b = (v >> 8) as u8;
-        *d = (v >> 16) as u8;
-        *e = (v >> 24) as u8;
+        a.write(v as u8);
+        b.write((v >> 8) as u8);
+        d.write((v >> 16) as u8);
+        e.write((v >> 24) as u8);
     }
 }
 
-dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [u8], s1: &mut [u8], rotate: bool));
-dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [u8]; 4], rotate: bool));
+dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [MaybeUninit<u8>], s1: &mut [MaybeUninit<u8>], rotate: bool));
+dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [MaybeUninit<u8>]; 4], rotate: bool));
 dispatch!(xor_into, xor_body, (dst: &mut [u8], src: &[u8]));
 dispatch!(diff_into, diff_body, (dst: &mut [u8], src: &[u8]));
 dispatch!(undiff_into, undiff_body, (dst: &mut [u8], src: &[u8]));
@@ -503,6 +522,11 @@ mod tests {
         group(body, w, rotate, &mut streams);
         let streams: Vec<Vec<u8>> = streams.iter().map(|s| s[..n].to_vec()).collect();
         assert_eq!(streams, naive_group(body, w, rotate));
+        let mut region: Vec<u8> = Vec::with_capacity(n * w);
+        group_uninit(body, w, rotate, &mut region.spare_capacity_mut()[..n * w]);
+        // SAFETY: group_uninit writes all n * w bytes.
+        unsafe { region.set_len(n * w) };
+        assert_eq!(region, streams.concat());
         let refs: Vec<&[u8]> = streams.iter().map(|s| s.as_slice()).collect();
         let mut back = vec![0u8; n * w];
         ungroup(&refs, w, rotate, &mut back);

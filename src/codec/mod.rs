@@ -277,7 +277,6 @@ pub fn encode_into(
     let rotate = opts.rotate && dtype.is_float();
     let base = base.filter(|b| b.len() == raw.len()).map(|b| &b[..n * w]);
     let Scratch {
-        streams,
         base_streams,
         tmp,
         ctx,
@@ -285,46 +284,24 @@ pub fn encode_into(
         huffman: huff,
         ..
     } = scratch;
-    streams.resize_with(w, Vec::new);
     let mut ops = vec![StreamOp::Keep; w];
     let mut delta = Delta::None;
-    let mut rotated = rotate;
     if let Some(base) = base {
         delta = Delta::PerStream;
         match opts.delta {
             DeltaSearch::Xor => ops.fill(StreamOp::Xor),
-            DeltaSearch::Best => {
-                let choice = choose_delta(body, base, w, rotate, dtype.is_float());
-                match choice {
-                    Choice::PerStream(o) => {
-                        ops = o;
-                        if ops.iter().all(|&o| o == StreamOp::Keep) {
-                            delta = Delta::None;
-                        }
+            DeltaSearch::Best => match choose_delta(body, base, w, rotate, dtype.is_float()) {
+                Choice::PerStream(o) => {
+                    ops = o;
+                    if ops.iter().all(|&o| o == StreamOp::Keep) {
+                        delta = Delta::None;
                     }
-                    Choice::Ulp => delta = Delta::Ulp,
                 }
-            }
+                Choice::Ulp => delta = Delta::Ulp,
+            },
         }
-        match delta {
-            Delta::None => layout::group(body, w, rotate, streams),
-            Delta::PerStream => {
-                layout::group(body, w, rotate, streams);
-                base_streams.resize_with(w, Vec::new);
-                layout::group(base, w, rotate, base_streams);
-                for k in 0..w {
-                    ops[k].apply(&mut streams[k][..n], &base_streams[k][..n]);
-                }
-            }
-            Delta::Ulp => {
-                layout::ulp_delta(body, base, w, dtype.is_float(), tmp);
-                layout::group(&tmp[..n * w], w, false, streams);
-                rotated = false;
-            }
-        }
-    } else {
-        layout::group(body, w, rotate, streams);
     }
+    let rotated = rotate && delta != Delta::Ulp;
 
     // Delta frames: the context model of each block (one for all streams)
     // and the class of each element's context.
@@ -344,7 +321,8 @@ pub fn encode_into(
     out.clear();
     // Room for the largest frame (every block raw), so a fresh `out` grows
     // once instead of doubling through the chunk.
-    let nblocks = n.div_ceil(1 << BLOCK_LOG2);
+    let block = 1usize << BLOCK_LOG2;
+    let nblocks = n.div_ceil(block);
     out.reserve(HEADER_LEN + w + raw.len() + 4 * w * nblocks);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
@@ -365,27 +343,78 @@ pub fn encode_into(
     out.extend_from_slice(tail);
     // Block table of fixed 4-byte entries (mode | length << 8), so payloads
     // can be written straight after it in one pass.
-    let block = 1usize << BLOCK_LOG2;
-    let nblocks = n.div_ceil(block);
     let table_at = out.len();
     out.resize(table_at + 4 * w * nblocks, 0);
+
+    // The streams are grouped straight into the frame, where they would be
+    // if every block were raw: stream k at `at + k * n`. Blocks are then
+    // coded in frame order to the write position `cur`, which never passes
+    // the next block's symbols (no block is longer coded than raw). Raw
+    // blocks, half a checkpoint's bytes, so stay where they are (or move
+    // down once a block before them was coded); coded ones are written to
+    // `tmp` first and copied down.
+    let at = out.len();
+    let region = &mut out.spare_capacity_mut()[..w * n];
+    match delta {
+        Delta::Ulp => {
+            let base = base.expect("a ULP delta has a base");
+            layout::ulp_delta(body, base, w, dtype.is_float(), tmp);
+            layout::group_uninit(&tmp[..n * w], w, false, region);
+        }
+        _ => layout::group_uninit(body, w, rotate, region),
+    }
+    // SAFETY: `group_uninit` wrote all `w * n` bytes after `at`, within
+    // the capacity reserved above.
+    unsafe { out.set_len(at + w * n) };
+    if delta == Delta::PerStream {
+        let base = base.expect("a per-stream delta has a base");
+        base_streams.resize_with(w, Vec::new);
+        layout::group(base, w, rotate, base_streams);
+        for k in (0..w).filter(|&k| ops[k] != StreamOp::Keep) {
+            ops[k].apply(
+                &mut out[at + k * n..at + (k + 1) * n],
+                &base_streams[k][..n],
+            );
+        }
+    }
+    let mut cur = at;
     let mut entry = table_at;
-    for s in streams.iter() {
+    for k in 0..w {
         // Every stream of a delta frame may be coded with the base's
         // exponent (top) byte of each element as context.
-        for (bi, b) in s[..n].chunks(block).enumerate() {
-            let start = out.len();
+        for bi in 0..nblocks {
+            let p = at + k * n + bi * block;
+            let len = block.min(n - bi * block);
             let c = models
                 .get(bi)
-                .map(|m| (m, &classes[bi * block..bi * block + b.len()]));
-            let mode = block::encode(b, c, opts, out, huff);
-            let len = (out.len() - start) as u32;
-            debug_assert!(len < 1 << 24, "a block never grows past raw");
-            let e = mode as u32 | len << 8;
+                .map(|m| (m, &classes[bi * block..bi * block + len]));
+            tmp.clear();
+            let mut mode = block::encode(&out[p..p + len], c, opts, tmp, huff);
+            // The block coder stores raw whatever does not pay; should a
+            // coded block ever come out longer, raw keeps `cur` behind the
+            // symbols still to code.
+            if tmp.len() > len {
+                mode = BlockMode::Raw;
+            }
+            let coded = match mode {
+                BlockMode::Raw => {
+                    if cur != p {
+                        out.copy_within(p..p + len, cur);
+                    }
+                    len
+                }
+                _ => {
+                    out[cur..cur + tmp.len()].copy_from_slice(tmp);
+                    tmp.len()
+                }
+            };
+            cur += coded;
+            let e = mode as u32 | (coded as u32) << 8;
             out[entry..entry + 4].copy_from_slice(&e.to_le_bytes());
             entry += 4;
         }
     }
+    out.truncate(cur);
 }
 
 enum Choice {
