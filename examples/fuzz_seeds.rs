@@ -82,6 +82,22 @@ fn main() {
         let big = &t.data[..t.data.len().min(200_000)];
         let frame = codec::encode(big, None, DType::U8, &Options::default());
         seeds.write("decode", decode_input(&frame, None));
+        // Round trips of blocks of 16 Ki symbols or more, with the base:
+        // their rANS blocks have 32 states and take the AVX2 kernels.
+        // (libFuzzer keeps inputs short unless run with `-len_control=0
+        // -max_len=300000`.)
+        for t in new
+            .iter()
+            .filter(|t| t.data.len() >= 40_000 * t.dtype.width())
+        {
+            let len = 40_000 * t.dtype.width();
+            if let Some(o) = old.iter().find(|o| o.name == t.name) {
+                seeds.write(
+                    "roundtrip",
+                    roundtrip_input(t.dtype, false, &t.data[..len], Some(&o.data[..len])),
+                );
+            }
+        }
     }
 
     // Real small files, under their own name and a few others.
