@@ -405,7 +405,7 @@ fn table(rows: &[Row]) -> String {
             "  {:<10} {:>7} {:>8} {:>13} {:>15}",
             "codec", "threads", "ratio", "compress MiB/s", "decompress MiB/s"
         );
-        for r in rs {
+        for r in &rs {
             let _ = writeln!(
                 s,
                 "  {:<10} {:>7} {:>8.4} {:>13} {:>15}",
@@ -416,6 +416,79 @@ fn table(rows: &[Row]) -> String {
                 f(r.decompress_mib_s)
             );
         }
+        // Speed ratios of rows timed side by side (interleaved passes):
+        // steadier on a shared machine than the MiB/s themselves.
+        let find = |codec: &str, many: bool| {
+            rs.iter()
+                .find(|r| r.codec == codec && (r.threads > 1) == many)
+                .copied()
+        };
+        let x = |a: &Row, b: &Row| match (
+            a.compress_mib_s,
+            b.compress_mib_s,
+            a.decompress_mib_s,
+            b.decompress_mib_s,
+        ) {
+            (Some(ac), Some(bc), Some(ad), Some(bd)) if bc > 0.0 && bd > 0.0 => {
+                Some(format!("{:.2}x / {:.2}x", ac / bc, ad / bd))
+            }
+            _ => None,
+        };
+        let mut side = Vec::new();
+        if let Some(one) = find("ckvc", false) {
+            if let Some((m, v)) = find("ckvc", true).and_then(|m| Some((m, x(m, one)?))) {
+                side.push(format!("{} threads {v} of 1", m.threads));
+            }
+            if let Some(v) = find("zstd-3", false).and_then(|z| x(one, z)) {
+                side.push(format!("1 thread {v} of zstd-3"));
+            }
+        }
+        if !side.is_empty() {
+            let _ = writeln!(
+                s,
+                "  side by side, compress / decompress: ckvc {}",
+                side.join("; ckvc ")
+            );
+        }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(codec: &str, threads: usize, c: Option<f64>, d: Option<f64>) -> Row {
+        Row {
+            mode: "FULL".into(),
+            dtype: "bf16".into(),
+            group: "weights".into(),
+            codec: codec.into(),
+            threads,
+            bytes_in: 1 << 20,
+            ratio: 0.5,
+            compress_mib_s: c,
+            decompress_mib_s: d,
+        }
+    }
+
+    #[test]
+    fn the_table_states_the_speed_ratios_of_rows_timed_side_by_side() {
+        let rows = [
+            row("ckvc", 1, Some(1000.0), Some(3000.0)),
+            row("ckvc", 2, Some(1800.0), Some(4500.0)),
+            row("zstd-3", 1, Some(250.0), Some(1000.0)),
+            row("entropy", 1, None, None),
+        ];
+        let t = table(&rows);
+        assert!(
+            t.contains(
+                "side by side, compress / decompress: ckvc 2 threads 1.80x / 1.50x of 1; \
+                 ckvc 1 thread 4.00x / 3.00x of zstd-3"
+            ),
+            "{t}"
+        );
+        // Without the rows to compare, no line.
+        assert!(!table(&rows[3..]).contains("side by side"));
+    }
 }
