@@ -1,9 +1,9 @@
 //! Per-block entropy coding: each 64 KiB block of a stream is stored as the
-//! smallest of raw, constant run, Huffman and rANS.
+//! smallest of raw, constant run, Huffman, rANS and bit-packed.
 
 use std::f64::consts::LN_2;
 
-use super::{huffman, rans, DecodeError, Options};
+use super::{huffman, packed, rans, DecodeError, Options};
 
 /// How one block is stored. The discriminant is the on-disk mode byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +16,9 @@ pub enum BlockMode {
     /// rANS with one table per class of the context byte (the base's byte
     /// at the same place); only in delta frames.
     RansCtx = 4,
+    /// Every symbol a fixed number of bits above the block's least (from
+    /// format version 3).
+    Packed = 5,
 }
 
 impl BlockMode {
@@ -26,6 +29,7 @@ impl BlockMode {
             2 => Some(BlockMode::Huffman),
             3 => Some(BlockMode::Rans),
             4 => Some(BlockMode::RansCtx),
+            5 => Some(BlockMode::Packed),
             _ => None,
         }
     }
@@ -260,12 +264,28 @@ pub fn encode(
         (h, 1.0, true)
     };
     let ideal = entropy_bits(&h) / 8.0 * scale;
-    // Without context coding, no coder beats the entropy plus its own
-    // table. A block that cannot pay even so is raw, as the full
-    // comparison below would find, without building either code.
-    let floor = ideal + table_floor(hist_range(&h));
-    if ideal >= keep_raw_above || (ctx.is_none() && floor >= keep_raw_above) {
+    // Bit packing, where every symbol is the least plus a multiple of a
+    // power of two below a power of two: exact size, no table. Chosen
+    // unless a coding with a table saves `PACKED_SLACK` over it, since it
+    // decodes several times faster than any of them.
+    let packing = packed::Shape::of(&h).filter(|_| opts.packed);
+    let packed_bytes = packing.map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
+    if ideal >= keep_raw_above {
         return BlockMode::Raw;
+    }
+    // Without context coding, no coder with a table beats the entropy plus
+    // that table. A block where they cannot pay even so is packed if that
+    // pays, else raw, as the full comparison below would find, without
+    // building any code.
+    let floor = ideal + table_floor(hist_range(&h));
+    if ctx.is_none() && floor >= keep_raw_above {
+        return match packing {
+            Some(p) if packed_bytes < keep_raw_above => {
+                packed::encode(syms, p, out);
+                BlockMode::Packed
+            }
+            _ => BlockMode::Raw,
+        };
     }
     let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
     let huff = (huffman::table_bytes(&lens) + 12 + 4) as f64
@@ -292,6 +312,9 @@ pub fn encode(
             plan = Some(p);
         }
     }
+    if packed_bytes <= best.0 * (1.0 + PACKED_SLACK) {
+        best = (packed_bytes, BlockMode::Packed);
+    }
     if best.0 >= keep_raw_above {
         return BlockMode::Raw;
     }
@@ -302,6 +325,7 @@ pub fn encode(
             let (model, classes) = ctx.expect("set with RansCtx");
             rans::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
         }
+        BlockMode::Packed => packed::encode(syms, packing.expect("set with Packed"), out),
         _ => huffman::encode(syms, &lens, out, scratch),
     }
     // Sizes from a sample are estimates: a block that did not pay is raw.
@@ -311,6 +335,10 @@ pub fn encode(
     }
     best.1
 }
+
+/// A packed block may be this much larger than the best other coding of it
+/// and still be chosen: it decodes several times faster.
+const PACKED_SLACK: f64 = 0.01;
 
 /// Least and greatest symbol a histogram counts ((0, 0) if none).
 fn hist_range(h: &[u32; 256]) -> (u8, u8) {
@@ -412,6 +440,10 @@ pub fn decode(
             let ctx = ctx.ok_or(corrupt("context-coded block outside a delta stream"))?;
             rans::ctx_decode(payload, start as u64, ctx, out, &mut tables.rans, version)?
         }
+        BlockMode::Packed if version < 3 => {
+            return Err(corrupt("packed block in a frame before format version 3"))
+        }
+        BlockMode::Packed => packed::decode(payload, start as u64, out)?,
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //!
 //! Owns: sign-bit rotation and byte grouping ([`layout`]), the delta
 //! representations against a base chunk, and block-adaptive entropy coding
-//! (raw / constant / Huffman / rANS per 64 KiB block of each stream), framed
+//! (raw / constant / Huffman / rANS / bit-packed per 64 KiB block of each
+//! stream), framed
 //! as specified byte by byte in `docs/format/codec.md`.
 //!
 //! Must not: do I/O, compute chunk ids, or know about files, stores or
@@ -48,6 +49,7 @@ mod block;
 mod dtype;
 pub mod huffman;
 pub mod layout;
+mod packed;
 pub mod rans;
 
 pub use block::{entropy_bits, histogram, BlockMode};
@@ -58,7 +60,7 @@ use layout::StreamOp;
 pub const MAGIC: [u8; 2] = *b"CK";
 /// The frame format version this build writes; it reads this one and every
 /// earlier one.
-pub const FORMAT_VERSION: u8 = 2;
+pub const FORMAT_VERSION: u8 = 3;
 /// Codec id of the grouped-entropy codec (the only one so far).
 pub const CODEC_GROUPED: u8 = 1;
 /// Block size of each stream: a fresh entropy code every 64 KiB.
@@ -125,6 +127,9 @@ pub struct Options {
     /// with 8); on the mostly-zero streams of deltas it saves 20% or more
     /// and is chosen anyway.
     pub plain_rans_min_gain: f32,
+    /// Allow bit-packed blocks (format version 3): symbols spanning a
+    /// power of two stored in that many bits each, no table.
+    pub packed: bool,
 }
 
 impl Default for Options {
@@ -136,6 +141,7 @@ impl Default for Options {
             min_gain: 0.005,
             rans_min_gain: 0.02,
             plain_rans_min_gain: 0.03,
+            packed: true,
         }
     }
 }
@@ -151,6 +157,7 @@ impl Options {
             min_gain: 0.0,
             rans_min_gain: 0.0,
             plain_rans_min_gain: 0.0,
+            packed: false,
         }
     }
 }

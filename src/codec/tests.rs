@@ -267,11 +267,11 @@ fn known_answer_frames() {
     let f = encode(&raw, None, DType::BF16, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b020108041000060000000000000000030000000300000001007f807e"
+        "434b030108041000060000000000000000030000000300000001007f807e"
     );
     // 5 bytes of u8 all equal: one constant block, no tail.
     let f = encode(&[9u8; 5], None, DType::U8, &Options::default());
-    assert_eq!(hex(&f), "434b02010100100005000000000000000101000009");
+    assert_eq!(hex(&f), "434b03010100100005000000000000000101000009");
     // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
     // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
     let mut raw = f32_bytes(&[0.25, 0.5]);
@@ -279,7 +279,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b02010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
+        "434b03010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
     );
     // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
     // four stream ops, every stream one constant block of zeros.
@@ -287,30 +287,52 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
     assert_eq!(
         hex(&f),
-        "434b02010b0510000001000000000000010101010101000001010000010100000101000000000000"
+        "434b03010b0510000001000000000000010101010101000001010000010100000101000000000000"
+    );
+    // 16 u8 of 10, 12, 14, 16 (the least plus 2 bits shifted by 1): one
+    // packed block (mode 5), `lo 0a | bits 02 | shift 01` and 2 bits a
+    // symbol, four a byte: 0,1,2,3 -> e4.
+    let raw: Vec<u8> = (0..16).map(|i| 10 + 2 * (i % 4) as u8).collect();
+    let f = encode(&raw, None, DType::U8, &Options::default());
+    assert_eq!(
+        hex(&f),
+        "434b030101001000100000000000000005070000\
+         0a0201e4e4e4e4"
     );
 }
 
-/// Frames written by format version 1 (the known answers above before
-/// version 2) still decode, and still say version 1.
+/// Frames written by format versions 1 and 2 (the known answers above
+/// before version 2 and 3: the same bytes but the version) still decode,
+/// and still say their version; a packed block (version 3) in a version 2
+/// frame is an error.
 #[test]
-fn version_1_frames_still_decode() {
+fn version_1_and_2_frames_still_decode() {
     let unhex = |h: &str| -> Vec<u8> {
         (0..h.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
             .collect()
     };
-    let f = unhex("434b010108041000060000000000000000030000000300000001007f807e");
-    assert_eq!(FrameInfo::parse(&f).unwrap().version, 1);
-    assert_eq!(decode(&f, None).unwrap(), bf16_bytes(&[1.0, -2.0, 0.5]));
-    let f = unhex("434b01010100100005000000000000000101000009");
-    assert_eq!(decode(&f, None).unwrap(), [9u8; 5]);
-    let mut raw = f32_bytes(&[0.25, 0.5]);
-    raw.extend_from_slice(&[1, 2, 3]);
-    let f =
-        unhex("434b01010b0410000b00000000000000010203010100000101000001010000000200000000007d7e");
-    assert_eq!(decode(&f, Some(&raw)).unwrap(), raw);
+    for v in ["01", "02"] {
+        let f = unhex(&format!(
+            "434b{v}0108041000060000000000000000030000000300000001007f807e"
+        ));
+        assert_eq!(FrameInfo::parse(&f).unwrap().version.to_string(), v[1..]);
+        assert_eq!(decode(&f, None).unwrap(), bf16_bytes(&[1.0, -2.0, 0.5]));
+        let f = unhex(&format!("434b{v}010100100005000000000000000101000009"));
+        assert_eq!(decode(&f, None).unwrap(), [9u8; 5]);
+        let mut raw = f32_bytes(&[0.25, 0.5]);
+        raw.extend_from_slice(&[1, 2, 3]);
+        let f = unhex(&format!(
+            "434b{v}010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
+        ));
+        assert_eq!(decode(&f, Some(&raw)).unwrap(), raw);
+    }
+    let packed = unhex("434b0201010010001000000000000000050700000a0201e4e4e4e4");
+    assert!(matches!(
+        decode(&packed, None),
+        Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 3")
+    ));
 }
 
 #[test]

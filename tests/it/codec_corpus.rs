@@ -3,7 +3,7 @@
 //! baselines measured on the same bytes (sizes, not times).
 
 use ckvc::bench::{load_run, BenchOptions, Checkpoint};
-use ckvc::codec::{decode, encode, DType, FrameInfo, Options};
+use ckvc::codec::{decode, encode, DType, FrameInfo, Options, FORMAT_VERSION};
 
 fn run() -> Vec<Checkpoint> {
     load_run(&super::corpus(), &BenchOptions::default()).expect("the corpus loads")
@@ -93,14 +93,13 @@ fn ckvc_beats_plain_lmc_and_delta_beats_full_on_real_weights() {
     }
 }
 
-/// A frame written by format version 1 (ckvc at a1f4535): the bf16
-/// `h.0.c_attn.weight` of step 540 against step 480, a ULP delta whose two
-/// 48 Ki-symbol blocks are context rANS and plain rANS with eight states.
-/// Version 2 gives such blocks 32 states; version 1 frames in existing
-/// repositories must decode as before.
+/// Frames written by earlier format versions, of the bf16
+/// `h.0.c_attn.weight` of step 540 against step 480 (a ULP delta whose two
+/// 48 Ki-symbol blocks are context rANS and plain rANS): version 1 (ckvc
+/// at a1f4535, eight rANS states) and version 2 (ckvc at 3d91e8b, 32
+/// states). Frames in existing repositories must decode as before.
 #[test]
-fn a_version_1_frame_from_the_corpus_still_decodes() {
-    let frame = include_bytes!("../fixtures/codec/h0_c_attn_bf16_step540_vs_480.v1.ckf");
+fn version_1_and_2_frames_from_the_corpus_still_decode() {
     let run = run();
     let tensor = |step: u64| {
         let ck = run.iter().find(|c| c.step == step).expect("step in corpus");
@@ -112,11 +111,27 @@ fn a_version_1_frame_from_the_corpus_still_decodes() {
             .clone()
     };
     let (base, new) = (tensor(480), tensor(540));
-    let info = FrameInfo::parse(frame).unwrap();
-    assert_eq!((info.version, info.dtype), (1, DType::BF16));
-    assert_eq!(decode(frame, Some(&base)).unwrap(), new);
-    // This build writes the same tensor as version 2, and decodes it too.
+    for (version, frame) in [
+        (
+            1,
+            &include_bytes!("../fixtures/codec/h0_c_attn_bf16_step540_vs_480.v1.ckf")[..],
+        ),
+        (
+            2,
+            &include_bytes!("../fixtures/codec/h0_c_attn_bf16_step540_vs_480.v2.ckf")[..],
+        ),
+    ] {
+        let info = FrameInfo::parse(frame).unwrap();
+        assert_eq!((info.version, info.dtype), (version, DType::BF16));
+        assert_eq!(
+            decode(frame, Some(&base)).unwrap(),
+            new,
+            "version {version}"
+        );
+    }
+    // This build writes the same tensor in the current version, and
+    // decodes it too.
     let f = encode(&new, Some(&base), DType::BF16, &Options::default());
-    assert_eq!(FrameInfo::parse(&f).unwrap().version, 2);
+    assert_eq!(FrameInfo::parse(&f).unwrap().version, FORMAT_VERSION);
     assert_eq!(decode(&f, Some(&base)).unwrap(), new);
 }

@@ -1,0 +1,282 @@
+//! Bit-packed blocks (mode 5): every symbol of the block is
+//! `lo + (v << s)` (modulo 256) for a `k`-bit `v` (`k` of 1 to 7, `k + s`
+//! at most 8), and is stored as that `v`, LSB-first, with no table.
+//!
+//! Where it pays: a stream whose values fill such a set almost evenly. The
+//! top mantissa bits and the sign of a tensor that is never negative
+//! (Adam's second moment, a quarter of an fp32 optimizer state's bytes
+//! outside its exponents) are such a stream: after the sign rotation the
+//! sign is the lowest bit, always 0, over 7 near-even mantissa bits. A
+//! Huffman code takes 7.02 bits a symbol there (its table included),
+//! packing exactly 7, and Huffman decodes with one table lookup per
+//! symbol, each waiting on the last, where eight packed symbols are one
+//! load and a few independent shifts.
+
+use super::DecodeError;
+
+/// How a block's symbols pack: each is `lo + (v << shift)` (modulo 256)
+/// with `v` below `2^bits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub lo: u8,
+    pub bits: u32,
+    pub shift: u32,
+}
+
+impl Shape {
+    /// A shape a decoder accepts: 1 to 7 bits, which shifted stay in a
+    /// byte.
+    fn valid(bits: u32, shift: u32) -> bool {
+        (1..8).contains(&bits) && bits + shift <= 8
+    }
+
+    /// The packing of the symbols a histogram counts, if they pack in 7
+    /// bits or fewer. The shift is the largest that divides every
+    /// symbol's distance from the least, so a histogram that is only an
+    /// estimate (every value between its least and greatest counted) can
+    /// still pack by range, with shift 0.
+    pub fn of(h: &[u32; 256]) -> Option<Shape> {
+        let lo = h.iter().position(|&c| c > 0)?;
+        let hi = 255 - h.iter().rev().position(|&c| c > 0)?;
+        let diffs = (lo..=hi)
+            .filter(|&v| h[v] > 0)
+            .fold(0u32, |a, v| a | (v - lo) as u32);
+        let shift = if diffs == 0 {
+            0
+        } else {
+            diffs.trailing_zeros()
+        };
+        let span = ((hi - lo) as u32) >> shift;
+        let bits = (u32::BITS - span.leading_zeros()).max(1);
+        Shape::valid(bits, shift).then_some(Shape {
+            lo: lo as u8,
+            bits,
+            shift,
+        })
+    }
+
+    /// Payload bytes of `n` symbols packed this way.
+    pub fn payload_bytes(&self, n: usize) -> usize {
+        3 + (n * self.bits as usize).div_ceil(8)
+    }
+}
+
+/// Append the packed payload of `syms` (each of the shape) to `out`:
+/// `lo u8 | bits u8 | shift u8 | ceil(n bits / 8) bytes`, symbol `i`'s
+/// `v` in bits `i bits .. (i + 1) bits`. Eight symbols fill exactly `bits`
+/// bytes.
+pub fn encode(syms: &[u8], shape: Shape, out: &mut Vec<u8>) {
+    let Shape { lo, bits: k, shift } = shape;
+    debug_assert!(Shape::valid(k, shift));
+    out.push(lo);
+    out.push(k as u8);
+    out.push(shift as u8);
+    let start = out.len();
+    out.resize(start + (syms.len() * k as usize).div_ceil(8), 0);
+    let dst = &mut out[start..];
+    let kb = k as usize;
+    let mut groups = syms.chunks_exact(8);
+    for (g, c) in (&mut groups).enumerate() {
+        let mut v = 0u64;
+        for (i, &s) in c.iter().enumerate() {
+            v |= (((s - lo) >> shift) as u64) << (kb * i);
+        }
+        dst[g * kb..(g + 1) * kb].copy_from_slice(&v.to_le_bytes()[..kb]);
+    }
+    let rest = groups.remainder();
+    if !rest.is_empty() {
+        let mut v = 0u64;
+        for (i, &s) in rest.iter().enumerate() {
+            v |= (((s - lo) >> shift) as u64) << (kb * i);
+        }
+        let at = syms.len() / 8 * kb;
+        let len = dst.len() - at;
+        dst[at..].copy_from_slice(&v.to_le_bytes()[..len]);
+    }
+}
+
+/// Decode a packed payload into `out` (its symbol count). `offset` is the
+/// payload's place in the frame, for errors.
+pub fn decode(payload: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DecodeError> {
+    let corrupt = |reason| DecodeError::Corrupt { offset, reason };
+    let [lo, k, shift, data @ ..] = payload else {
+        return Err(corrupt("packed block shorter than its header"));
+    };
+    let (k, shift) = (*k as u32, *shift as u32);
+    if !Shape::valid(k, shift) {
+        return Err(corrupt(
+            "packed block width not 1 to 7 bits, or width and shift above 8",
+        ));
+    }
+    if data.len() != (out.len() * k as usize).div_ceil(8) {
+        return Err(corrupt("packed block length differs from its symbol count"));
+    }
+    unpack(data, *lo, k, shift, out);
+    Ok(())
+}
+
+/// Eight symbols from each `k` bytes: the `k`-bit fields of a 64-bit load,
+/// each in a byte of its own (`k + shift <= 8` keeps it there), shifted
+/// and added to `lo` byte by byte, modulo 256 (the low seven bits of each
+/// byte are added, the top bit is their carry plus both top bits, without
+/// a carry out). The last group, short of 8 readable bytes, goes through a
+/// zero-padded copy.
+#[inline(always)]
+fn unpack_body(data: &[u8], lo: u8, k: u32, shift: u32, out: &mut [u8]) {
+    let kb = k as usize;
+    let mask = (1u64 << k) - 1;
+    let los = lo as u64 * 0x0101_0101_0101_0101;
+    let spread = |v: u64| {
+        let mut w = 0u64;
+        for i in 0..8 {
+            w |= ((v >> (kb * i)) & mask) << (8 * i);
+        }
+        let w = w << shift;
+        const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+        ((w & LOW7) + (los & LOW7)) ^ ((w ^ los) & !LOW7)
+    };
+    let groups = out.len() / 8;
+    // Groups whose 8-byte load stays inside `data`.
+    let fast = match data.len().checked_sub(8) {
+        Some(last) => (last / kb + 1).min(groups),
+        None => 0,
+    };
+    for (g, o) in out.chunks_exact_mut(8).take(fast).enumerate() {
+        let v = u64::from_le_bytes(data[g * kb..g * kb + 8].try_into().expect("8 bytes"));
+        o.copy_from_slice(&spread(v).to_le_bytes());
+    }
+    for (g, o) in out.chunks_mut(8).enumerate().skip(fast) {
+        let mut b = [0u8; 8];
+        let src = &data[g * kb..];
+        let n = src.len().min(8);
+        b[..n].copy_from_slice(&src[..n]);
+        let w = spread(u64::from_le_bytes(b)).to_le_bytes();
+        o.copy_from_slice(&w[..o.len()]);
+    }
+}
+
+dispatch!(unpack, unpack_body, (data: &[u8], lo: u8, k: u32, shift: u32, out: &mut [u8]));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Symbol `i` read bit by bit: the reference for `unpack`.
+    fn naive_unpack(data: &[u8], s: Shape, n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|i| {
+                let mut v = 0u32;
+                for b in 0..s.bits as usize {
+                    let bit = i * s.bits as usize + b;
+                    v |= ((data[bit / 8] >> (bit % 8)) as u32 & 1) << b;
+                }
+                s.lo.wrapping_add((v << s.shift) as u8)
+            })
+            .collect()
+    }
+
+    fn shape_of(syms: &[u8]) -> Option<Shape> {
+        let mut h = [0u32; 256];
+        for &s in syms {
+            h[s as usize] += 1;
+        }
+        Shape::of(&h)
+    }
+
+    #[test]
+    fn the_shape_is_the_fewest_bits_of_the_span_over_its_step() {
+        let sh = |lo, bits, shift| Some(Shape { lo, bits, shift });
+        assert_eq!(shape_of(&[5]), sh(5, 1, 0));
+        assert_eq!(shape_of(&[0, 1]), sh(0, 1, 0));
+        assert_eq!(shape_of(&[0, 127, 3]), sh(0, 7, 0));
+        assert_eq!(shape_of(&[128, 255]), sh(128, 7, 0));
+        assert_eq!(shape_of(&[10, 17, 12]), sh(10, 3, 0));
+        assert_eq!(shape_of(&[0, 128]), sh(0, 1, 7));
+        assert_eq!(shape_of(&[0, 128, 1]), None);
+        assert_eq!(shape_of(&[0, 129]), None);
+        // Non-negative floats: the rotated sign, bit 0, is always 0.
+        assert_eq!(shape_of(&[0, 2, 254, 100]), sh(0, 7, 1));
+        assert_eq!(shape_of(&[1, 3, 255]), sh(1, 7, 1));
+        assert_eq!(shape_of(&[200, 255]), sh(200, 6, 0));
+        assert_eq!(shape_of(&[130, 255]), sh(130, 7, 0));
+        assert_eq!(shape_of(&[]), None);
+    }
+
+    #[test]
+    fn damaged_payloads_are_errors() {
+        let mut out = [0u8; 10];
+        for (payload, why) in [
+            (&[0, 7][..], "header"),
+            (&[0, 0, 0, 0][..], "width"),
+            (&[0, 8, 0, 0][..], "width"),
+            (&[0, 1, 8, 0][..], "shift"),
+            (&[0, 7, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0][..], "shift"),
+            (&[0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0][..], "length"),
+            (&[0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..], "length"),
+        ] {
+            let e = decode(payload, 9, &mut out).unwrap_err();
+            assert!(
+                matches!(e, DecodeError::Corrupt { offset: 9, reason } if reason.contains(why)),
+                "{payload:?}: {e}"
+            );
+        }
+    }
+
+    /// A decoder adds modulo 256: a crafted block may wrap past 255, and
+    /// every byte lane of the SWAR addition wraps on its own.
+    #[test]
+    fn packed_symbols_wrap_modulo_256() {
+        // lo 250, 3 bits: v = 7, 6, 5, 0, 1, 2, 3, 4, then 7 alone.
+        let v: u64 = [7u64, 6, 5, 0, 1, 2, 3, 4]
+            .iter()
+            .enumerate()
+            .fold(0, |a, (i, &x)| a | x << (3 * i));
+        let mut payload = vec![250, 3, 0];
+        payload.extend_from_slice(&v.to_le_bytes()[..3]);
+        payload.push(7);
+        let mut out = [0u8; 9];
+        decode(&payload, 0, &mut out).unwrap();
+        assert_eq!(out, [1, 0, 255, 250, 251, 252, 253, 254, 1]);
+        assert_eq!(
+            naive_unpack(
+                &payload[3..],
+                Shape {
+                    lo: 250,
+                    bits: 3,
+                    shift: 0
+                },
+                9
+            ),
+            out
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn packed_blocks_round_trip_and_match_the_naive_reader(
+            lo in 0u8..=255,
+            bits in 1u32..8,
+            shift in 0u32..8,
+            seeds in proptest::collection::vec(any::<u8>(), 1..300),
+        ) {
+            // The encoder packs what does not wrap past 255.
+            prop_assume!(
+                Shape::valid(bits, shift) && lo as u32 + (((1 << bits) - 1) << shift) <= 255
+            );
+            let syms: Vec<u8> = seeds
+                .iter()
+                .map(|&s| lo + ((s as u32 & ((1 << bits) - 1)) << shift) as u8)
+                .collect();
+            let shape = shape_of(&syms).expect("packs");
+            prop_assert!(shape.bits <= bits);
+            let mut payload = Vec::new();
+            encode(&syms, shape, &mut payload);
+            prop_assert_eq!(payload.len(), shape.payload_bytes(syms.len()));
+            let mut out = vec![0u8; syms.len()];
+            decode(&payload, 0, &mut out).unwrap();
+            prop_assert_eq!(&out, &syms);
+            prop_assert_eq!(naive_unpack(&payload[3..], shape, syms.len()), syms);
+        }
+    }
+}
