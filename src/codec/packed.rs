@@ -72,27 +72,90 @@ pub fn encode(syms: &[u8], shape: Shape, out: &mut Vec<u8>) {
     out.push(k as u8);
     out.push(shift as u8);
     let start = out.len();
-    out.resize(start + (syms.len() * k as usize).div_ceil(8), 0);
-    let dst = &mut out[start..];
+    let len = (syms.len() * k as usize).div_ceil(8);
+    // Eight bytes of room past the end: every group is stored whole, the
+    // next one overwriting its spare bytes.
+    out.resize(start + len + 8, 0);
+    pack(syms, lo, k, shift, &mut out[start..]);
+    out.truncate(start + len);
+}
+
+/// Masks of [`spread`]'s steps: the low `k` bits of every 16-bit lane,
+/// `2k` of every 32-bit lane, `4k` of the word.
+fn masks(k: u32) -> [u64; 3] {
+    let rep = |field: u64, lane: u32| (0..64 / lane).fold(0u64, |a, i| a | field << (lane * i));
+    [
+        rep((1 << k) - 1, 16),
+        rep((1 << (2 * k)) - 1, 32),
+        (1 << (4 * k)) - 1,
+    ]
+}
+
+/// Eight symbols less `lo`, shifted down, as eight `k`-bit fields in the
+/// low `8k` bits: pairs of fields joined in each 16-bit lane, then pairs
+/// of those in each 32-bit lane, then the two halves.
+#[inline(always)]
+fn squeeze(w: u64, k: u32) -> u64 {
+    let x = (w & 0x00ff_00ff_00ff_00ff) | ((w & 0xff00_ff00_ff00_ff00) >> (8 - k));
+    let y = (x & 0x0000_ffff_0000_ffff) | ((x & 0xffff_0000_ffff_0000) >> (16 - 2 * k));
+    (y & 0xffff_ffff) | ((y >> 32) << (4 * k))
+}
+
+/// The inverse of [`squeeze`]: eight `k`-bit fields, each in a byte.
+#[inline(always)]
+fn spread(v: u64, k: u32, m: &[u64; 3]) -> u64 {
+    let y = (v & m[2]) | ((v << (32 - 4 * k)) & (m[2] << 32));
+    let x = (y & m[1]) | ((y << (16 - 2 * k)) & (m[1] << 16));
+    (x & m[0]) | ((x << (8 - k)) & (m[0] << 8))
+}
+
+/// Subtract `lo` from every byte, modulo 256 (the inverse of the
+/// decoder's addition).
+#[inline(always)]
+fn sub_bytes(w: u64, los: u64) -> u64 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    ((w | HIGH) - (los & !HIGH)) ^ ((w ^ !los) & HIGH)
+}
+
+/// Add `lo` to every byte, modulo 256: the low seven bits of each byte are
+/// added, the top bit is their carry plus both top bits, without a carry
+/// out.
+#[inline(always)]
+fn add_bytes(w: u64, los: u64) -> u64 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    ((w & LOW7) + (los & LOW7)) ^ ((w ^ los) & !LOW7)
+}
+
+/// The fields of `syms` into `dst`, which has 8 bytes of room past the
+/// packed length.
+#[inline(always)]
+fn pack_body(syms: &[u8], lo: u8, k: u32, shift: u32, dst: &mut [u8]) {
     let kb = k as usize;
-    let mut groups = syms.chunks_exact(8);
-    for (g, c) in (&mut groups).enumerate() {
-        let mut v = 0u64;
-        for (i, &s) in c.iter().enumerate() {
-            v |= (((s - lo) >> shift) as u64) << (kb * i);
-        }
-        dst[g * kb..(g + 1) * kb].copy_from_slice(&v.to_le_bytes()[..kb]);
+    let los = lo as u64 * 0x0101_0101_0101_0101;
+    let mask = masks_k(k);
+    // The shift brings bits of the byte above into each byte's top: the
+    // mask keeps each byte's `k` field only.
+    let group = |w: u64| squeeze((sub_bytes(w, los) >> shift) & mask, k);
+    let mut it = syms.chunks_exact(8);
+    for (g, c) in (&mut it).enumerate() {
+        let v = group(u64::from_le_bytes(c.try_into().expect("8 symbols")));
+        dst[g * kb..g * kb + 8].copy_from_slice(&v.to_le_bytes());
     }
-    let rest = groups.remainder();
+    let rest = it.remainder();
     if !rest.is_empty() {
-        let mut v = 0u64;
-        for (i, &s) in rest.iter().enumerate() {
-            v |= (((s - lo) >> shift) as u64) << (kb * i);
-        }
-        let at = syms.len() / 8 * kb;
-        let len = dst.len() - at;
-        dst[at..].copy_from_slice(&v.to_le_bytes()[..len]);
+        let mut b = [lo; 8];
+        b[..rest.len()].copy_from_slice(rest);
+        let g = syms.len() / 8;
+        dst[g * kb..g * kb + 8].copy_from_slice(&group(u64::from_le_bytes(b)).to_le_bytes());
     }
+}
+
+dispatch!(pack, pack_body, (syms: &[u8], lo: u8, k: u32, shift: u32, dst: &mut [u8]));
+
+/// `k` low bits of every byte.
+#[inline(always)]
+fn masks_k(k: u32) -> u64 {
+    ((1u64 << k) - 1) * 0x0101_0101_0101_0101
 }
 
 /// Decode a packed payload into `out` (its symbol count). `offset` is the
@@ -116,25 +179,15 @@ pub fn decode(payload: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DecodeE
 }
 
 /// Eight symbols from each `k` bytes: the `k`-bit fields of a 64-bit load,
-/// each in a byte of its own (`k + shift <= 8` keeps it there), shifted
-/// and added to `lo` byte by byte, modulo 256 (the low seven bits of each
-/// byte are added, the top bit is their carry plus both top bits, without
-/// a carry out). The last group, short of 8 readable bytes, goes through a
-/// zero-padded copy.
+/// each in a byte of its own ([`spread`]; `k + shift <= 8` keeps them
+/// there shifted), shifted and added to `lo` byte by byte, modulo 256. The
+/// last group, short of 8 readable bytes, goes through a zero-padded copy.
 #[inline(always)]
 fn unpack_body(data: &[u8], lo: u8, k: u32, shift: u32, out: &mut [u8]) {
     let kb = k as usize;
-    let mask = (1u64 << k) - 1;
+    let m = masks(k);
     let los = lo as u64 * 0x0101_0101_0101_0101;
-    let spread = |v: u64| {
-        let mut w = 0u64;
-        for i in 0..8 {
-            w |= ((v >> (kb * i)) & mask) << (8 * i);
-        }
-        let w = w << shift;
-        const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-        ((w & LOW7) + (los & LOW7)) ^ ((w ^ los) & !LOW7)
-    };
+    let one = |v: u64| add_bytes(spread(v, k, &m) << shift, los);
     let groups = out.len() / 8;
     // Groups whose 8-byte load stays inside `data`.
     let fast = match data.len().checked_sub(8) {
@@ -143,14 +196,14 @@ fn unpack_body(data: &[u8], lo: u8, k: u32, shift: u32, out: &mut [u8]) {
     };
     for (g, o) in out.chunks_exact_mut(8).take(fast).enumerate() {
         let v = u64::from_le_bytes(data[g * kb..g * kb + 8].try_into().expect("8 bytes"));
-        o.copy_from_slice(&spread(v).to_le_bytes());
+        o.copy_from_slice(&one(v).to_le_bytes());
     }
     for (g, o) in out.chunks_mut(8).enumerate().skip(fast) {
         let mut b = [0u8; 8];
         let src = &data[g * kb..];
         let n = src.len().min(8);
         b[..n].copy_from_slice(&src[..n]);
-        let w = spread(u64::from_le_bytes(b)).to_le_bytes();
+        let w = one(u64::from_le_bytes(b)).to_le_bytes();
         o.copy_from_slice(&w[..o.len()]);
     }
 }
@@ -250,6 +303,44 @@ mod tests {
             ),
             out
         );
+    }
+
+    /// Every width and shift, lengths around whole groups, symbols from the
+    /// project's generator: the SWAR steps against the bit-by-bit reader.
+    #[test]
+    fn every_shape_round_trips() {
+        let mut rng = crate::bench::Rng(0x5eed_1234);
+        for bits in 1..8u32 {
+            for shift in 0..=8 - bits {
+                let top = 255 - (((1u32 << bits) - 1) << shift);
+                for lo in [0, top / 2, top] {
+                    for n in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 1000] {
+                        let syms: Vec<u8> = (0..n)
+                            .map(|_| {
+                                let v = rng.next_u64() as u32 & ((1 << bits) - 1);
+                                (lo + (v << shift)) as u8
+                            })
+                            .collect();
+                        let shape = Shape {
+                            lo: lo as u8,
+                            bits,
+                            shift,
+                        };
+                        let mut payload = Vec::new();
+                        encode(&syms, shape, &mut payload);
+                        assert_eq!(payload.len(), shape.payload_bytes(n), "{shape:?} n {n}");
+                        assert_eq!(
+                            naive_unpack(&payload[3..], shape, n),
+                            syms,
+                            "{shape:?} n {n}"
+                        );
+                        let mut out = vec![0u8; n];
+                        decode(&payload, 0, &mut out).unwrap();
+                        assert_eq!(out, syms, "{shape:?} n {n}");
+                    }
+                }
+            }
+        }
     }
 
     proptest! {
