@@ -16,8 +16,8 @@ pub enum BlockMode {
     /// rANS with one table per class of the context byte (the base's byte
     /// at the same place); only in delta frames.
     RansCtx = 4,
-    /// Every symbol a fixed number of bits above the block's least (from
-    /// format version 3).
+    /// Every symbol the block's least plus a field of 1-7 bits, shifted
+    /// (from format version 3).
     Packed = 5,
 }
 
@@ -264,10 +264,10 @@ pub fn encode(
         (h, 1.0, true)
     };
     let ideal = entropy_bits(&h) / 8.0 * scale;
-    // Bit packing, where every symbol is the least plus a multiple of a
-    // power of two below a power of two: exact size, no table. Chosen
-    // unless a coding with a table saves `PACKED_SLACK` over it, since it
-    // decodes several times faster than any of them.
+    // Bit packing, where every symbol is the least plus a small field
+    // shifted by a power of two (`packed::Shape`): its size is exact and
+    // it has no table. Chosen unless a coding with a table saves
+    // `PACKED_SLACK` over it, since it decodes several times faster.
     let packing = packed::Shape::of(&h).filter(|_| opts.packed);
     let packed_bytes = packing.map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
     if ideal >= keep_raw_above {

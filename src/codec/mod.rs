@@ -3,8 +3,7 @@
 //! Owns: sign-bit rotation and byte grouping ([`layout`]), the delta
 //! representations against a base chunk, and block-adaptive entropy coding
 //! (raw / constant / Huffman / rANS / bit-packed per 64 KiB block of each
-//! stream), framed
-//! as specified byte by byte in `docs/format/codec.md`.
+//! stream), framed as specified byte by byte in `docs/format/codec.md`.
 //!
 //! Must not: do I/O, compute chunk ids, or know about files, stores or
 //! commits. It is pure: bytes in, bytes out. Parallelism across chunks
@@ -127,8 +126,9 @@ pub struct Options {
     /// with 8); on the mostly-zero streams of deltas it saves 20% or more
     /// and is chosen anyway.
     pub plain_rans_min_gain: f32,
-    /// Allow bit-packed blocks (format version 3): symbols spanning a
-    /// power of two stored in that many bits each, no table.
+    /// Allow bit-packed blocks (format version 3): each symbol the block's
+    /// least plus a field of 1-7 bits shifted by a fixed amount, stored as
+    /// that field, no table.
     pub packed: bool,
 }
 
