@@ -287,6 +287,14 @@ pub fn encode(
             _ => BlockMode::Raw,
         };
     }
+    // No coding with a table comes under the entropy: packing within
+    // `PACKED_SLACK` of it wins the comparison below whatever it finds.
+    if ctx.is_none() && packed_bytes <= ideal * (1.0 + PACKED_SLACK) {
+        if let Some(p) = packing.filter(|_| packed_bytes < keep_raw_above) {
+            packed::encode(syms, p, out);
+            return BlockMode::Packed;
+        }
+    }
     let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
     let huff = (huffman::table_bytes(&lens) + 12 + 4) as f64
         + huffman::coded_bits(&h, &lens) as f64 / 8.0 * scale;
