@@ -480,32 +480,32 @@ impl<'p> Timed<'p> {
         }
         self.best_c = self.best_c.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
-        // Failures are found again, and named, by `finish`.
-        let _ok = match &mut self.coder {
+        // Results are not looked at here: `finish` decodes every frame
+        // again, compares it and names a failure.
+        match &mut self.coder {
             Coder::Ckvc {
                 pool: None, one, ..
             } => {
                 let (s, out) = &mut **one;
-                let mut ok = true;
                 for (j, f) in jobs.iter().zip(frames.iter()) {
-                    ok &= codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, out, s).is_ok();
+                    let _ = codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, out, s);
                 }
-                ok
             }
             Coder::Ckvc {
                 pool: Some(pool), ..
             } => pool.install(|| {
-                jobs.par_iter().zip(frames.par_iter()).all(|(j, f)| {
+                jobs.par_iter().zip(frames.par_iter()).for_each(|(j, f)| {
                     SCRATCH.with_borrow_mut(|(s, out)| {
-                        codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, out, s).is_ok()
+                        let _ = codec::decode_into(f, j.base, codec::HARD_MAX_RAW_LEN, out, s);
                     })
                 })
             }),
-            Coder::Zstd { dctx, .. } => jobs.iter().zip(frames.iter()).all(|(j, f)| {
-                dctx.decompress(f, j.raw.len())
-                    .is_ok_and(|d| d.len() == j.raw.len())
-            }),
-        };
+            Coder::Zstd { dctx, .. } => {
+                for (j, f) in jobs.iter().zip(frames.iter()) {
+                    let _ = dctx.decompress(f, j.raw.len());
+                }
+            }
+        }
         self.best_d = self.best_d.min(t.elapsed().as_secs_f64());
     }
 

@@ -274,25 +274,22 @@ pub fn encode(
         return BlockMode::Raw;
     }
     // Without context coding, no coder with a table beats the entropy plus
-    // that table. A block where they cannot pay even so is packed if that
-    // pays, else raw, as the full comparison below would find, without
-    // building any code.
-    let floor = ideal + table_floor(hist_range(&h));
-    if ctx.is_none() && floor >= keep_raw_above {
-        return match packing {
-            Some(p) if packed_bytes < keep_raw_above => {
+    // that table, so the full comparison below is settled early when
+    // packing pays and comes within `PACKED_SLACK` of the entropy, or when
+    // no table can pay (packed if that pays, else raw).
+    if ctx.is_none() {
+        let floor = ideal + table_floor(hist_range(&h));
+        let no_table = floor >= keep_raw_above;
+        match packing {
+            Some(p)
+                if packed_bytes < keep_raw_above
+                    && (no_table || packed_bytes <= ideal * (1.0 + PACKED_SLACK)) =>
+            {
                 packed::encode(syms, p, out);
-                BlockMode::Packed
+                return BlockMode::Packed;
             }
-            _ => BlockMode::Raw,
-        };
-    }
-    // No coding with a table comes under the entropy: packing within
-    // `PACKED_SLACK` of it wins the comparison below whatever it finds.
-    if ctx.is_none() && packed_bytes <= ideal * (1.0 + PACKED_SLACK) {
-        if let Some(p) = packing.filter(|_| packed_bytes < keep_raw_above) {
-            packed::encode(syms, p, out);
-            return BlockMode::Packed;
+            _ if no_table => return BlockMode::Raw,
+            _ => {}
         }
     }
     let lens = huffman::code_lengths(&h, huffman::MAX_BITS);

@@ -80,6 +80,12 @@ pub fn encode(syms: &[u8], shape: Shape, out: &mut Vec<u8>) {
     out.truncate(start + len);
 }
 
+/// The byte `b` in every byte of a word.
+#[inline(always)]
+fn each_byte(b: u64) -> u64 {
+    b * 0x0101_0101_0101_0101
+}
+
 /// Masks of [`spread`]'s steps: the low `k` bits of every 16-bit lane,
 /// `2k` of every 32-bit lane, `4k` of the word.
 fn masks(k: u32) -> [u64; 3] {
@@ -131,8 +137,8 @@ fn add_bytes(w: u64, los: u64) -> u64 {
 #[inline(always)]
 fn pack_body(syms: &[u8], lo: u8, k: u32, shift: u32, dst: &mut [u8]) {
     let kb = k as usize;
-    let los = lo as u64 * 0x0101_0101_0101_0101;
-    let mask = masks_k(k);
+    let los = each_byte(lo as u64);
+    let mask = each_byte((1 << k) - 1);
     // The shift brings bits of the byte above into each byte's top: the
     // mask keeps each byte's `k` field only.
     let group = |w: u64| squeeze((sub_bytes(w, los) >> shift) & mask, k);
@@ -151,12 +157,6 @@ fn pack_body(syms: &[u8], lo: u8, k: u32, shift: u32, dst: &mut [u8]) {
 }
 
 dispatch!(pack, pack_body, (syms: &[u8], lo: u8, k: u32, shift: u32, dst: &mut [u8]));
-
-/// `k` low bits of every byte.
-#[inline(always)]
-fn masks_k(k: u32) -> u64 {
-    ((1u64 << k) - 1) * 0x0101_0101_0101_0101
-}
 
 /// Decode a packed payload into `out` (its symbol count). `offset` is the
 /// payload's place in the frame, for errors.
@@ -186,7 +186,7 @@ pub fn decode(payload: &[u8], offset: u64, out: &mut [u8]) -> Result<(), DecodeE
 fn unpack_body(data: &[u8], lo: u8, k: u32, shift: u32, out: &mut [u8]) {
     let kb = k as usize;
     let m = masks(k);
-    let los = lo as u64 * 0x0101_0101_0101_0101;
+    let los = each_byte(lo as u64);
     let one = |v: u64| add_bytes(spread(v, k, &m) << shift, los);
     let groups = out.len() / 8;
     // Groups whose 8-byte load stays inside `data`.
