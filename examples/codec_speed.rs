@@ -50,6 +50,7 @@ fn main() {
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
     let mut o = Options::default();
     // Knob experiments: RANS_MIN_GAIN=0.05 PLAIN_RANS_MIN_GAIN=0.02 MIN_GAIN=0.01 NO_RANS=1
+    // XOR_ONLY=1 (no delta search)
     if let Some(v) = std::env::var("RANS_MIN_GAIN")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -66,6 +67,9 @@ fn main() {
         o.min_gain = v;
     }
     o.rans = std::env::var("NO_RANS").is_err();
+    if std::env::var("XOR_ONLY").is_ok() {
+        o.delta = codec::DeltaSearch::Xor;
+    }
     let mut s = Scratch::default();
     let mut frames: Vec<Vec<u8>> = vec![Vec::new(); jobs.len()];
     // The fastest pass counts: on a shared machine noise only slows.

@@ -173,7 +173,7 @@ impl Log2 {
 /// Smallest block worth a rANS table.
 const RANS_MIN_SYMBOLS: usize = 1024;
 /// Smallest block worth context-modelled rANS (up to eight tables).
-const RANS_CTX_MIN_SYMBOLS: usize = 4096;
+pub(super) const RANS_CTX_MIN_SYMBOLS: usize = 4096;
 
 /// Encode one block, appending its payload to `out`; returns its mode. A
 /// raw block's payload is its symbols as they are, which the caller places

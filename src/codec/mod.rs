@@ -291,21 +291,26 @@ pub fn encode_into(
         huffman: huff,
         ..
     } = scratch;
+    // Context coding takes blocks of `RANS_CTX_MIN_SYMBOLS` or more: a
+    // shorter chunk neither estimates it nor builds its models.
+    let ctx_ok = opts.rans && n >= block::RANS_CTX_MIN_SYMBOLS;
     let mut ops = vec![StreamOp::Keep; w];
     let mut delta = Delta::None;
     if let Some(base) = base {
         delta = Delta::PerStream;
         match opts.delta {
             DeltaSearch::Xor => ops.fill(StreamOp::Xor),
-            DeltaSearch::Best => match choose_delta(body, base, w, rotate, dtype.is_float()) {
-                Choice::PerStream(o) => {
-                    ops = o;
-                    if ops.iter().all(|&o| o == StreamOp::Keep) {
-                        delta = Delta::None;
+            DeltaSearch::Best => {
+                match choose_delta(body, base, w, rotate, dtype.is_float(), ctx_ok) {
+                    Choice::PerStream(o) => {
+                        ops = o;
+                        if ops.iter().all(|&o| o == StreamOp::Keep) {
+                            delta = Delta::None;
+                        }
                     }
+                    Choice::Ulp => delta = Delta::Ulp,
                 }
-                Choice::Ulp => delta = Delta::Ulp,
-            },
+            }
         }
     }
     let rotated = rotate && delta != Delta::Ulp;
@@ -313,7 +318,7 @@ pub fn encode_into(
     // Delta frames: the context model of each block (one for all streams)
     // and the class of each element's context.
     let mut models = Vec::new();
-    if let (Some(base), true) = (base, delta != Delta::None) {
+    if let (Some(base), true) = (base, delta != Delta::None && ctx_ok) {
         layout::context_bytes(base, w, dtype.is_float(), ctx);
         let classes = layout::grow(classes, n);
         for (b, c) in ctx[..n]
@@ -432,9 +437,16 @@ enum Choice {
 /// Pick the delta representation by the estimated coded size of a sample
 /// (up to 4 evenly spaced runs of 1024 elements): per stream the cheapest
 /// of keep / XOR / zigzag difference, or the whole-element ULP difference,
-/// each coded plainly or with the base's exponent byte as context; or no
-/// delta at all.
-fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -> Choice {
+/// each coded plainly or (if `ctx_ok`) with the base's exponent byte as
+/// context; or no delta at all.
+fn choose_delta(
+    body: &[u8],
+    base: &[u8],
+    w: usize,
+    rotate: bool,
+    float: bool,
+    ctx_ok: bool,
+) -> Choice {
     let n = body.len() / w;
     const RUN: usize = 1024;
     const RUNS: usize = 4;
@@ -457,19 +469,21 @@ fn choose_delta(body: &[u8], base: &[u8], w: usize, rotate: bool, float: bool) -
     let m = sample.len() / w;
     let s: Vec<&[u8]> = s.iter().map(|v| &v[..m]).collect();
     let bs: Vec<&[u8]> = bs.iter().map(|v| &v[..m]).collect();
-    let mut ctx = Vec::new();
-    layout::context_bytes(&sample_base, w, float, &mut ctx);
-    let model = rans::CtxModel::new(&ctx);
-    let mut classes = Vec::new();
-    model.classes(&ctx, &mut classes);
+    let ctx_model = ctx_ok.then(|| {
+        let mut ctx = Vec::new();
+        layout::context_bytes(&sample_base, w, float, &mut ctx);
+        let model = rans::CtxModel::new(&ctx);
+        let mut classes = Vec::new();
+        model.classes(&ctx, &mut classes);
+        (model, classes)
+    });
     // Context modelling only pays on streams with structure; near-noise
     // streams (>= 7.5 bits/symbol, low mantissa bytes) skip its estimate.
-    let with_ctx = |t: &[u8], plain: f64| {
-        if plain < 7.5 * t.len() as f64 {
-            plain.min(model.cost_bits(t, &classes))
-        } else {
-            plain
+    let with_ctx = |t: &[u8], plain: f64| match &ctx_model {
+        Some((model, classes)) if plain < 7.5 * t.len() as f64 => {
+            plain.min(model.cost_bits(t, classes))
         }
+        _ => plain,
     };
     let cost = |t: &[u8]| with_ctx(t, block_cost(t));
     let mut ops = Vec::with_capacity(w);
