@@ -247,7 +247,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 let kind = if c.stats.max_depth == 0 {
                     "snapshot".to_string()
                 } else {
-                    format!("delta depth {}", c.stats.max_depth)
+                    format!("delta depth {} when committed", c.stats.max_depth)
                 };
                 s.push_str(&format!(
                     "{}  step {:>7}  {}  {} files  {} -> {}  {}  {}  {}\n",
