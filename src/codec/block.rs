@@ -219,7 +219,7 @@ pub fn encode(
         if est + floor >= keep_raw_above {
             return BlockMode::Raw;
         }
-        let (lo, hi) = min_max(syms);
+        let (lo, hi, diffs) = min_max(syms);
         if lo == hi {
             out.push(lo);
             return BlockMode::Const;
@@ -239,6 +239,19 @@ pub fn encode(
         if est >= keep_raw_above || (ctx.is_none() && est + table_floor((lo, hi)) >= keep_raw_above)
         {
             return BlockMode::Raw;
+        }
+        // A block that packs within `PACKED_SLACK` of the sample's entropy
+        // (which no coding with a table comes under) is packed without
+        // counting it whole: the shape follows from its least, greatest
+        // and the bits in which its symbols differ.
+        if ctx.is_none() && opts.packed {
+            if let Some(p) = packed::Shape::of_bounds(lo, hi, diffs) {
+                let bytes = p.payload_bytes(n) as f64;
+                if bytes < keep_raw_above && bytes <= est * (1.0 + PACKED_SLACK) {
+                    packed::encode(syms, p, out);
+                    return BlockMode::Packed;
+                }
+            }
         }
         if let Some((model, classes)) = ctx {
             let p = rans::ctx_plan(syms, model, classes);
@@ -379,26 +392,39 @@ pub(super) const COARSE_STEP: usize = 16;
 /// exceeds the raw threshold by this much.
 const COARSE_MARGIN_BITS: f64 = 0.01;
 
-/// Least and greatest symbol of a block (vectorised by the compiler, with
-/// 32-byte registers where the CPU has AVX2).
+/// Least and greatest symbol of a block, and the bits in which any symbol
+/// differs from the first (the OR of their XORs with it: its trailing
+/// zeros are the largest power of two dividing every distance between
+/// symbols). Vectorised by the compiler, with 32-byte registers where the
+/// CPU has AVX2.
 #[inline(always)]
-fn min_max_body(s: &[u8]) -> (u8, u8) {
+fn min_max_body(s: &[u8]) -> (u8, u8, u8) {
+    let Some(&first) = s.first() else {
+        return (0, 0, 0);
+    };
     let mut lo = [u8::MAX; 32];
     let mut hi = [0u8; 32];
+    let mut diff = [0u8; 32];
     let mut it = s.chunks_exact(32);
     for c in &mut it {
         for i in 0..32 {
             lo[i] = lo[i].min(c[i]);
             hi[i] = hi[i].max(c[i]);
+            diff[i] |= c[i] ^ first;
         }
     }
     let rest = it.remainder();
-    let lo = rest.iter().chain(&lo).copied().min().unwrap_or(0);
-    let hi = rest.iter().chain(&hi).copied().max().unwrap_or(0);
-    (lo, hi)
+    let lo = rest.iter().chain(&lo).copied().fold(u8::MAX, u8::min);
+    let hi = rest.iter().chain(&hi).copied().fold(0, u8::max);
+    let diff = rest
+        .iter()
+        .map(|&b| b ^ first)
+        .chain(diff)
+        .fold(0, |a, b| a | b);
+    (lo, hi, diff)
 }
 
-dispatch!(min_max, min_max_body, (s: &[u8]) -> (u8, u8));
+dispatch!(min_max, min_max_body, (s: &[u8]) -> (u8, u8, u8));
 
 /// Decoding tables kept between blocks (allocated once per thread).
 #[derive(Default)]
@@ -451,4 +477,28 @@ pub fn decode(
         BlockMode::Packed => packed::decode(payload, start as u64, out)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn min_max_matches_the_naive_fold(s in proptest::collection::vec(any::<u8>(), 0..200), lo in any::<u8>()) {
+            // Also narrow blocks (every symbol in `lo .. lo + 8`), where the
+            // differing bits are few.
+            let narrow: Vec<u8> = s.iter().map(|&b| lo.saturating_add(b % 8)).collect();
+            for s in [&s, &narrow] {
+                let first = s.first().copied().unwrap_or(0);
+                let naive = (
+                    s.iter().copied().min().unwrap_or(0),
+                    s.iter().copied().max().unwrap_or(0),
+                    s.iter().fold(0, |a, &b| a | (b ^ first)),
+                );
+                prop_assert_eq!(min_max(s), naive);
+            }
+        }
+    }
 }

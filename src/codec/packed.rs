@@ -40,7 +40,20 @@ impl Shape {
         let hi = 255 - h.iter().rev().position(|&c| c > 0)?;
         let diffs = (lo..=hi)
             .filter(|&v| h[v] > 0)
-            .fold(0u32, |a, v| a | (v - lo) as u32);
+            .fold(0, |a, v| a | (v ^ lo) as u8);
+        Shape::of_bounds(lo as u8, hi as u8, diffs)
+    }
+
+    /// The packing of symbols from `lo` to `hi` that differ from one
+    /// another only in the bits of `diffs` (any symbol XOR all the others,
+    /// ORed), if it takes 7 bits or fewer: the same shape as [`Shape::of`]
+    /// on their exact histogram, since the largest power of two dividing
+    /// every distance from the least is the lowest bit in which any two
+    /// symbols differ.
+    pub fn of_bounds(lo: u8, hi: u8, diffs: u8) -> Option<Shape> {
+        if lo > hi {
+            return None;
+        }
         let shift = if diffs == 0 {
             0
         } else {
@@ -48,11 +61,7 @@ impl Shape {
         };
         let span = ((hi - lo) as u32) >> shift;
         let bits = (u32::BITS - span.leading_zeros()).max(1);
-        Shape::valid(bits, shift).then_some(Shape {
-            lo: lo as u8,
-            bits,
-            shift,
-        })
+        Shape::valid(bits, shift).then_some(Shape { lo, bits, shift })
     }
 
     /// Payload bytes of `n` symbols packed this way.
@@ -344,6 +353,21 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn the_shape_from_bounds_is_the_shape_from_the_histogram(
+            syms in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 1..200),
+                // Few values on a step: the shapes that pack.
+                (any::<u8>(), 0u32..8, proptest::collection::vec(0u8..4, 1..200))
+                    .prop_map(|(lo, shift, v)| v.iter().map(|&x| lo.wrapping_add(x << shift)).collect()),
+            ],
+        ) {
+            let lo = *syms.iter().min().unwrap();
+            let hi = *syms.iter().max().unwrap();
+            let diffs = syms.iter().fold(0, |a, &s| a | (s ^ syms[0]));
+            prop_assert_eq!(Shape::of_bounds(lo, hi, diffs), shape_of(&syms));
+        }
+
         #[test]
         fn packed_blocks_round_trip_and_match_the_naive_reader(
             lo in 0u8..=255,
