@@ -1,12 +1,19 @@
 //! Quick single-core speed probe of the codec on the corpus, for profiling:
 //! `cargo run --release --example codec_speed -- ../shared/corpus/gpt-small bf16 full 20`
 //! (dtype: bf16|fp32; mode: full|delta; passes). Prints MiB/s of encode and
-//! decode. The real benchmark is `ckvc debug codec-bench`.
+//! decode. THREADS=N times the passes on a pool of N threads. The real
+//! benchmark is `ckvc debug codec-bench`.
 
 use std::time::Instant;
 
 use ckvc::bench::{load_run, with_bases, BenchOptions};
 use ckvc::codec::{self, Options, Scratch};
+use rayon::prelude::*;
+
+thread_local! {
+    /// Each pool thread's scratch (THREADS=N).
+    static SCRATCH: std::cell::RefCell<(Scratch, Vec<u8>)> = Default::default();
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -79,10 +86,33 @@ fn main() {
     } else {
         passes
     };
+    // THREADS=N: every pass on a rayon pool of N threads, back to back
+    // (the bench interleaves its codecs' passes instead).
+    let pool = std::env::var("THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(|n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("a rayon pool")
+        });
     for _ in 0..enc_passes {
         let t = Instant::now();
-        for (j, f) in jobs.iter().zip(frames.iter_mut()) {
-            codec::encode_into(j.1, j.2, j.0, &o, f, &mut s);
+        match &pool {
+            Some(p) => p.install(|| {
+                jobs.par_iter()
+                    .zip(frames.par_iter_mut())
+                    .for_each(|(j, f)| {
+                        SCRATCH
+                            .with_borrow_mut(|(s, _)| codec::encode_into(j.1, j.2, j.0, &o, f, s))
+                    })
+            }),
+            None => {
+                for (j, f) in jobs.iter().zip(frames.iter_mut()) {
+                    codec::encode_into(j.1, j.2, j.0, &o, f, &mut s);
+                }
+            }
         }
         enc = enc.min(t.elapsed().as_secs_f64());
     }
@@ -95,8 +125,21 @@ fn main() {
     };
     for _ in 0..dec_passes {
         let t = Instant::now();
-        for (j, f) in jobs.iter().zip(&frames) {
-            codec::decode_into(f, j.2, codec::HARD_MAX_RAW_LEN, &mut out, &mut s).expect("decodes");
+        match &pool {
+            Some(p) => p.install(|| {
+                jobs.par_iter().zip(&frames).for_each(|(j, f)| {
+                    SCRATCH.with_borrow_mut(|(s, out)| {
+                        codec::decode_into(f, j.2, codec::HARD_MAX_RAW_LEN, out, s)
+                            .expect("decodes");
+                    })
+                })
+            }),
+            None => {
+                for (j, f) in jobs.iter().zip(&frames) {
+                    codec::decode_into(f, j.2, codec::HARD_MAX_RAW_LEN, &mut out, &mut s)
+                        .expect("decodes");
+                }
+            }
         }
         dec = dec.min(t.elapsed().as_secs_f64());
     }
