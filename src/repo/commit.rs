@@ -372,11 +372,8 @@ impl Writer<'_> {
             .map_init(Scratch::default, |scratch, job| {
                 // The base must be readable and its chain short enough.
                 let base = match (job.dtype, job.base) {
-                    (Some(_), Some(b)) => match repo.read_chunk_depth(&b, 0) {
-                        Ok((raw, depth)) if depth < max_chain && raw.len() == job.raw.len() => {
-                            Some((b, raw, depth))
-                        }
-                        Ok(_) => None,
+                    (Some(_), Some(b)) => match repo.read_base(&b, max_chain, job.raw.len()) {
+                        Ok(base) => base.map(|(raw, depth)| (b, raw, depth)),
                         Err(e) if e.is_corruption() => None,
                         Err(e) => return Err(e),
                     },

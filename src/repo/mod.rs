@@ -530,9 +530,43 @@ impl Repository {
         self.read_chunk_with(id, hops, None)
     }
 
+    /// A new chunk's delta base: its raw bytes and stored depth, or `None`
+    /// when its recorded chain is `max_chain` deep already or its length
+    /// is not `raw_len` (the new chunk is then stored whole), without
+    /// decoding that chain for nothing.
+    pub(crate) fn read_base(
+        &self,
+        id: &ChunkId,
+        max_chain: u16,
+        raw_len: usize,
+    ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
+        let rec = self.chunk_record(id)?.ok_or(RepoError::Missing {
+            what: format!("chunk {}", id.short(12)),
+        })?;
+        if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
+            return Ok(None);
+        }
+        self.decode_record(id, rec, 0, None).map(Some)
+    }
+
     fn read_chunk_with(
         &self,
         id: &ChunkId,
+        hops: u16,
+        cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
+    ) -> Result<(Vec<u8>, u16), RepoError> {
+        let rec = self.chunk_record(id)?.ok_or(RepoError::Missing {
+            what: format!("chunk {}", id.short(12)),
+        })?;
+        self.decode_record(id, rec, hops, cache)
+    }
+
+    /// Decode the record of chunk `id`, `hops` deltas down a chain,
+    /// through its base (from `cache` when there) and verify it.
+    fn decode_record(
+        &self,
+        id: &ChunkId,
+        rec: ChunkRecord,
         hops: u16,
         cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
     ) -> Result<(Vec<u8>, u16), RepoError> {
@@ -543,9 +577,6 @@ impl Repository {
                 reason: format!("delta chain longer than {HARD_MAX_CHAIN} (a cycle?)"),
             });
         }
-        let rec = self
-            .chunk_record(id)?
-            .ok_or(RepoError::Missing { what: what() })?;
         let raw = match rec.payload {
             Payload::Zstd => {
                 if rec.base.is_some() {

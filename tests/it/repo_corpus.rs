@@ -63,6 +63,24 @@ fn every_step_commits_and_checks_out_byte_exact_and_a_branch_resumes_mid_run() {
         log.iter().any(|e| e.commit.stats.max_depth > 0),
         "deltas are used"
     );
+    // Chains stop at `max_chain`: the step after the one where a tensor's
+    // chain reached it stores that tensor whole, and its chain starts
+    // again (a matrix here; biases start from shared zeros at step 0, so
+    // their chains run a step behind).
+    let max_chain = Config::default().max_chain;
+    let depths: Vec<u16> = ids
+        .iter()
+        .map(|(_, id, _)| {
+            let r = reader.show(id).unwrap();
+            let f = r.files.iter().find(|f| f.path == "model.safetensors");
+            let f = f.expect("weights");
+            assert!(f.storage().max_depth <= max_chain);
+            let t = f.tensors().find(|t| t.name == "h.0.c_attn.weight");
+            t.expect("a matrix").storage.max_depth
+        })
+        .collect();
+    let expect: Vec<u16> = (0..ids.len() as u16).map(|i| i % (max_chain + 1)).collect();
+    assert_eq!(depths, expect);
     assert_eq!(reader.resolve("HEAD~1").unwrap(), ids[10].1);
     drop(reader);
 
