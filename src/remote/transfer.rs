@@ -483,6 +483,9 @@ pub struct FetchReport {
     pub reencoded: u64,
     /// Commits whose parents were left behind (shallow fetch).
     pub shallow: Vec<CommitId>,
+    /// The most decoded delta bases held in memory at once while verifying
+    /// (chunks are verified chain by chain, so about the chains' depth).
+    pub bases_held_peak: u64,
 }
 
 /// A staged pack file and where each of its entries is (offset, length).
@@ -717,7 +720,42 @@ pub fn fetch(
             }
         }
         order.sort();
-        progress.start("verify", 0, order.len() as u64);
+        // Chain by chain: each chunk right after its base, in a depth-first
+        // walk from the chunks whose base is not fetched, so that only the
+        // bases along the walk are held decoded, not every base of a depth
+        // (a clone of many keyframes would hold them all). Chunks no walk
+        // reaches (a cycle of bases) come last, so their decoding names
+        // the damage.
+        let mut children: HashMap<ChunkId, Vec<ChunkId>> = HashMap::new();
+        for (_, id) in &order {
+            if let Some(b) = plan.chunks[id].1.filter(|b| plan.chunks.contains_key(b)) {
+                children.entry(b).or_default().push(*id);
+            }
+        }
+        let mut walk = Vec::with_capacity(order.len());
+        let mut seen = HashSet::with_capacity(order.len());
+        for (_, root) in &order {
+            if plan.chunks[root]
+                .1
+                .is_some_and(|b| plan.chunks.contains_key(&b))
+            {
+                continue;
+            }
+            let mut stack = vec![*root];
+            while let Some(id) = stack.pop() {
+                if seen.insert(id) {
+                    walk.push(id);
+                    stack.extend(children.get(&id).into_iter().flatten().rev());
+                }
+            }
+        }
+        walk.extend(
+            order
+                .iter()
+                .map(|(_, id)| *id)
+                .filter(|id| !seen.contains(id)),
+        );
+        progress.start("verify", 0, walk.len() as u64);
         let mut v = Verifier {
             repo,
             stage: &mut stage,
@@ -727,7 +765,7 @@ pub fn fetch(
         let mut batch = Batch::new();
         batch.unlogged();
         let written = now_secs();
-        for (_, id) in &order {
+        for id in &walk {
             let (mut rec, n) = v.record(id)?;
             let base = match &rec.base {
                 Some(b) => Some(v.raw(b, 1)?),
@@ -761,6 +799,7 @@ pub fn fetch(
             };
             if dependents.get(id).is_some_and(|&d| d > 0) {
                 v.cache.insert(*id, std::sync::Arc::new(raw));
+                report.bases_held_peak = report.bases_held_peak.max(v.cache.len() as u64);
             }
             batch.put(Space::Chunks, id.as_bytes(), bytes);
             report.objects += 1;

@@ -285,6 +285,9 @@ fn remote_directory_push_clone_pull_round_trip_the_corpus() {
     assert_eq!(rep.branch.as_deref(), Some("main"));
     assert_eq!(rep.fetch.commits as usize, first.len());
     assert!(!tmp.path().join("b/.ckvc/fetch").exists());
+    // Verified chain by chain: a handful of decoded bases in memory at
+    // once, not one per keyframed chunk (hundreds here).
+    assert!(rep.fetch.bases_held_peak <= 8, "{:?}", rep.fetch);
     for (step, dir) in first {
         let id = b.resolve(&step.to_string()).unwrap();
         let out = tmp.path().join(format!("b-out-{step}"));
