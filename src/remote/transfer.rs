@@ -20,6 +20,10 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
 use crate::codec;
 use crate::repo::objects::{
     object_key, ChunkRecord, Commit, FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT,
@@ -552,17 +556,34 @@ impl Stage<'_> {
         Ok(())
     }
 
-    /// The bytes of an object the remote holds.
-    fn get(&mut self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
+    /// The pack the remote's index names for an object.
+    fn pack_of(&self, kind: Kind, id: &[u8; 32]) -> Result<Hash32, RemoteError> {
         let what = || format!("{} {}", kind.name(), crate::store::to_hex(&id[..6]));
-        let name = *self.index.entries.get(&(kind, *id)).ok_or_else(|| {
+        self.index.entries.get(&(kind, *id)).copied().ok_or_else(|| {
             corrupt(
                 what(),
                 "is named by the remote's history but no pack holds it (a ref pointing at a missing pack?)",
             )
-        })?;
+        })
+    }
+
+    /// The bytes of an object the remote holds, staging its pack first.
+    fn get(&mut self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
+        let name = self.pack_of(kind, id)?;
         self.load(&name)?;
-        let (file, map) = &self.loaded[&name];
+        self.get_staged(kind, id)
+    }
+
+    /// The bytes of an object whose pack is staged already.
+    fn get_staged(&self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
+        let what = || format!("{} {}", kind.name(), crate::store::to_hex(&id[..6]));
+        let name = self.pack_of(kind, id)?;
+        let (file, map) = self.loaded.get(&name).ok_or_else(|| {
+            corrupt(
+                format!("pack {}", pack_key(&name)),
+                "was not staged before verifying (a bug)",
+            )
+        })?;
         let &(off, len) = map.get(&(kind, *id)).ok_or_else(|| {
             corrupt(
                 format!("pack index {}", idx_key(&name)),
@@ -610,18 +631,107 @@ fn decode_verified(
     Ok(raw)
 }
 
+/// Verifies the fetched chunks and writes them, one walk (a root and the
+/// chunks based on it, depth first) at a time; walks run in parallel and
+/// share the batch being filled.
 struct Verifier<'a, 'b> {
     repo: &'a Repository,
-    stage: &'a mut Stage<'b>,
-    /// Raw bytes of chunks other chunks still need as a base.
-    cache: HashMap<ChunkId, std::sync::Arc<Vec<u8>>>,
+    stage: &'a Stage<'b>,
+    plan: &'a Plan,
+    /// The fetched chunks based on each fetched chunk.
+    children: &'a HashMap<ChunkId, Vec<ChunkId>>,
+    /// The write time the records get.
+    written: u64,
+    zstd_level: i32,
+    progress: &'a dyn Progress,
+    /// Verified records not written yet (written at `BATCH_BYTES`).
+    batch: std::sync::Mutex<Batch>,
+    reencoded: AtomicU64,
+    bases_held_peak: AtomicU64,
+}
+
+fn unlogged_batch() -> Batch {
+    let mut b = Batch::new();
+    b.unlogged();
+    b
 }
 
 impl Verifier<'_, '_> {
-    /// Raw bytes of a chunk from the local store (verified on read) or the
-    /// staged packs (decoded and verified here).
-    fn raw(&mut self, id: &ChunkId, hops: u16) -> Result<std::sync::Arc<Vec<u8>>, RemoteError> {
-        if let Some(r) = self.cache.get(id) {
+    /// Verify the chunks of `walk` (each after its base) and put their
+    /// records in the batch; a decoded base is dropped once its last
+    /// fetched dependent in the walk is verified.
+    fn walk(&self, walk: &[ChunkId], scratch: &mut codec::Scratch) -> Result<(), RemoteError> {
+        let mut cache: HashMap<ChunkId, std::sync::Arc<Vec<u8>>> = HashMap::new();
+        // Dependents of each chunk still to verify in this walk (a chunk
+        // re-encoded whole reads its base by itself).
+        let mut pending: HashMap<ChunkId, usize> = HashMap::new();
+        for id in walk {
+            let n = self.children.get(id).map_or(0, |c| {
+                c.iter().filter(|c| !self.plan.reencode.contains(c)).count()
+            });
+            pending.insert(*id, n);
+        }
+        for id in walk {
+            let (mut rec, n) = self.record(id)?;
+            let base = match &rec.base {
+                Some(b) => Some(self.raw(b, 1, &cache)?),
+                None => None,
+            };
+            let raw = decode_verified(id, &rec, base.as_deref().map(|b| b.as_slice()))?;
+            if let (Some(b), false) = (&rec.base, self.plan.reencode.contains(id)) {
+                if let Some(d) = pending.get_mut(b) {
+                    *d = d.saturating_sub(1);
+                    if *d == 0 {
+                        cache.remove(b);
+                    }
+                }
+            }
+            let bytes = if self.plan.reencode.contains(id) {
+                let dtype = match rec.payload {
+                    Payload::Codec => Some(
+                        codec::FrameInfo::parse(&rec.data)
+                            .map_err(|e| corrupt(format!("chunk {}", id.short(12)), e.to_string()))?
+                            .dtype,
+                    ),
+                    Payload::Zstd => None,
+                };
+                self.reencoded.fetch_add(1, Ordering::Relaxed);
+                encode_record(&raw, dtype, None, self.zstd_level, scratch)?.encode()
+            } else {
+                // Stamped now, so gc's grace period covers the records until
+                // the final batch references them.
+                rec.written = self.written;
+                rec.encode()
+            };
+            if pending.get(id).is_some_and(|&d| d > 0) {
+                cache.insert(*id, std::sync::Arc::new(raw));
+                self.bases_held_peak
+                    .fetch_max(cache.len() as u64, Ordering::Relaxed);
+            }
+            let full = {
+                let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+                b.put(Space::Chunks, id.as_bytes(), bytes);
+                (b.payload_bytes() >= BATCH_BYTES)
+                    .then(|| std::mem::replace(&mut *b, unlogged_batch()))
+            };
+            if let Some(full) = full {
+                self.repo.store().write(full).map_err(RepoError::from)?;
+            }
+            self.progress.advance(n as u64, 1);
+        }
+        Ok(())
+    }
+
+    /// Raw bytes of a chunk: from this walk's decoded bases, the local
+    /// store (verified on read) or the staged packs (decoded and verified
+    /// here, through its chain).
+    fn raw(
+        &self,
+        id: &ChunkId,
+        hops: u16,
+        cache: &HashMap<ChunkId, std::sync::Arc<Vec<u8>>>,
+    ) -> Result<std::sync::Arc<Vec<u8>>, RemoteError> {
+        if let Some(r) = cache.get(id) {
             return Ok(r.clone());
         }
         if hops > HARD_MAX_CHAIN {
@@ -640,7 +750,7 @@ impl Verifier<'_, '_> {
         }
         let (rec, _) = self.record(id)?;
         let base = match &rec.base {
-            Some(b) => Some(self.raw(b, hops + 1)?),
+            Some(b) => Some(self.raw(b, hops + 1, cache)?),
             None => None,
         };
         Ok(std::sync::Arc::new(decode_verified(
@@ -650,8 +760,8 @@ impl Verifier<'_, '_> {
         )?))
     }
 
-    fn record(&mut self, id: &ChunkId) -> Result<(ChunkRecord, usize), RemoteError> {
-        let bytes = self.stage.get(Kind::Chunk, id.as_bytes())?;
+    fn record(&self, id: &ChunkId) -> Result<(ChunkRecord, usize), RemoteError> {
+        let bytes = self.stage.get_staged(Kind::Chunk, id.as_bytes())?;
         let n = bytes.len();
         let rec = ChunkRecord::decode(&bytes).map_err(|r| {
             corrupt(
@@ -709,38 +819,25 @@ pub fn fetch(
 
         // Verify every chunk (bases first) and write it; nothing unverified
         // reaches the store.
-        let mut order: Vec<(u16, ChunkId)> = Vec::with_capacity(plan.chunks.len());
-        let mut dependents: HashMap<ChunkId, usize> = HashMap::new();
-        for (id, (depth, base, _)) in &plan.chunks {
-            order.push((*depth, *id));
-            if let Some(b) = base {
-                if plan.chunks.contains_key(b) && !plan.reencode.contains(id) {
-                    *dependents.entry(*b).or_default() += 1;
-                }
-            }
-        }
+        let mut order: Vec<(u16, ChunkId)> = plan.chunks.iter().map(|(id, c)| (c.0, *id)).collect();
         order.sort();
         // Chain by chain: each chunk right after its base, in a depth-first
-        // walk from the chunks whose base is not fetched, so that only the
-        // bases along the walk are held decoded, not every base of a depth
-        // (a clone of many keyframes would hold them all). Chunks no walk
-        // reaches (a cycle of bases) come last, so their decoding names
-        // the damage.
+        // walk from each chunk whose base is not fetched (a root), so that
+        // only the bases along a walk are held decoded, not every base of a
+        // depth (a clone of many keyframes would hold them all). The walks
+        // are independent and verified in parallel. Chunks no walk reaches
+        // (a cycle of bases) come last, so their decoding names the damage.
+        let fetched_base = |id: &ChunkId| plan.chunks[id].1.filter(|b| plan.chunks.contains_key(b));
         let mut children: HashMap<ChunkId, Vec<ChunkId>> = HashMap::new();
         for (_, id) in &order {
-            if let Some(b) = plan.chunks[id].1.filter(|b| plan.chunks.contains_key(b)) {
+            if let Some(b) = fetched_base(id) {
                 children.entry(b).or_default().push(*id);
             }
         }
-        let mut walk = Vec::with_capacity(order.len());
+        let mut walks: Vec<Vec<ChunkId>> = Vec::new();
         let mut seen = HashSet::with_capacity(order.len());
-        for (_, root) in &order {
-            if plan.chunks[root]
-                .1
-                .is_some_and(|b| plan.chunks.contains_key(&b))
-            {
-                continue;
-            }
+        for (_, root) in order.iter().filter(|(_, id)| fetched_base(id).is_none()) {
+            let mut walk = Vec::new();
             let mut stack = vec![*root];
             while let Some(id) = stack.pop() {
                 if seen.insert(id) {
@@ -748,69 +845,44 @@ pub fn fetch(
                     stack.extend(children.get(&id).into_iter().flatten().rev());
                 }
             }
+            walks.push(walk);
         }
-        walk.extend(
-            order
-                .iter()
-                .map(|(_, id)| *id)
-                .filter(|id| !seen.contains(id)),
-        );
-        progress.start("verify", 0, walk.len() as u64);
-        let mut v = Verifier {
+        let rest: Vec<ChunkId> = order
+            .iter()
+            .map(|(_, id)| *id)
+            .filter(|id| !seen.contains(id))
+            .collect();
+        if !rest.is_empty() {
+            walks.push(rest);
+        }
+        // Every pack the walks read is staged now (planning read their
+        // headers), so the walks only read the stage.
+        for (_, id) in &order {
+            let pack = stage.pack_of(Kind::Chunk, id.as_bytes())?;
+            stage.load(&pack)?;
+        }
+        progress.start("verify", 0, order.len() as u64);
+        let v = Verifier {
             repo,
-            stage: &mut stage,
-            cache: HashMap::new(),
+            stage: &stage,
+            plan: &plan,
+            children: &children,
+            written: now_secs(),
+            zstd_level: repo.config().zstd_level,
+            progress,
+            batch: std::sync::Mutex::new(unlogged_batch()),
+            reencoded: AtomicU64::new(0),
+            bases_held_peak: AtomicU64::new(0),
         };
-        let mut scratch = codec::Scratch::default();
-        let mut batch = Batch::new();
-        batch.unlogged();
-        let written = now_secs();
-        for id in &walk {
-            let (mut rec, n) = v.record(id)?;
-            let base = match &rec.base {
-                Some(b) => Some(v.raw(b, 1)?),
-                None => None,
-            };
-            let raw = decode_verified(id, &rec, base.as_deref().map(|b| b.as_slice()))?;
-            if let Some(b) = &rec.base {
-                if let Some(d) = dependents.get_mut(b) {
-                    *d -= 1;
-                    if *d == 0 {
-                        v.cache.remove(b);
-                    }
-                }
-            }
-            let bytes = if plan.reencode.contains(id) {
-                let dtype = match rec.payload {
-                    Payload::Codec => Some(
-                        codec::FrameInfo::parse(&rec.data)
-                            .map_err(|e| corrupt(format!("chunk {}", id.short(12)), e.to_string()))?
-                            .dtype,
-                    ),
-                    Payload::Zstd => None,
-                };
-                report.reencoded += 1;
-                encode_record(&raw, dtype, None, repo.config().zstd_level, &mut scratch)?.encode()
-            } else {
-                // Stamped now, so gc's grace period covers the records until
-                // the final batch references them.
-                rec.written = written;
-                rec.encode()
-            };
-            if dependents.get(id).is_some_and(|&d| d > 0) {
-                v.cache.insert(*id, std::sync::Arc::new(raw));
-                report.bases_held_peak = report.bases_held_peak.max(v.cache.len() as u64);
-            }
-            batch.put(Space::Chunks, id.as_bytes(), bytes);
-            report.objects += 1;
-            progress.advance(n as u64, 1);
-            if batch.payload_bytes() >= BATCH_BYTES {
-                repo.store()
-                    .write(std::mem::take(&mut batch))
-                    .map_err(RepoError::from)?;
-                batch.unlogged();
-            }
-        }
+        walks
+            .par_iter()
+            .try_for_each_init(codec::Scratch::default, |scratch, walk| {
+                v.walk(walk, scratch)
+            })?;
+        report.objects += order.len() as u64;
+        report.reencoded += v.reencoded.into_inner();
+        report.bases_held_peak = v.bases_held_peak.into_inner();
+        let batch = v.batch.into_inner().unwrap_or_else(|e| e.into_inner());
         if !batch.is_empty() {
             repo.store().write(batch).map_err(RepoError::from)?;
         }
