@@ -199,7 +199,9 @@ pub fn encode(
     // symbols per class anyway: their sum is its exact histogram.
     let ctx = ctx.filter(|_| opts.rans && n >= RANS_CTX_MIN_SYMBOLS);
     let mut plan = None;
-    let (h, scale, exact) = if n >= SAMPLE_MIN_SYMBOLS {
+    // The packing shape is exact either way: from the block's least,
+    // greatest and differing bits here, from its exact histogram below.
+    let (h, scale, exact, shape) = if n >= SAMPLE_MIN_SYMBOLS {
         // Noise (low mantissa bytes, half or more of a checkpoint) is
         // recognised on a 1-in-16 sample first: its entropy, corrected for
         // the sample's size (Miller-Madow) and less a margin, plus the
@@ -244,8 +246,9 @@ pub fn encode(
         // (which no coding with a table comes under) is packed without
         // counting it whole: the shape follows from its least, greatest
         // and the bits in which its symbols differ.
+        let shape = packed::Shape::of_bounds(lo, hi, diffs);
         if ctx.is_none() && opts.packed {
-            if let Some(p) = packed::Shape::of_bounds(lo, hi, diffs) {
+            if let Some(p) = shape {
                 let bytes = p.payload_bytes(n) as f64;
                 if bytes < keep_raw_above && bytes <= est * (1.0 + PACKED_SLACK) {
                     packed::encode(syms, p, out);
@@ -257,16 +260,16 @@ pub fn encode(
             let p = rans::ctx_plan(syms, model, classes);
             let h = p.hist;
             plan = Some(p);
-            (h, 1.0, true)
+            (h, 1.0, true, shape)
         } else if sample_bits > SAMPLE_MAX_BITS * sampled as f64 {
             // Near-flat: the sample's noise would move codes between
             // lengths; count the block (no repeated bins, so fast).
-            (histogram(syms), 1.0, true)
+            (histogram(syms), 1.0, true, shape)
         } else {
             for c in &mut sh[lo as usize..=hi as usize] {
                 *c = (*c).max(1);
             }
-            (sh, scale, false)
+            (sh, scale, false, shape)
         }
     } else {
         let h = histogram(syms);
@@ -274,14 +277,14 @@ pub fn encode(
             out.push(syms.first().copied().unwrap_or(0));
             return BlockMode::Const;
         }
-        (h, 1.0, true)
+        (h, 1.0, true, packed::Shape::of(&h))
     };
     let ideal = entropy_bits(&h) / 8.0 * scale;
     // Bit packing, where every symbol is the least plus a small field
     // shifted by a power of two (`packed::Shape`): its size is exact and
     // it has no table. Chosen unless a coding with a table saves
     // `PACKED_SLACK` over it, since it decodes several times faster.
-    let packing = packed::Shape::of(&h).filter(|_| opts.packed);
+    let packing = shape.filter(|_| opts.packed);
     let packed_bytes = packing.map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
     if ideal >= keep_raw_above {
         return BlockMode::Raw;

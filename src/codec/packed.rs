@@ -30,11 +30,9 @@ impl Shape {
         (1..8).contains(&bits) && bits + shift <= 8
     }
 
-    /// The packing of the symbols a histogram counts, if they pack in 7
-    /// bits or fewer. The shift is the largest that divides every
-    /// symbol's distance from the least, so a histogram that is only an
-    /// estimate (every value between its least and greatest counted) can
-    /// still pack by range, with shift 0.
+    /// The packing of the symbols an exact histogram counts, if they pack
+    /// in 7 bits or fewer. The shift is the largest that divides every
+    /// symbol's distance from the least.
     pub fn of(h: &[u32; 256]) -> Option<Shape> {
         let lo = h.iter().position(|&c| c > 0)?;
         let hi = 255 - h.iter().rev().position(|&c| c > 0)?;
