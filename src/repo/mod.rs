@@ -498,14 +498,14 @@ impl Repository {
         Ok(bytes)
     }
 
-    /// A chunk's stored record.
-    fn chunk_record(&self, id: &ChunkId) -> Result<Option<ChunkRecord>, RepoError> {
-        match self.store.get_vec(Space::Chunks, id.as_bytes())? {
-            None => Ok(None),
-            Some(b) => ChunkRecord::decode(&b)
-                .map(Some)
-                .map_err(corrupt(format!("chunk {}", id.short(12)))),
-        }
+    /// A chunk's stored record (missing is an error).
+    fn chunk_record(&self, id: &ChunkId) -> Result<ChunkRecord, RepoError> {
+        let what = || format!("chunk {}", id.short(12));
+        let b = self
+            .store
+            .get_vec(Space::Chunks, id.as_bytes())?
+            .ok_or_else(|| RepoError::Missing { what: what() })?;
+        ChunkRecord::decode(&b).map_err(corrupt(what()))
     }
 
     /// The raw bytes of a chunk, decoded through its delta chain and
@@ -540,9 +540,7 @@ impl Repository {
         max_chain: u16,
         raw_len: usize,
     ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
-        let rec = self.chunk_record(id)?.ok_or(RepoError::Missing {
-            what: format!("chunk {}", id.short(12)),
-        })?;
+        let rec = self.chunk_record(id)?;
         if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
             return Ok(None);
         }
@@ -555,9 +553,7 @@ impl Repository {
         hops: u16,
         cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
     ) -> Result<(Vec<u8>, u16), RepoError> {
-        let rec = self.chunk_record(id)?.ok_or(RepoError::Missing {
-            what: format!("chunk {}", id.short(12)),
-        })?;
+        let rec = self.chunk_record(id)?;
         self.decode_record(id, rec, hops, cache)
     }
 
