@@ -678,7 +678,8 @@ impl Verifier<'_, '_> {
                 None => None,
             };
             let raw = decode_verified(id, &rec, base.as_deref().map(|b| b.as_slice()))?;
-            if let (Some(b), false) = (&rec.base, self.plan.reencode.contains(id)) {
+            let reencode = self.plan.reencode.contains(id);
+            if let (Some(b), false) = (&rec.base, reencode) {
                 if let Some(d) = pending.get_mut(b) {
                     *d = d.saturating_sub(1);
                     if *d == 0 {
@@ -686,7 +687,7 @@ impl Verifier<'_, '_> {
                     }
                 }
             }
-            let bytes = if self.plan.reencode.contains(id) {
+            let bytes = if reencode {
                 let dtype = match rec.payload {
                     Payload::Codec => Some(
                         codec::FrameInfo::parse(&rec.data)
