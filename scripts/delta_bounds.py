@@ -132,13 +132,15 @@ def main():
             z = streams(ulp(a, b, width), width)
             top = ((a >> (8 * width - 8)) & 255).astype(np.uint8)
             rows[0] += sum(order0(t) for t in x)
-            rows[1] += min(sum(adaptive(t) for t in s) for s in (x, z))
-            rows[2] += min(sum(adaptive(t, top) for t in s) for s in (x, z))
-            rows[3] += min(sum(adaptive(t[1:], t[:-1]) + 8 for t in s) for s in (x, z))
-            rows[4] += min(
-                sum(min(adaptive(t), adaptive(t, top), adaptive(t[1:], t[:-1]) + 8) for t in s)
+            # Per representation and stream: order-0, top-byte context,
+            # order-1 (the first symbol at 8 bits).
+            costs = [
+                [(adaptive(t), adaptive(t, top), adaptive(t[1:], t[:-1]) + 8) for t in s]
                 for s in (x, z)
-            )
+            ]
+            for m in range(3):
+                rows[1 + m] += min(sum(c[m] for c in cs) for cs in costs)
+            rows[4] += min(sum(min(c) for c in cs) for cs in costs)
         prev = cur
     names = [
         "order-0 entropy of the XOR delta (bench row)",
