@@ -161,7 +161,13 @@ impl RepoError {
                 | RepoError::Decode { .. }
                 | RepoError::Missing { .. }
                 | RepoError::Damaged { .. }
-        ) || matches!(self, RepoError::Store(StoreError::Corrupt { .. }))
+        ) || matches!(self, RepoError::Store(e) if e.is_corruption())
+    }
+
+    /// True when another ckvc process holds or rewrites the repository: the
+    /// command may succeed when run again.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, RepoError::Store(e) if e.is_busy())
     }
 }
 
@@ -310,6 +316,11 @@ impl Repository {
     /// Open the repository whose root is `root`.
     pub fn open(root: &Path, write: bool) -> Result<Repository, RepoError> {
         let db = root.join(DOT_DIR).join("db");
+        // Only `init` creates a store: a repository whose store lost its
+        // CURRENT file (or the whole directory) is damaged, not new.
+        if !db.join("CURRENT").is_file() {
+            return Err(StoreError::MissingCurrent { path: db }.into());
+        }
         let mode = if write {
             Mode::ReadWrite
         } else {

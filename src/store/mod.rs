@@ -100,6 +100,25 @@ pub enum StoreError {
     /// A read-only open found no store at `path`.
     #[error("no store at {path}")]
     NotFound { path: PathBuf },
+    /// The store directory holds data but its `CURRENT` file (which names
+    /// the live manifest) is gone: opening it would start an empty store
+    /// over the old files, so nothing opens it.
+    #[error(
+        "the store's CURRENT file is missing at {path}; the store is damaged (nothing was changed)"
+    )]
+    MissingCurrent { path: PathBuf },
+    /// The storage engine could not open the store: one of its files is
+    /// damaged or missing.
+    #[error("the store at {path} cannot be opened: {reason}")]
+    Damaged { path: PathBuf, reason: String },
+    /// Too little free space to write safely: the write was refused before
+    /// anything was written.
+    #[error("no space left on the device of {path}: {free} bytes free, ckvc needs at least {need} to write safely (nothing was changed)")]
+    Full { path: PathBuf, free: u64, need: u64 },
+    /// A reader met a file that a writer's compaction (gc) replaced while it
+    /// read: not damage; the read can simply be run again.
+    #[error("the repository is being rewritten by another ckvc process (gc); retry")]
+    Rewritten,
     /// A file-system operation on `path` failed.
     #[error("I/O error at {path}: {source}")]
     Io {
@@ -123,6 +142,31 @@ pub enum StoreError {
     /// Any other error of the storage engine, with its message.
     #[error("storage engine: {0}")]
     Backend(String),
+}
+
+impl StoreError {
+    /// True for damaged stored data (as opposed to a busy or full store).
+    pub fn is_corruption(&self) -> bool {
+        match self {
+            StoreError::Corrupt { .. }
+            | StoreError::MissingCurrent { .. }
+            | StoreError::Damaged { .. } => true,
+            StoreError::Locked { .. }
+            | StoreError::NotFound { .. }
+            | StoreError::Io { .. }
+            | StoreError::Full { .. }
+            | StoreError::Rewritten
+            | StoreError::ReadOnly
+            | StoreError::Conflict { .. }
+            | StoreError::Backend(_) => false,
+        }
+    }
+
+    /// True when another process holds the store or rewrites it under a
+    /// reader: the operation may succeed when run again.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, StoreError::Locked { .. } | StoreError::Rewritten)
+    }
 }
 
 /// One write of a [`Batch`]: a put (`value: Some`) or a delete (`None`).
@@ -283,6 +327,14 @@ pub trait Store: Send + Sync {
     fn compact(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Refuses with [`StoreError::Full`] when the device could not hold a
+    /// [`Store::compact`] (which may rewrite every live value before the
+    /// old files go), so a caller can refuse before it changes anything.
+    /// Always `Ok` by default.
+    fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Conveniences on top of [`Store`], for every store.
@@ -337,5 +389,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn compact(&self) -> Result<(), StoreError> {
         (**self).compact()
+    }
+    fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
+        (**self).ensure_room_to_compact()
     }
 }

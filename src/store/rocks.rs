@@ -8,15 +8,32 @@
 //! does not rewrite megabytes of chunk data (measured by
 //! `examples/store_bench.rs`, numbers in `docs/format/store.md`).
 //!
-//! Locking: RocksDB's `LOCK` file admits one read-write process; a second
-//! read-write open, from another process or this one, fails with
-//! [`StoreError::Locked`]. Readers open with [`Mode::ReadOnly`], a RocksDB
-//! read-only instance: it takes no lock and sees everything the writer had
+//! Locking: before RocksDB is touched, a read-write open takes an exclusive
+//! `flock` on `<store>.lock` beside the store directory (`.ckvc/db.lock`),
+//! so a second writer fails with [`StoreError::Locked`] before RocksDB
+//! rotates its info log or opens anything; RocksDB's own `LOCK` file stays
+//! as a second guard.
+//!
+//! Only a missing or empty directory is created: a directory with files but
+//! no `CURRENT` is a damaged store ([`StoreError::MissingCurrent`]), and
+//! letting RocksDB "create" it would delete every table and blob file.
+//!
+//! A full disk: RocksDB 7.8 aborts the process (an assertion in its file
+//! writer) when a write-ahead-log append fails for lack of space, so every
+//! write first checks the free space of the device ([`MIN_FREE`] plus what
+//! the batch and the unflushed memtables will need) and refuses with
+//! [`StoreError::Full`] before anything is written.
+//!
+//! Readers open with [`Mode::ReadOnly`], a RocksDB read-only instance: it
+//! takes no lock and sees everything the writer had
 //! written (WAL included) when it opened; a new handle sees later writes.
 //! It keeps every table file open (`max_open_files = -1`), so the writer's
 //! compactions deleting files under it cannot break a long `checkout`. Its
 //! info log goes to a private temporary directory, removed on drop; nothing
-//! is written to the repository by a reader.
+//! is written to the repository by a reader. Blob files are opened when
+//! first read, so a reader beside `gc` can still find one gone; that is
+//! reported as [`StoreError::Rewritten`] (retry), never as corruption, when
+//! a writer holds the lock or the store's manifest moved since the open.
 //!
 //! Not a *secondary* instance: RocksDB 7.8 (Debian's librocksdb) crashes
 //! (SIGSEGV in `BlobSource::GetBlob`, computing a blob cache key) when a
@@ -84,10 +101,18 @@ pub struct RocksStore {
     // directory is removed.
     db: DB,
     _reader_dir: Option<ReaderDir>,
+    /// The writer's `flock` on `<path>.lock`, released when the store drops.
+    _lock: Option<std::fs::File>,
+    /// What `CURRENT` and the manifest it names looked like when a reader
+    /// opened: a change means a writer rewrote the store since.
+    opened_as: Option<ManifestMark>,
+    /// Bytes written since the last flush, not yet in table or blob files.
+    unflushed: AtomicU64,
     path: PathBuf,
     mode: Mode,
     sync: bool,
     blob_files: bool,
+    chunk_write_buffer: u64,
     /// Serialises writers inside this process, so a batch's preconditions are
     /// checked and its writes applied with no other write in between.
     write_lock: Mutex<()>,
@@ -113,15 +138,212 @@ fn io(path: &Path, source: std::io::Error) -> StoreError {
     }
 }
 
-fn read_error(e: rocksdb::Error, space: Space, key: &[u8]) -> StoreError {
-    if e.kind() == ErrorKind::Corruption {
-        StoreError::Corrupt {
-            space,
-            key_hex: to_hex(key),
-            reason: e.into_string(),
+/// Free space every write leaves on the device, beyond what the write
+/// itself needs: room for RocksDB's manifest, options and log files.
+pub const MIN_FREE: u64 = 8 << 20;
+
+/// Bytes free for an unprivileged writer on the device holding `path`.
+#[cfg(unix)]
+fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path and `st` points to writable
+    // memory of the size statvfs fills; nothing is read before it returns 0.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    // The field types differ between platforms (u32 on some 32-bit ones).
+    #[allow(clippy::useless_conversion)]
+    let (avail, frsize) = (u64::from(st.f_bavail), u64::from(st.f_frsize));
+    Ok(avail.saturating_mul(frsize))
+}
+
+#[cfg(not(unix))]
+fn free_bytes(_path: &Path) -> std::io::Result<u64> {
+    Ok(u64::MAX)
+}
+
+/// Refuses with [`StoreError::Full`] unless `need` bytes are free at `path`.
+fn ensure_free(path: &Path, need: u64) -> Result<(), StoreError> {
+    let free = free_bytes(path).map_err(|e| io(path, e))?;
+    if free < need {
+        return Err(StoreError::Full {
+            path: path.to_path_buf(),
+            free,
+            need,
+        });
+    }
+    Ok(())
+}
+
+/// True when RocksDB's message says a device is full.
+fn is_enospc(e: &rocksdb::Error) -> bool {
+    let m = e.as_ref();
+    m.contains("No space left on device") || m.contains("NoSpace")
+}
+
+/// A storage-engine error of a write: a full device keeps its meaning.
+fn write_error(path: &Path, e: rocksdb::Error) -> StoreError {
+    if is_enospc(&e) {
+        StoreError::Full {
+            path: path.to_path_buf(),
+            free: free_bytes(path).unwrap_or(0),
+            need: MIN_FREE,
         }
     } else {
         backend(e)
+    }
+}
+
+/// True when RocksDB's message says a file of the store is gone or
+/// unreadable (a deleted blob or table file).
+fn is_missing_file(e: &rocksdb::Error) -> bool {
+    // RocksDB says it as an IOError, or (a table file listed in the
+    // manifest but gone at open) as "Corruption: Can't access ...".
+    let m = e.as_ref();
+    m.contains("No such file")
+        || (e.kind() == ErrorKind::IOError && m.contains("while open a file"))
+}
+
+/// Opens a read-only instance; a table file that a concurrent writer's
+/// compaction deleted between RocksDB reading the manifest and opening the
+/// file is no damage: the open is tried again (a few times, then
+/// [`StoreError::Rewritten`]).
+fn open_read_only(
+    path: &Path,
+    db_opts: &Options,
+    options: &RocksOptions,
+) -> Result<DB, (rocksdb::Error, bool)> {
+    let mut tries = 0;
+    loop {
+        let mark = ManifestMark::read(path);
+        match DB::open_cf_descriptors_read_only(db_opts, path, column_families(options), false) {
+            Ok(db) => return Ok(db),
+            Err(e) if is_missing_file(&e) => {
+                let moved = writer_active(path) || ManifestMark::read(path) != mark;
+                tries += 1;
+                if !moved || tries >= 5 {
+                    return Err((e, moved));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20 << tries));
+            }
+            Err(e) => return Err((e, false)),
+        }
+    }
+}
+
+/// `CURRENT`'s content and the size of the manifest it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ManifestMark {
+    current: Vec<u8>,
+    manifest_len: u64,
+}
+
+impl ManifestMark {
+    fn read(path: &Path) -> Option<ManifestMark> {
+        let current = std::fs::read(path.join("CURRENT")).ok()?;
+        let name = std::str::from_utf8(&current).ok()?.trim().to_string();
+        let manifest_len = std::fs::metadata(path.join(name)).ok()?.len();
+        Some(ManifestMark {
+            current,
+            manifest_len,
+        })
+    }
+}
+
+/// The lock file of the store at `path`: `<path>.lock`, beside it.
+fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    path.with_file_name(name)
+}
+
+/// `flock(2)` on `f` without blocking: `Ok(false)` when another open file
+/// description holds a conflicting lock.
+#[cfg(unix)]
+fn try_flock(f: &std::fs::File, exclusive: bool) -> std::io::Result<bool> {
+    use std::os::unix::io::AsRawFd;
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    // SAFETY: flock only reads the descriptor number, which `f` keeps open
+    // for the duration of the call.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+#[cfg(not(unix))]
+fn try_flock(_f: &std::fs::File, _exclusive: bool) -> std::io::Result<bool> {
+    Ok(true)
+}
+
+/// Takes the writer's exclusive lock of the store at `path` (released when
+/// the returned file is closed, also when the process dies).
+fn take_lock(path: &Path) -> Result<std::fs::File, StoreError> {
+    let lp = lock_path(path);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lp)
+        .map_err(|e| io(&lp, e))?;
+    match try_flock(&f, true) {
+        Ok(true) => Ok(f),
+        Ok(false) => Err(StoreError::Locked {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(io(&lp, e)),
+    }
+}
+
+/// True when a writer holds the lock of the store at `path` right now.
+fn writer_active(path: &Path) -> bool {
+    // A shared lock conflicts only with the writer's exclusive one; it is
+    // released when `f` closes at the end of this function.
+    std::fs::File::open(lock_path(path))
+        .map(|f| matches!(try_flock(&f, false), Ok(false)))
+        .unwrap_or(false)
+}
+
+/// Whether a store directory holds anything (a missing one does not).
+fn has_entries(path: &Path) -> Result<bool, StoreError> {
+    match std::fs::read_dir(path) {
+        Ok(mut rd) => Ok(rd.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io(path, e)),
+    }
+}
+
+/// The error of an open that RocksDB refused.
+fn open_error(path: &Path, e: rocksdb::Error) -> StoreError {
+    if is_enospc(&e) {
+        return write_error(path, e);
+    }
+    match e.kind() {
+        ErrorKind::Corruption => StoreError::Damaged {
+            path: path.to_path_buf(),
+            reason: e.into_string(),
+        },
+        _ if is_missing_file(&e) => StoreError::Damaged {
+            path: path.to_path_buf(),
+            reason: e.into_string(),
+        },
+        _ => backend(e),
     }
 }
 
@@ -167,25 +389,44 @@ impl RocksStore {
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(4);
         db_opts.set_max_log_file_size(4 << 20);
-        let cfs = column_families(options);
-        let (db, reader_dir) = match mode {
+        let has_current = path.join("CURRENT").is_file();
+        let (db, reader_dir, lock) = match mode {
             Mode::ReadWrite => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+                }
+                let lock = take_lock(&path)?;
+                let fresh = !has_entries(&path)?;
+                if !fresh && !has_current {
+                    return Err(StoreError::MissingCurrent { path });
+                }
+                let room = if path.exists() {
+                    &path
+                } else {
+                    path.parent().unwrap_or(&path)
+                };
+                ensure_free(room, MIN_FREE)?;
                 std::fs::create_dir_all(&path).map_err(|e| io(&path, e))?;
-                db_opts.create_if_missing(true);
-                db_opts.create_missing_column_families(true);
-                let db = DB::open_cf_descriptors(&db_opts, &path, cfs).map_err(|e| {
-                    let msg = e.to_string();
-                    if e.kind() == ErrorKind::IOError && msg.contains("LOCK") {
-                        StoreError::Locked { path: path.clone() }
-                    } else {
-                        backend(e)
-                    }
-                })?;
-                (db, None)
+                db_opts.create_if_missing(fresh);
+                db_opts.create_missing_column_families(fresh);
+                let db = DB::open_cf_descriptors(&db_opts, &path, column_families(options))
+                    .map_err(|e| {
+                        let msg = e.to_string();
+                        if e.kind() == ErrorKind::IOError && msg.contains("LOCK") {
+                            StoreError::Locked { path: path.clone() }
+                        } else {
+                            open_error(&path, e)
+                        }
+                    })?;
+                (db, None, Some(lock))
             }
             Mode::ReadOnly => {
-                if !path.join("CURRENT").is_file() {
-                    return Err(StoreError::NotFound { path });
+                if !has_current {
+                    return Err(if has_entries(&path)? {
+                        StoreError::MissingCurrent { path }
+                    } else {
+                        StoreError::NotFound { path }
+                    });
                 }
                 let dir = std::env::temp_dir().join(format!(
                     "ckvc-reader-{}-{}",
@@ -199,18 +440,44 @@ impl RocksStore {
                 // Table files stay readable after the writer unlinks them.
                 db_opts.set_max_open_files(-1);
                 db_opts.set_db_log_dir(&dir.0);
-                let db = DB::open_cf_descriptors_read_only(&db_opts, &path, cfs, false)
-                    .map_err(backend)?;
-                (db, Some(dir))
+                let db = match open_read_only(&path, &db_opts, options) {
+                    Ok(db) => db,
+                    Err((_, true)) => return Err(StoreError::Rewritten),
+                    Err((e, false)) if e.kind() == ErrorKind::Corruption || is_missing_file(&e) => {
+                        // A damaged table file: open lazily instead, so the
+                        // intact files can be read and the damage is met
+                        // (and reported) per key, as fsck needs.
+                        db_opts.set_max_open_files(64);
+                        db_opts.set_skip_checking_sst_file_sizes_on_db_open(true);
+                        db_opts.set_paranoid_checks(false);
+                        DB::open_cf_descriptors_read_only(
+                            &db_opts,
+                            &path,
+                            column_families(options),
+                            false,
+                        )
+                        .map_err(|_| open_error(&path, e))?
+                    }
+                    Err((e, false)) => return Err(open_error(&path, e)),
+                };
+                (db, Some(dir), None)
             }
+        };
+        let opened_as = match mode {
+            Mode::ReadOnly => ManifestMark::read(&path),
+            Mode::ReadWrite => None,
         };
         Ok(Self {
             db,
             _reader_dir: reader_dir,
+            _lock: lock,
+            opened_as,
+            unflushed: AtomicU64::new(0),
             path,
             mode,
             sync: options.sync,
             blob_files: options.blob_files,
+            chunk_write_buffer: options.chunk_write_buffer as u64,
             write_lock: Mutex::new(()),
         })
     }
@@ -241,6 +508,39 @@ impl RocksStore {
         walk(&self.path)
     }
 
+    /// The error of a failed read: damage, or (for a reader) a file a
+    /// concurrent writer replaced.
+    fn read_error(&self, e: rocksdb::Error, space: Space, key: &[u8]) -> StoreError {
+        let missing = is_missing_file(&e);
+        if missing
+            && self.mode == Mode::ReadOnly
+            && (writer_active(&self.path) || ManifestMark::read(&self.path) != self.opened_as)
+        {
+            return StoreError::Rewritten;
+        }
+        if e.kind() == ErrorKind::Corruption || missing {
+            StoreError::Corrupt {
+                space,
+                key_hex: to_hex(key),
+                reason: e.into_string(),
+            }
+        } else {
+            backend(e)
+        }
+    }
+
+    /// Refuses a write of `bytes` that the device might not hold: the
+    /// batch (twice when logged: write-ahead log, then table files), the
+    /// memtables not yet flushed, and [`MIN_FREE`].
+    fn ensure_room(&self, bytes: u64, logged: bool) -> Result<(), StoreError> {
+        let unflushed = self
+            .unflushed
+            .load(Ordering::Relaxed)
+            .min(2 * self.chunk_write_buffer);
+        let need = MIN_FREE + unflushed + bytes * if logged { 2 } else { 1 };
+        ensure_free(&self.path, need)
+    }
+
     fn cf(&self, space: Space) -> Result<&ColumnFamily, StoreError> {
         self.db
             .cf_handle(space.name())
@@ -254,7 +554,7 @@ impl Store for RocksStore {
         match self
             .db
             .get_pinned_cf(self.cf(space)?, key)
-            .map_err(|e| read_error(e, space, key))?
+            .map_err(|e| self.read_error(e, space, key))?
         {
             Some(v) => {
                 buf.extend_from_slice(&v);
@@ -269,7 +569,7 @@ impl Store for RocksStore {
         Ok(self
             .db
             .get_pinned_cf(self.cf(space)?, key)
-            .map_err(|e| read_error(e, space, key))?
+            .map_err(|e| self.read_error(e, space, key))?
             .is_some())
     }
 
@@ -282,7 +582,7 @@ impl Store for RocksStore {
             let current = self
                 .db
                 .get_pinned_cf(self.cf(e.space)?, &e.key)
-                .map_err(|err| read_error(err, e.space, &e.key))?;
+                .map_err(|err| self.read_error(err, e.space, &e.key))?;
             if current.as_deref() != e.value.as_deref() {
                 return Err(StoreError::Conflict {
                     space: e.space,
@@ -291,6 +591,8 @@ impl Store for RocksStore {
             }
         }
         let unlogged = batch.is_unlogged();
+        let bytes = batch.payload_bytes() as u64;
+        self.ensure_room(bytes, !unlogged)?;
         let mut wb = WriteBatch::default();
         for op in batch.ops {
             let cf = self.cf(op.space)?;
@@ -302,7 +604,11 @@ impl Store for RocksStore {
         let mut wo = WriteOptions::default();
         wo.set_sync(self.sync && !unlogged);
         wo.disable_wal(unlogged);
-        self.db.write_opt(wb, &wo).map_err(backend)
+        self.db
+            .write_opt(wb, &wo)
+            .map_err(|e| write_error(&self.path, e))?;
+        self.unflushed.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
     }
 
     fn scan_prefix(
@@ -325,13 +631,14 @@ impl Store for RocksStore {
             }
             it.next();
         }
-        it.status().map_err(|e| read_error(e, space, prefix))
+        it.status().map_err(|e| self.read_error(e, space, prefix))
     }
 
     fn compact(&self) -> Result<(), StoreError> {
         if self.mode == Mode::ReadOnly {
             return Err(StoreError::ReadOnly);
         }
+        self.ensure_room_to_compact()?;
         self.flush()?;
         for space in Space::ALL {
             let cf = self.cf(space)?;
@@ -360,10 +667,26 @@ impl Store for RocksStore {
         if self.mode == Mode::ReadOnly {
             return Ok(());
         }
-        self.db.flush_wal(true).map_err(backend)?;
+        self.ensure_room(0, false)?;
+        self.db
+            .flush_wal(true)
+            .map_err(|e| write_error(&self.path, e))?;
         for space in Space::ALL {
-            self.db.flush_cf(self.cf(space)?).map_err(backend)?;
+            self.db
+                .flush_cf(self.cf(space)?)
+                .map_err(|e| write_error(&self.path, e))?;
         }
+        self.unflushed.store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
+        if self.mode == Mode::ReadOnly {
+            return Ok(());
+        }
+        // A full compaction with blob garbage collection may rewrite every
+        // live value before the old files go.
+        let live = self.size_on_disk()?;
+        ensure_free(&self.path, MIN_FREE + live)
     }
 }
