@@ -36,6 +36,13 @@ pub struct CheckoutReport {
 
 impl Repository {
     /// Write the files of `commit` into `out`.
+    ///
+    /// Each file is written into a private temporary directory inside `out`
+    /// (so no temporary name can be a committed name), fsynced, and renamed
+    /// into place only when whole and verified. Nothing is ever written
+    /// through a symbolic link: a link met where the commit has a directory
+    /// or a file is replaced (with `force`), and `out` itself may not
+    /// contain this repository's data directory.
     pub fn checkout(
         &self,
         commit: &CommitId,
@@ -44,17 +51,20 @@ impl Repository {
     ) -> Result<CheckoutReport, RepoError> {
         let c = self.commit_object(commit)?;
         let tree = self.tree(&c.tree)?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RepoError::Io { path, source }
+        };
         if out.exists() {
-            let mut rd = std::fs::read_dir(out).map_err(|source| RepoError::Io {
-                path: out.to_path_buf(),
-                source,
-            })?;
+            let mut rd = std::fs::read_dir(out).map_err(io(out))?;
             if rd.next().is_some() && !opts.force {
                 return Err(RepoError::OutputNotEmpty {
                     path: out.to_path_buf(),
                 });
             }
         }
+        std::fs::create_dir_all(out).map_err(io(out))?;
+        self.refuse_own_data_dir(out)?;
         let mut report = CheckoutReport {
             commit: *commit,
             step: c.step,
@@ -62,6 +72,7 @@ impl Repository {
             files: 0,
             bytes: 0,
         };
+        let mut selected = Vec::new();
         for (rel, mid) in &tree.entries {
             if !opts.only.is_empty() && !opts.only.iter().any(|g| glob_match(g, rel)) {
                 continue;
@@ -70,22 +81,16 @@ impl Repository {
                 what: format!("tree of commit {}", commit.short(12)),
                 reason,
             })?;
+            selected.push((rel, mid));
+        }
+        let staging = Staging::new(out, tree.entries.iter().map(|(p, _)| p.as_str()))?;
+        for (n, (rel, mid)) in selected.into_iter().enumerate() {
             let m = self.manifest(mid, rel)?;
             let dest = out.join(rel);
-            let dir = dest.parent().expect("a joined relative path has a parent");
-            let io = |path: &Path| {
-                let path = path.to_path_buf();
-                move |source| RepoError::Io { path, source }
-            };
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-            let tmp = dir.join(format!(
-                ".{}.ckvc-tmp",
-                dest.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ));
+            make_dirs_no_symlinks(out, rel)?;
+            let tmp = staging.dir.join(n.to_string());
             let result = (|| {
-                let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
+                let file = std::fs::File::create_new(&tmp).map_err(io(&tmp))?;
                 let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
                 self.stream_file(
                     &m,
@@ -99,9 +104,9 @@ impl Repository {
                     path: tmp.clone(),
                     source: e.into_error(),
                 })?;
-                set_mode(&file, m.mode).map_err(io(&tmp))?;
+                set_mode(&file, m.mode & 0o777).map_err(io(&tmp))?;
                 file.sync_all().map_err(io(&tmp))?;
-                std::fs::rename(&tmp, &dest).map_err(io(&dest))
+                replace_with(&tmp, &dest)
             })();
             if let Err(e) = result {
                 let _ = std::fs::remove_file(&tmp);
@@ -112,6 +117,110 @@ impl Repository {
         }
         Ok(report)
     }
+
+    /// Refuses an output directory that holds this repository's own data
+    /// directory (`out` is the repository root or one of its parents).
+    fn refuse_own_data_dir(&self, out: &Path) -> Result<(), RepoError> {
+        let canon = |p: &Path| std::fs::canonicalize(p).ok();
+        let (Some(out_c), Some(dot)) = (canon(out), canon(&self.root().join(super::DOT_DIR)))
+        else {
+            return Ok(());
+        };
+        if dot.starts_with(&out_c) {
+            return Err(RepoError::BadInput {
+                path: out.to_path_buf(),
+                reason: format!(
+                    "holds this repository's data directory {}; check out into a \
+                     directory of its own",
+                    dot.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A private directory inside the checkout's output for files being
+/// written, removed (with anything left in it) on drop.
+struct Staging {
+    dir: PathBuf,
+}
+
+impl Staging {
+    /// Creates `out/.ckvc-checkout-<pid>-<n>`, a name no path of `committed`
+    /// starts with, exclusively (never an existing directory).
+    fn new<'a>(out: &Path, committed: impl Iterator<Item = &'a str>) -> Result<Staging, RepoError> {
+        let tops: std::collections::HashSet<&str> = committed
+            .map(|p| p.split('/').next().unwrap_or(p))
+            .collect();
+        let pid = std::process::id();
+        let mut last = None;
+        for n in 0u32..1000 {
+            let name = format!(".ckvc-checkout-{pid}-{n}");
+            if tops.contains(name.as_str()) {
+                continue;
+            }
+            let dir = out.join(&name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Ok(Staging { dir }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(source) => return Err(RepoError::Io { path: dir, source }),
+            }
+        }
+        Err(RepoError::Io {
+            path: out.to_path_buf(),
+            source: last.unwrap_or_else(|| std::io::Error::other("no free temporary name")),
+        })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Creates the directories of `rel` under `out`, one component at a time,
+/// never through a symbolic link: a link (or a file) where a directory
+/// belongs is removed and a real directory made in its place. (`out`
+/// itself, named by the user, may be a link.)
+fn make_dirs_no_symlinks(out: &Path, rel: &str) -> Result<(), RepoError> {
+    let mut dir = out.to_path_buf();
+    let comps: Vec<&str> = rel.split('/').collect();
+    for c in &comps[..comps.len().saturating_sub(1)] {
+        dir.push(c);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => std::fs::remove_file(&dir).map_err(|source| RepoError::Io {
+                path: dir.clone(),
+                source,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(RepoError::Io { path: dir, source }),
+        }
+        std::fs::create_dir(&dir).map_err(|source| RepoError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Renames the finished file `tmp` to `dest`. A rename replaces a symbolic
+/// link at `dest` itself (never its target); a directory there is an error.
+fn replace_with(tmp: &Path, dest: &Path) -> Result<(), RepoError> {
+    if let Ok(m) = std::fs::symlink_metadata(dest) {
+        if m.is_dir() {
+            return Err(RepoError::BadInput {
+                path: dest.to_path_buf(),
+                reason: "is a directory where the commit has a file".into(),
+            });
+        }
+    }
+    std::fs::rename(tmp, dest).map_err(|source| RepoError::Io {
+        path: dest.to_path_buf(),
+        source,
+    })
 }
 
 impl Repository {

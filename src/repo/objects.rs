@@ -329,13 +329,21 @@ impl Tree {
 }
 
 /// A path as stored in a tree: relative, `/`-separated, no empty, `.` or
-/// `..` components, so it can never escape the checkout directory.
+/// `..` components, so it can never escape the checkout directory; and no
+/// `.ckvc` component, so a checkout can never write into a repository's
+/// own data (a crafted tree fetched from a remote included).
 pub fn check_path(p: &str) -> Result<(), String> {
     if p.is_empty() || p.starts_with('/') || p.contains('\\') || p.contains('\0') {
         return Err(format!("path {p:?} is not a relative path"));
     }
     if p.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return Err(format!("path {p:?} has an empty, '.' or '..' component"));
+    }
+    if p.split('/').any(|c| c == super::DOT_DIR) {
+        return Err(format!(
+            "path {p:?} lies in a {} directory, which holds a repository's own data",
+            super::DOT_DIR
+        ));
     }
     Ok(())
 }
@@ -730,10 +738,18 @@ mod tests {
             "./a",
             "a\\b",
             "a/.",
+            ".ckvc/db/CURRENT",
+            "sub/.ckvc/x",
         ] {
             assert!(check_path(bad).is_err(), "{bad}");
         }
-        for good in ["a", "step-1/model.safetensors", "a.b/c..d"] {
+        for good in [
+            "a",
+            "step-1/model.safetensors",
+            "a.b/c..d",
+            ".ckvc-notes",
+            "x.ckvc",
+        ] {
             assert!(check_path(good).is_ok(), "{good}");
         }
     }
