@@ -120,7 +120,7 @@ pub enum RepoCommand {
 pub fn fail(e: RepoError) -> Failure {
     let code = if e.is_corruption() {
         exit::CORRUPT
-    } else if matches!(e, RepoError::Store(ckvc::store::StoreError::Locked { .. })) {
+    } else if e.is_busy() {
         exit::LOCKED
     } else {
         exit::USER
@@ -131,6 +131,15 @@ pub fn fail(e: RepoError) -> Failure {
         }
         RepoError::Store(ckvc::store::StoreError::Locked { .. }) => {
             Some("another ckvc process is writing; wait for it to finish".to_string())
+        }
+        RepoError::Store(ckvc::store::StoreError::MissingCurrent { .. }) => Some(
+            "the store's files are still there: restore .ckvc/db/CURRENT from a backup \
+             (it names the newest MANIFEST-* file, e.g. `MANIFEST-000024` plus a newline), \
+             or clone the repository again from a remote"
+                .to_string(),
+        ),
+        RepoError::Store(ckvc::store::StoreError::Full { .. }) => {
+            Some("free some space on that device and run the command again".to_string())
         }
         _ => None,
     };
@@ -185,6 +194,15 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 code,
             };
             let r = repo.commit(&checkpoint, &opts).map_err(fail)?;
+            if r.already_committed {
+                return out(&format!(
+                    "[{} {}] step {}: already committed as {}; nothing new was stored\n",
+                    r.branch,
+                    r.id.short(12),
+                    r.step,
+                    r.id
+                ));
+            }
             let s = r.stats;
             out(&format!(
                 "[{} {}] step {}: {} files, {} logical, {} new stored ({} of {} chunks new), ratio {:.4}\n",

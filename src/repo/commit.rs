@@ -48,6 +48,10 @@ pub struct CommitReport {
     pub step: u64,
     pub branch: String,
     pub stats: CommitStats,
+    /// The branch head already held exactly this checkpoint at this step
+    /// (a retry of a commit whose report was lost, e.g. to a kill after its
+    /// last write): nothing was written and `id` is that commit.
+    pub already_committed: bool,
 }
 
 /// Raw bytes of chunks waiting to be encoded, flushed at this size.
@@ -122,6 +126,18 @@ impl Repository {
         let tree_bytes = tree.encode();
         let tree_id = ObjectId::digest(&tree_bytes);
         let mut stats = w.stats;
+        if let Some(p) = &parent {
+            let pc = self.commit_object(p)?;
+            if pc.tree == tree_id && pc.step == step {
+                return Ok(CommitReport {
+                    id: *p,
+                    step,
+                    branch,
+                    stats: pc.stats,
+                    already_committed: true,
+                });
+            }
+        }
         let key = object_key(KIND_TREE, &tree_id);
         if !self.store.contains(Space::Objects, &key)? {
             stats.stored_bytes += tree_bytes.len() as u64;
@@ -161,6 +177,7 @@ impl Repository {
             step,
             branch,
             stats: commit.stats,
+            already_committed: false,
         })
     }
 }
@@ -406,7 +423,9 @@ impl Writer<'_> {
 #[cfg(unix)]
 fn file_mode(meta: &std::fs::Metadata) -> u32 {
     use std::os::unix::fs::PermissionsExt;
-    meta.permissions().mode() & 0o7777
+    // Permission bits only, as git keeps them: a setuid, setgid or sticky
+    // bit is never stored, so a checkout never creates one.
+    meta.permissions().mode() & 0o777
 }
 
 #[cfg(not(unix))]
@@ -452,7 +471,14 @@ fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
                     reason: "file name is not UTF-8".into(),
                 })?;
             if name == super::DOT_DIR {
-                continue;
+                return Err(RepoError::BadInput {
+                    path,
+                    reason: format!(
+                        "is a ckvc repository's data directory ({}); commit the checkpoint \
+                         directory, not a directory holding a repository",
+                        super::DOT_DIR
+                    ),
+                });
             }
             let rel = if prefix.is_empty() {
                 name
