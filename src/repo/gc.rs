@@ -29,6 +29,10 @@ use super::reach::{Reachable, WalkOptions};
 use super::status::dir_size;
 use super::{branch_ref, RepoError, Repository, DOT_DIR};
 
+/// `Meta/gc-pending`: present from the start of a gc's writes until its
+/// compaction is done (see `docs/format/store.md`).
+const GC_PENDING: &[u8] = b"gc-pending";
+
 /// What `gc` should do besides sweeping.
 #[derive(Debug, Clone, Default)]
 pub struct GcOptions {
@@ -387,6 +391,15 @@ impl Repository {
             return Ok(report);
         }
 
+        // A gc that rewrites or deletes leaves garbage in the store's files
+        // until the final compaction; a kill before it would leave that
+        // garbage for good (the next gc finds nothing to delete and would
+        // not compact). So the intent is recorded first and cleared only
+        // after the compaction: a marker found here means a gc was killed.
+        let interrupted = self.store.get_vec(Space::Meta, GC_PENDING)?.is_some();
+        self.store.ensure_room_to_compact()?;
+        self.store.put(Space::Meta, GC_PENDING, vec![1])?;
+
         let depths = self.rewrite_chunks(&reach, limit, false, &mut report)?;
 
         // 3. New commits and branch moves, atomically.
@@ -430,12 +443,16 @@ impl Repository {
             self.store.write(b)?;
         }
         self.store.flush()?;
-        if !dead_chunks.is_empty()
+        if interrupted
+            || !dead_chunks.is_empty()
             || !dead_objects.is_empty()
             || report.keyframes + report.rebased + report.relabelled > 0
         {
             self.store.compact()?;
         }
+        let mut b = Batch::new();
+        b.delete(Space::Meta, GC_PENDING);
+        self.store.write(b)?;
         // After: what the mark kept, with the chains as rewritten.
         report.after = self.counts_of(&reach, stored_chunks - dead_chunks.len(), &depths);
         Ok(report)
