@@ -66,8 +66,29 @@ impl Failure {
     }
 }
 
-/// Write to stdout; a closed pipe (`ckvc ... | head`) is not an error.
+/// `s` with every control character but newline and tab escaped (`\u{1b}`),
+/// so commit messages, paths and tensor names read from checkpoints cannot
+/// send escape sequences to the terminal.
+pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut o = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if bad(c) {
+            o.push_str(&c.escape_unicode().to_string());
+        } else {
+            o.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(o)
+}
+
+/// Write to stdout (control characters escaped, see [`escape_controls`]);
+/// a closed pipe (`ckvc ... | head`) is not an error.
 pub fn out(s: &str) -> Result<(), Failure> {
+    let s = escape_controls(s);
     let mut o = std::io::stdout().lock();
     match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
         Ok(()) => Ok(()),
@@ -87,11 +108,26 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(exit::OK),
         Err(f) => {
-            eprintln!("error: {}", f.message);
+            eprintln!("error: {}", escape_controls(&f.message));
             if let Some(h) = f.hint {
-                eprintln!("hint: {h}");
+                eprintln!("hint: {}", escape_controls(&h));
             }
             ExitCode::from(f.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_controls;
+
+    #[test]
+    fn escape_sequences_in_output_are_escaped() {
+        assert_eq!(escape_controls("plain\ttext\n"), "plain\ttext\n");
+        assert_eq!(
+            escape_controls("evil\u{1b}[2J\r\u{7}x"),
+            "evil\\u{1b}[2J\\u{d}\\u{7}x"
+        );
+        assert_eq!(escape_controls("c1 \u{9b}31m"), "c1 \\u{9b}31m");
     }
 }
