@@ -6,6 +6,7 @@ mod crash;
 mod fuzz_regressions;
 mod gc_fsck;
 mod gc_model;
+mod hostile;
 mod remote;
 mod repo_bench;
 mod repo_corpus;
@@ -54,7 +55,7 @@ pub fn steps() -> Vec<(u64, PathBuf)> {
     v
 }
 
-/// Assert two directories hold the same files, byte for byte.
+/// Assert two directories hold the same files, byte for byte (recursively).
 pub fn same_tree(a: &Path, b: &Path) {
     let mut names: Vec<_> = std::fs::read_dir(a)
         .unwrap()
@@ -68,6 +69,10 @@ pub fn same_tree(a: &Path, b: &Path) {
     other.sort();
     assert_eq!(names, other, "{} vs {}", a.display(), b.display());
     for n in names {
+        if a.join(&n).is_dir() {
+            same_tree(&a.join(&n), &b.join(&n));
+            continue;
+        }
         let (x, y) = (
             std::fs::read(a.join(&n)).unwrap(),
             std::fs::read(b.join(&n)).unwrap(),
