@@ -444,11 +444,29 @@ pub fn time_str(secs: u64) -> String {
     )
 }
 
+/// Why a file whose name promises tensors was stored as opaque bytes
+/// (no tensor seen, so no delta coding), or `None`.
+fn opaque_warning(path: &str, kind: FileKind) -> Option<String> {
+    let lower = path.to_ascii_lowercase();
+    let ext = lower.rsplit_once('.').map_or("", |(_, e)| e);
+    let what = match ext {
+        "distcp" => "a distributed-checkpoint file ckvc could not split into torch archives",
+        "pt" | "pth" | "bin" => {
+            "not a torch.save zip archive (a legacy torch.save pickle, or another format)"
+        }
+        "npy" => "an npy file ckvc does not read as a tensor",
+        _ => return None,
+    };
+    (kind == FileKind::Opaque)
+        .then(|| format!("{what}: stored as opaque bytes, without tensor deltas"))
+}
+
 fn kind_name(k: FileKind) -> &'static str {
     match k {
         FileKind::Safetensors => "safetensors",
         FileKind::TorchZip => "torch-zip",
         FileKind::Npy => "npy",
+        FileKind::DistCp => "distcp",
         _ => "opaque",
     }
 }
@@ -502,6 +520,7 @@ fn show_json(r: &ShowReport) -> serde_json::Value {
             serde_json::json!({
                 "path": f.path,
                 "kind": kind_name(f.kind),
+                "warning": opaque_warning(&f.path, f.kind),
                 "bytes": f.len,
                 "blake3": f.hash_hex(),
                 "mode": format!("{:o}", f.mode),
@@ -580,6 +599,9 @@ fn show_text(r: &ShowReport) -> String {
             storage_str(&fs),
             f.hash_hex()
         ));
+        if let Some(w) = opaque_warning(&f.path, f.kind) {
+            s.push_str(&format!("  warning: {w}\n"));
+        }
         let nw = f
             .tensors()
             .map(|t| t.name.len())

@@ -3,7 +3,9 @@
 //!
 //! This module owns the knowledge of on-disk checkpoint formats:
 //! safetensors, PyTorch `torch.save` zip archives (`.pt`, `.pth`, `.bin`;
-//! the pickle `data.pkl` inside is *read*, never executed) and numpy `.npy`.
+//! the pickle `data.pkl` inside is *read*, never executed), PyTorch
+//! distributed-checkpoint data files (`.distcp`: a sequence of such
+//! archives) and numpy `.npy`.
 //! Any other file is one opaque segment. A layout covers its file exactly:
 //! concatenating the bytes of its segments, in order, reproduces the file.
 //!
@@ -22,12 +24,14 @@ use std::io::{Read, Seek, SeekFrom};
 
 pub use crate::codec::DType;
 
+mod distcp;
 mod npy;
 mod pickle;
 mod safetensors;
 mod torchzip;
 mod zip;
 
+pub use distcp::parse_distcp;
 pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
 pub use torchzip::parse_torch_zip;
@@ -53,6 +57,9 @@ pub enum FileKind {
     Safetensors,
     TorchZip,
     Npy,
+    /// A PyTorch distributed-checkpoint data file (`.distcp`): a sequence of
+    /// `torch.save` archives.
+    DistCp,
     /// Not a format ckvc understands: the layout is one opaque segment (or
     /// none for an empty file).
     Opaque,
@@ -188,6 +195,8 @@ pub fn parse<R: Read + Seek>(file_name: &str, r: &mut R, len: u64) -> Result<Lay
         // A legacy (pre-1.6) torch pickle or any other binary blob behind
         // these extensions is opaque; a zip must be a sound zip.
         "pt" | "pth" | "bin" if zip::looks_like_zip(r, len)? => parse_torch_zip(r, len),
+        // Anything not understood in a DCP file is opaque, never an error.
+        "distcp" => parse_distcp(r, len),
         _ => Ok(Layout::opaque(len)),
     }
 }

@@ -363,3 +363,74 @@ fn step_numbers_come_from_the_trailing_digits() {
     assert_eq!(step_of_dir_name("iter_0000500"), Some(500));
     assert_eq!(step_of_dir_name("final"), None);
 }
+
+// ---- PyTorch distributed checkpoints (tests/fixtures/dcp, written by
+// scripts/gen_dcp_fixtures.py) ----
+
+fn dcp_fixture(rel: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/dcp")).join(rel)
+}
+
+#[test]
+fn distcp_items_are_torch_archives_whose_tensors_are_seen() {
+    let (layout, bytes) = parse_file(&dcp_fixture("step-1/__0_0.distcp"));
+    layout.validate().unwrap();
+    assert_eq!(layout.kind, FileKind::DistCp);
+    // model: 2 weights + 2 biases; AdamW: exp_avg, exp_avg_sq and a 0-d
+    // step counter per parameter.
+    let tensors: Vec<&TensorInfo> = layout.tensors().collect();
+    assert_eq!(tensors.len(), 4 + 4 * 3, "{tensors:?}");
+    assert!(tensors.iter().any(|t| t.shape == [16, 32]));
+    assert!(tensors.iter().all(|t| t.dtype == DType::F32));
+    // Every element: 596 parameters in the model and twice in Adam's
+    // moments, four 0-d step counters; names are unique.
+    let tensor_bytes: u64 = tensors.iter().map(|t| t.len).sum();
+    assert_eq!(tensor_bytes, (596 * 3 + 4) * 4);
+    assert!(tensor_bytes < bytes.len() as u64);
+    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), tensors.len());
+    // The same items in the same order at the next step: the same names.
+    let (next, _) = parse_file(&dcp_fixture("step-2/__0_0.distcp"));
+    let next_names: Vec<&str> = next.tensors().map(|t| t.name.as_str()).collect();
+    let these: Vec<&str> = layout.tensors().map(|t| t.name.as_str()).collect();
+    assert_eq!(these, next_names);
+}
+
+#[test]
+fn distcp_of_each_rank_parses() {
+    let mut total = 0;
+    for rank in 0..2 {
+        let (layout, _) = parse_file(&dcp_fixture(&format!("ranks2-step-1/__{rank}_0.distcp")));
+        layout.validate().unwrap();
+        assert_eq!(layout.kind, FileKind::DistCp);
+        total += layout.tensors().count();
+    }
+    assert_eq!(total, 16);
+}
+
+#[test]
+fn distcp_not_understood_is_opaque_not_an_error() {
+    let bytes = std::fs::read(dcp_fixture("step-1/__0_0.distcp")).unwrap();
+    let parse_bytes = |b: &[u8]| parse("__0_0.distcp", &mut Cursor::new(b), b.len() as u64);
+    // Garbage, a truncated file, a file with bytes before its first archive
+    // and one with a flipped end record: opaque, every byte kept.
+    let mut flipped = bytes.clone();
+    let n = flipped.len();
+    flipped[n - 10] ^= 0xff;
+    let mut prefixed = b"junk".to_vec();
+    prefixed.extend_from_slice(&bytes);
+    for b in [
+        b"not a dcp file".to_vec(),
+        bytes[..bytes.len() - 1].to_vec(),
+        bytes[1..].to_vec(),
+        flipped,
+        prefixed,
+        Vec::new(),
+    ] {
+        let layout = parse_bytes(&b).unwrap();
+        layout.validate().unwrap();
+        assert_eq!(layout.kind, FileKind::Opaque, "{} bytes", b.len());
+    }
+}

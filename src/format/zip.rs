@@ -193,6 +193,82 @@ fn find_end<R: Read + Seek>(r: &mut R, len: u64) -> Result<End, FormatError> {
     Ok(end)
 }
 
+/// Where the zip archive that ends exactly at `end` starts, for archives
+/// written one after another into one file (PyTorch's distributed
+/// checkpoint writes one `torch.save` archive per item this way). The
+/// offsets inside an archive are relative to its own start, so the start is
+/// where the end records say the central directory begins, less that
+/// offset. The zip64 end record must sit right before its locator (where
+/// every writer puts it), since the locator's pointer is relative too.
+pub fn archive_start<R: Read + Seek>(r: &mut R, end: u64) -> Result<u64, FormatError> {
+    if end < EOCD_LEN {
+        return Err(FormatError::Truncated {
+            what: "zip end of central directory",
+            need: EOCD_LEN,
+            have: end,
+        });
+    }
+    let e = read_at(r, end, end - EOCD_LEN, EOCD_LEN, EOCD_LEN, "zip end record")?;
+    let eocd_pos = end - EOCD_LEN;
+    if le32(&e, 0) != EOCD_SIG || le16(&e, 20) != 0 {
+        return Err(FormatError::corrupt(
+            eocd_pos,
+            "no zip end record (without comment) at the end of the archive",
+        ));
+    }
+    let (mut cd_size, mut cd_offset, mut records_start) =
+        (u64::from(le32(&e, 12)), u64::from(le32(&e, 16)), eocd_pos);
+    if eocd_pos >= ZIP64_LOCATOR_LEN + ZIP64_EOCD_LEN {
+        let loc_pos = eocd_pos - ZIP64_LOCATOR_LEN;
+        let loc = read_at(
+            r,
+            end,
+            loc_pos,
+            ZIP64_LOCATOR_LEN,
+            ZIP64_LOCATOR_LEN,
+            "zip64 locator",
+        )?;
+        if le32(&loc, 0) == ZIP64_LOCATOR_SIG {
+            let rec_pos = loc_pos - ZIP64_EOCD_LEN;
+            let rec = read_at(
+                r,
+                end,
+                rec_pos,
+                ZIP64_EOCD_LEN,
+                ZIP64_EOCD_LEN,
+                "zip64 end record",
+            )?;
+            if le32(&rec, 0) != ZIP64_EOCD_SIG || le64(&rec, 4) != ZIP64_EOCD_LEN - 12 {
+                return Err(FormatError::corrupt(
+                    rec_pos,
+                    "no zip64 end record right before its locator",
+                ));
+            }
+            cd_size = le64(&rec, 40);
+            cd_offset = le64(&rec, 48);
+            records_start = rec_pos;
+            let start = records_start
+                .checked_sub(cd_size)
+                .and_then(|s| s.checked_sub(cd_offset));
+            if start.and_then(|s| s.checked_add(le64(&loc, 8))) != Some(rec_pos) {
+                return Err(FormatError::corrupt(
+                    loc_pos,
+                    "zip64 locator disagrees with the end record's position",
+                ));
+            }
+        }
+    }
+    records_start
+        .checked_sub(cd_size)
+        .and_then(|s| s.checked_sub(cd_offset))
+        .ok_or_else(|| {
+            FormatError::corrupt(
+                records_start,
+                "central directory offset points before the start of the file",
+            )
+        })
+}
+
 /// Reads the central directory and every local header.
 pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, FormatError> {
     let end = find_end(r, len)?;

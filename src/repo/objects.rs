@@ -182,6 +182,7 @@ fn kind_code(k: FileKind) -> u8 {
         FileKind::Safetensors => 1,
         FileKind::TorchZip => 2,
         FileKind::Npy => 3,
+        FileKind::DistCp => 4,
         _ => 0,
     }
 }
@@ -192,6 +193,7 @@ fn kind_from_code(c: u8) -> Result<FileKind, String> {
         1 => FileKind::Safetensors,
         2 => FileKind::TorchZip,
         3 => FileKind::Npy,
+        4 => FileKind::DistCp,
         _ => return Err(format!("unknown file kind {c}")),
     })
 }

@@ -156,16 +156,17 @@ pub fn roundtrip_input(dtype: DType, lmc: bool, raw: &[u8], base: Option<&[u8]>)
 }
 
 /// The file names the `format_parse` target chooses from.
-pub const FILE_NAMES: [&str; 5] = [
+pub const FILE_NAMES: [&str; 6] = [
     "model.safetensors",
     "optimizer.pt",
     "x.bin",
     "a.npy",
     "notes.txt",
+    "__0_0.distcp",
 ];
 
 /// `format_parse` target: `[name][file]`, the name being
-/// `FILE_NAMES[name % 5]`.
+/// `FILE_NAMES[name % FILE_NAMES.len()]`.
 ///
 /// Checks: no panic; a successful parse covers the file exactly
 /// (`Layout::validate` and `layout.len`), and `notes.txt` is opaque.

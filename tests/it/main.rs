@@ -3,6 +3,7 @@
 mod cli;
 mod codec_corpus;
 mod crash;
+mod dcp;
 mod fuzz_regressions;
 mod gc_fsck;
 mod gc_model;

@@ -1,0 +1,81 @@
+//! PyTorch distributed checkpoints (DCP) committed as tensors: the fixtures
+//! of `tests/fixtures/dcp/` (`scripts/gen_dcp_fixtures.py`).
+
+use std::path::PathBuf;
+
+use super::{run_ckvc, same_tree};
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/dcp")
+        .join(rel)
+}
+
+#[test]
+fn dcp_checkpoints_are_committed_as_tensors_with_deltas_and_check_out_byte_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (code, _, err) = run_ckvc(root, &["init"]);
+    assert_eq!(code, Some(0), "{err}");
+    for (step, dir) in [(1, "step-1"), (2, "step-2"), (3, "ranks2-step-1")] {
+        let d = fixture(dir);
+        let (code, out, err) = run_ckvc(
+            root,
+            &["commit", d.to_str().unwrap(), "--step", &step.to_string()],
+        );
+        assert_eq!(code, Some(0), "{out}{err}");
+    }
+    // show --json lists the tensors of the .distcp file.
+    let (code, out, err) = run_ckvc(root, &["show", "2", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let file = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "__0_0.distcp")
+        .expect("the data file");
+    assert_eq!(file["kind"], "distcp");
+    assert!(file["warning"].is_null(), "{file}");
+    let tensors = file["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 16, "{file}");
+    // Step 2's tensors are deltas against step 1's.
+    assert!(
+        tensors.iter().any(|t| t["storage"]["stored_as"] == "delta"),
+        "{file}"
+    );
+    for (step, dir) in [(1, "step-1"), (2, "step-2"), (3, "ranks2-step-1")] {
+        let out = root.join(format!("out-{step}"));
+        let (code, _, err) = run_ckvc(
+            root,
+            &["checkout", &step.to_string(), "-o", out.to_str().unwrap()],
+        );
+        assert_eq!(code, Some(0), "{err}");
+        same_tree(&fixture(dir), &out);
+    }
+}
+
+#[test]
+fn a_distcp_file_not_understood_is_stored_opaque_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    std::fs::create_dir(&root).unwrap();
+    let (code, _, err) = run_ckvc(&root, &["init"]);
+    assert_eq!(code, Some(0), "{err}");
+    let ck = tmp.path().join("step-5");
+    std::fs::create_dir(&ck).unwrap();
+    let mut bytes = std::fs::read(fixture("step-1/__0_0.distcp")).unwrap();
+    bytes.truncate(bytes.len() - 3);
+    std::fs::write(ck.join("__0_0.distcp"), &bytes).unwrap();
+    let (code, out, err) = run_ckvc(&root, &["commit", ck.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, err) = run_ckvc(&root, &["show"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("warning: a distributed-checkpoint file"),
+        "{out}"
+    );
+    let (code, _, err) = run_ckvc(&root, &["checkout", "5", "-o", "out"]);
+    assert_eq!(code, Some(0), "{err}");
+    same_tree(&ck, &root.join("out"));
+}
