@@ -10,6 +10,7 @@ mod debug;
 mod maint;
 mod remote;
 mod repo;
+mod watch;
 
 /// Exit codes, fixed so scripts can tell failures apart.
 pub mod exit {

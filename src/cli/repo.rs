@@ -115,6 +115,13 @@ pub enum RepoCommand {
     },
     /// The repository, current branch, HEAD step and sizes.
     Status,
+    /// Commit each new complete checkpoint a running job writes into RUN_DIR,
+    /// in step order, and keep watching (HF Trainer, DCP, DeepSpeed, Megatron,
+    /// or any `step-N/`).
+    ///
+    /// Example: `ckvc watch runs/exp1 --prune-local 2` keeps the two newest
+    /// checkpoints on disk and the whole run in the repository.
+    Watch(super::watch::WatchArgs),
 }
 
 pub fn fail(e: RepoError) -> Failure {
@@ -395,6 +402,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 out(&diff_text(&r))
             }
         }
+        RepoCommand::Watch(args) => super::watch::run(args, w),
         RepoCommand::Status => {
             let repo = w.open(false)?;
             let st = repo.status().map_err(fail)?;

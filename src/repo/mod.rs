@@ -1,5 +1,6 @@
 //! The repository: the user's verbs on top of the store, one file each
-//! (`commit`, `checkout`, `log`, `branch`, `show`, `diff`).
+//! (`commit`, `checkout`, `log`, `branch`, `show`, `diff`, `gc`, `fsck`,
+//! `watch`, ...).
 //!
 //! Owns the object model (chunk records, file manifests, trees, commits:
 //! [`objects`], specified in `docs/format/objects.md`), refs (`HEAD`,
@@ -34,6 +35,7 @@ mod reach;
 mod reflog;
 mod show;
 mod status;
+mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub(crate) use commit::{encode_record, now_secs};
@@ -47,6 +49,7 @@ use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, T
 pub use reach::{ChunkUse, Reachable, WalkOptions};
 pub use show::{FileShow, SegmentShow, ShowReport, Storage, TensorShow};
 pub use status::{dir_size, Status};
+pub use watch::{watch, RunLayout, WatchEvent, WatchOptions, WatchReport};
 
 /// The directory under a repository's root that holds its data.
 pub const DOT_DIR: &str = ".ckvc";

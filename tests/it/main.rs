@@ -12,6 +12,7 @@ mod remote;
 mod repo_bench;
 mod repo_corpus;
 mod show_diff;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
