@@ -8,18 +8,117 @@
 //! gives the archive's first byte), then parses each archive like any
 //! `torch.save` file.
 //!
-//! Tensors are named `<item>/<name in the archive>`, `<item>` counting the
-//! archives from 0 in file order: a run that saves the same state with the
-//! same world size writes the same items in the same order at every step,
-//! so each tensor finds its delta base under the same name.
+//! Tensors are named after the state-dict key `.metadata` records for the
+//! item's byte range (`model.layers.0.weight`, with `@<offsets>` for a
+//! shard that does not start at 0), so a tensor keeps its name, and finds
+//! its delta base, from step to step and across a change of world size
+//! wherever shards line up. Without `.metadata` (or for an item it does not
+//! list) the name is `<item>/<name in the archive>`, `<item>` counting the
+//! archives from 0 in file order: stable as long as the same state is saved
+//! with the same world size.
 //!
 //! Anything not understood (a file that is not such a sequence, compressed
 //! or encrypted entries, a transform DCP applied to the stream) keeps the
 //! whole file as one opaque segment: a DCP file never fails a commit.
 
+use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 
+use super::pickle::{self, Node, Pickle, Value};
 use super::{parse_torch_zip, zip, FileKind, FormatError, Layout, Segment, TensorInfo};
+
+/// The largest `.metadata` read (about 200 bytes per item).
+pub const MAX_METADATA: u64 = 64 << 20;
+
+/// What a DCP checkpoint's `.metadata` says about its items: per data file,
+/// each item's byte range and name (its fully-qualified name in the state
+/// dict, with the shard's offsets when they are not all zero). Read with
+/// the non-executing pickle reader.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DcpIndex {
+    /// relative path -> (offset, length) -> name
+    files: HashMap<String, HashMap<(u64, u64), String>>,
+}
+
+impl DcpIndex {
+    /// Parses the bytes of a `.metadata` file. A pickle that is not DCP's
+    /// `Metadata` gives an error; the caller then names items by position.
+    pub fn parse(bytes: &[u8]) -> Result<DcpIndex, FormatError> {
+        let tree = pickle::read(bytes, 0)?;
+        let bad = |why: &str| FormatError::corrupt(0, format!(".metadata: {why}"));
+        let storage =
+            object_field(&tree, tree.root, "storage_data").ok_or_else(|| bad("no storage_data"))?;
+        let Some(Node::Dict(items)) = tree.node(storage) else {
+            return Err(bad("storage_data is not a dict"));
+        };
+        let mut index = DcpIndex::default();
+        for (k, v) in items {
+            let fqn = object_field(&tree, *k, "fqn")
+                .and_then(|f| tree.str(f))
+                .ok_or_else(|| bad("an index without fqn"))?;
+            let offsets = object_field(&tree, *k, "offset").and_then(|o| ints(&tree, o));
+            let path = object_field(&tree, *v, "relative_path")
+                .and_then(|p| tree.str(p))
+                .ok_or_else(|| bad("storage info without relative_path"))?;
+            let int = |name| match object_field(&tree, *v, name) {
+                Some(Value::Int(i)) => u64::try_from(i).ok(),
+                _ => None,
+            };
+            let (Some(offset), Some(length)) = (int("offset"), int("length")) else {
+                return Err(bad("storage info without offset and length"));
+            };
+            let name = match offsets {
+                Some(o) if o.iter().any(|&x| x != 0) => {
+                    let o: Vec<String> = o.iter().map(i64::to_string).collect();
+                    format!("{fqn}@{}", o.join(","))
+                }
+                _ => fqn.to_string(),
+            };
+            index
+                .files
+                .entry(path.to_string())
+                .or_default()
+                .insert((offset, length), name);
+        }
+        Ok(index)
+    }
+
+    /// The items of the data file at `path` (relative to the checkpoint).
+    pub fn items_of(&self, path: &str) -> Option<&HashMap<(u64, u64), String>> {
+        self.files.get(path)
+    }
+}
+
+/// `name` in the `BUILD` state dict of the object `v` (a dataclass).
+fn object_field(tree: &Pickle, v: Value, name: &str) -> Option<Value> {
+    let Node::Object(o) = tree.node(v)? else {
+        return None;
+    };
+    let Node::Dict(state) = tree.node(o.state?)? else {
+        return None;
+    };
+    state
+        .iter()
+        .find(|(k, _)| tree.str(*k) == Some(name))
+        .map(|(_, v)| *v)
+}
+
+/// The integers of a `torch.Size((a, b, ..))` or a plain tuple; `None` for
+/// `None` or anything else.
+fn ints(tree: &Pickle, v: Value) -> Option<Vec<i64>> {
+    let items = match tree.node(v)? {
+        Node::Object(o) => tree.items(o.args)?.first().and_then(|a| tree.items(*a))?,
+        Node::Tuple(t) | Node::List(t) => t,
+        _ => return None,
+    };
+    items
+        .iter()
+        .map(|x| match x {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        })
+        .collect()
+}
 
 /// The most archives walked in one file (a write item each); a file with
 /// more is kept opaque rather than parsed in time quadratic in its items.
@@ -27,15 +126,25 @@ const MAX_ITEMS: usize = 1 << 20;
 
 /// Parses a `.distcp` file; never an error for content it does not
 /// understand (the whole file is then opaque), only for I/O errors.
-pub fn parse_distcp<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
-    match items(r, len) {
+/// `names`, from the checkpoint's [`DcpIndex`], names the items found at
+/// exactly their recorded byte ranges; other items are named by position.
+pub fn parse_distcp<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+    names: Option<&HashMap<(u64, u64), String>>,
+) -> Result<Layout, FormatError> {
+    match items(r, len, names) {
         Ok(layout) => Ok(layout),
         Err(FormatError::Io(e)) => Err(FormatError::Io(e)),
         Err(_) => Ok(Layout::opaque(len)),
     }
 }
 
-fn items<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
+fn items<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+    names: Option<&HashMap<(u64, u64), String>>,
+) -> Result<Layout, FormatError> {
     // The archives' spans, walked back from the end.
     if len == 0 {
         return Err(FormatError::corrupt(0, "empty"));
@@ -64,10 +173,16 @@ fn items<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
                 "an item is not a torch archive",
             ));
         }
+        let fqn = names.and_then(|m| m.get(&(start, n)));
+        let single = inner.tensors().count() == 1;
         for seg in inner.segments {
             segments.push(match seg {
                 Segment::Tensor(t) => Segment::Tensor(TensorInfo {
-                    name: format!("{item}/{}", t.name),
+                    name: match fqn {
+                        Some(f) if single => f.clone(),
+                        Some(f) => format!("{f}/{}", t.name),
+                        None => format!("{item}/{}", t.name),
+                    },
                     offset: t.offset + start,
                     ..t
                 }),

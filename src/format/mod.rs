@@ -31,7 +31,7 @@ mod safetensors;
 mod torchzip;
 mod zip;
 
-pub use distcp::parse_distcp;
+pub use distcp::{parse_distcp, DcpIndex};
 pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
 pub use torchzip::parse_torch_zip;
@@ -196,8 +196,62 @@ pub fn parse<R: Read + Seek>(file_name: &str, r: &mut R, len: u64) -> Result<Lay
         // these extensions is opaque; a zip must be a sound zip.
         "pt" | "pth" | "bin" if zip::looks_like_zip(r, len)? => parse_torch_zip(r, len),
         // Anything not understood in a DCP file is opaque, never an error.
-        "distcp" => parse_distcp(r, len),
+        "distcp" => parse_distcp(r, len, None),
         _ => Ok(Layout::opaque(len)),
+    }
+}
+
+/// What the files of one checkpoint directory say about each other: the
+/// item names of each DCP checkpoint's `.metadata` (in the directory or a
+/// subdirectory), which name the tensors of its `.distcp` files.
+#[derive(Debug, Clone, Default)]
+pub struct DirContext {
+    /// Directory prefix (`""` or `sub/`) -> what its `.metadata` says.
+    dcp: std::collections::HashMap<String, DcpIndex>,
+}
+
+impl DirContext {
+    /// Reads the `.metadata` files among `files` (relative `/` paths and
+    /// full paths). One that cannot be read or is not DCP's leaves the
+    /// items of its files named by position.
+    pub fn read<'a>(files: impl IntoIterator<Item = (&'a str, &'a std::path::Path)>) -> DirContext {
+        let mut ctx = DirContext::default();
+        for (rel, path) in files {
+            let (prefix, name) = match rel.rsplit_once('/') {
+                Some((dir, name)) => (format!("{dir}/"), name),
+                None => (String::new(), rel),
+            };
+            if name != ".metadata" {
+                continue;
+            }
+            let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= distcp::MAX_METADATA);
+            let Some(bytes) = small.then(|| std::fs::read(path).ok()).flatten() else {
+                continue;
+            };
+            if let Ok(index) = DcpIndex::parse(&bytes) {
+                ctx.dcp.insert(prefix, index);
+            }
+        }
+        ctx
+    }
+
+    /// [`parse`] of the file at `rel` (relative to the checkpoint
+    /// directory), with what the other files say about it.
+    pub fn parse<R: Read + Seek>(
+        &self,
+        rel: &str,
+        r: &mut R,
+        len: u64,
+    ) -> Result<Layout, FormatError> {
+        let (prefix, name) = match rel.rsplit_once('/') {
+            Some((dir, name)) => (format!("{dir}/"), name),
+            None => (String::new(), rel),
+        };
+        if name.to_ascii_lowercase().ends_with(".distcp") {
+            let names = self.dcp.get(&prefix).and_then(|i| i.items_of(name));
+            return parse_distcp(r, len, names);
+        }
+        parse(name, r, len)
     }
 }
 

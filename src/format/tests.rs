@@ -434,3 +434,49 @@ fn distcp_not_understood_is_opaque_not_an_error() {
         assert_eq!(layout.kind, FileKind::Opaque, "{} bytes", b.len());
     }
 }
+
+#[test]
+fn distcp_tensors_are_named_by_their_state_dict_keys_from_metadata() {
+    for (dir, files) in [
+        ("step-1", &["__0_0.distcp"][..]),
+        ("ranks2-step-1", &["__0_0.distcp", "__1_0.distcp"][..]),
+    ] {
+        let root = dcp_fixture(dir);
+        let meta = root.join(".metadata");
+        let ctx = DirContext::read([(".metadata", meta.as_path())]);
+        let mut names = Vec::new();
+        for f in files {
+            let path = root.join(f);
+            let len = std::fs::metadata(&path).unwrap().len();
+            let layout = ctx
+                .parse(f, &mut std::fs::File::open(&path).unwrap(), len)
+                .unwrap();
+            layout.validate().unwrap();
+            names.extend(layout.tensors().map(|t| t.name.clone()));
+        }
+        names.sort();
+        assert_eq!(names.len(), 16, "{dir}: {names:?}");
+        for want in [
+            "model.0.weight",
+            "model.2.bias",
+            "optim.state.0.exp_avg",
+            "optim.state.3.exp_avg_sq",
+            "optim.state.0.step",
+        ] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{dir}: {want} in {names:?}"
+            );
+        }
+    }
+    // Without .metadata, items are named by position.
+    let (layout, _) = parse_file(&dcp_fixture("step-1/__0_0.distcp"));
+    assert!(layout.tensors().all(|t| t.name.contains("/data/")));
+}
+
+#[test]
+fn dcp_metadata_that_is_not_dcp_names_nothing() {
+    assert!(DcpIndex::parse(b"not a pickle").is_err());
+    // A pickle of something else: (1, 2).
+    assert!(DcpIndex::parse(&[0x80, 0x02, 0x4b, 0x01, 0x4b, 0x02, 0x86, 0x2e]).is_err());
+}

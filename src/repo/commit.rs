@@ -83,6 +83,7 @@ impl Repository {
             None => None,
         };
         let files = list_files(dir)?;
+        let ctx = format::DirContext::read(files.iter().map(|(r, p)| (r.as_str(), p.as_path())));
         let step = match opts.step {
             Some(s) => s,
             None => detect_step(dir)?,
@@ -96,17 +97,26 @@ impl Repository {
             seen: HashSet::new(),
             stats: CommitStats::default(),
         };
+        // The parent's manifests: a tensor's delta base is the tensor of
+        // the same name in the file of the same path, else in any file of
+        // the parent (a checkpoint re-sharded into other files, a DCP
+        // save with another world size where shards line up).
+        let mut parent_files = HashMap::new();
+        for (rel, mid) in parent_tree.iter().flat_map(|t| &t.entries) {
+            parent_files.insert(rel.clone(), self.manifest(mid, rel)?);
+        }
+        let mut anywhere: HashMap<&str, &SegmentRef> = HashMap::new();
+        for m in parent_files.values() {
+            for seg in &m.segments {
+                if let SegmentRef::Tensor { name, .. } = seg {
+                    anywhere.entry(name.as_str()).or_insert(seg);
+                }
+            }
+        }
         let mut entries = Vec::new();
         let mut objects = Batch::new();
         for (rel, path) in &files {
-            let base = match parent_tree
-                .as_ref()
-                .and_then(|t| t.entries.iter().find(|e| &e.0 == rel))
-            {
-                Some((_, m)) => Some(self.manifest(m, rel)?),
-                None => None,
-            };
-            let manifest = w.file(path, base.as_ref())?;
+            let manifest = w.file(path, rel, &ctx, parent_files.get(rel), &anywhere)?;
             let bytes = manifest.encode();
             let id = ObjectId::digest(&bytes);
             let key = object_key(KIND_MANIFEST, &id);
@@ -255,7 +265,10 @@ impl Writer<'_> {
     fn file(
         &mut self,
         path: &Path,
+        rel: &str,
+        ctx: &format::DirContext,
         parent: Option<&FileManifest>,
+        anywhere: &HashMap<&str, &SegmentRef>,
     ) -> Result<FileManifest, RepoError> {
         let io = |source| RepoError::Io {
             path: path.to_path_buf(),
@@ -264,14 +277,12 @@ impl Writer<'_> {
         let mut f = std::fs::File::open(path).map_err(io)?;
         let meta = f.metadata().map_err(io)?;
         let len = meta.len();
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let layout = format::parse(&name, &mut f, len).map_err(|source| RepoError::Format {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let layout = ctx
+            .parse(rel, &mut f, len)
+            .map_err(|source| RepoError::Format {
+                path: path.to_path_buf(),
+                source,
+            })?;
         layout.validate().map_err(|source| RepoError::Format {
             path: path.to_path_buf(),
             source,
@@ -301,7 +312,10 @@ impl Writer<'_> {
                 None => chunk_bytes,
             };
             let base_chunks: &[ChunkId] = match seg {
-                Segment::Tensor(t) => match parent_tensors.get(t.name.as_str()) {
+                Segment::Tensor(t) => match parent_tensors
+                    .get(t.name.as_str())
+                    .or_else(|| anywhere.get(t.name.as_str()))
+                {
                     Some(SegmentRef::Tensor {
                         dtype,
                         shape,

@@ -79,3 +79,43 @@ fn a_distcp_file_not_understood_is_stored_opaque_with_a_warning() {
     assert_eq!(code, Some(0), "{err}");
     same_tree(&ck, &root.join("out"));
 }
+
+#[test]
+fn dcp_resharded_save_finds_its_bases_across_files() {
+    // Step 1 saved by two ranks (two .distcp files), step 2 by one: each
+    // tensor's base is found by its state-dict key in whichever file of
+    // the parent holds it.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let (code, _, err) = run_ckvc(root, &["init"]);
+    assert_eq!(code, Some(0), "{err}");
+    for (step, dir) in [(1, "ranks2-step-1"), (2, "step-2")] {
+        let d = fixture(dir);
+        let (code, out, err) = run_ckvc(
+            root,
+            &["commit", d.to_str().unwrap(), "--step", &step.to_string()],
+        );
+        assert_eq!(code, Some(0), "{out}{err}");
+    }
+    let (_, out, _) = run_ckvc(root, &["show", "2", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tensors: Vec<&serde_json::Value> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|f| f["tensors"].as_array().unwrap())
+        .collect();
+    assert_eq!(tensors.len(), 16);
+    for t in &tensors {
+        let numel: u64 = t["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .product();
+        if numel >= 16 {
+            assert_eq!(t["storage"]["stored_as"], "delta", "{t}");
+        }
+        assert!(!t["name"].as_str().unwrap().contains("/data/"), "{t}");
+    }
+}
