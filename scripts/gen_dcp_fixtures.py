@@ -3,8 +3,9 @@
 
 A small MLP with AdamW, trained a few steps; after steps 1 and 2 the state
 {"model", "optim", "step"} is saved with torch.distributed.checkpoint.save,
-in one process (step-1/, step-2/) and in a 2-rank gloo world on CPU
-(ranks2-step-1/: one __<rank>_0.distcp per rank). The bytes depend on the
+in one process (step-1/, step-2/; with SerializationFormat.SAFETENSORS:
+st-step-1/, st-step-2/) and in a 2-rank gloo world on CPU (ranks2-step-1/:
+one __<rank>_0.distcp per rank). The bytes depend on the
 torch version (the fixtures were written with the one named in
 tests/fixtures/dcp/TORCH_VERSION); the structure does not.
 
@@ -18,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import SerializationFormat
 
 warnings.filterwarnings("ignore")
 
@@ -58,6 +61,11 @@ def main():
     for step in (1, 2):
         train(m, opt, 1)
         dcp.save(state(m, opt, step), checkpoint_id=os.path.join(out, f"step-{step}"))
+        # The same state in DCP's other serialization format: tensors as
+        # safetensors blobs (other items still torch.save archives).
+        writer = FileSystemWriter(os.path.join(out, f"st-step-{step}"),
+                                  serialization_format=SerializationFormat.SAFETENSORS)
+        dcp.save(state(m, opt, step), storage_writer=writer)
     mp.spawn(ranked, args=(2, out), nprocs=2, join=True)
     with open(os.path.join(out, "TORCH_VERSION"), "w") as f:
         f.write(torch.__version__ + "\n")

@@ -17,6 +17,10 @@
 //! archives from 0 in file order: stable as long as the same state is saved
 //! with the same world size.
 //!
+//! With `SerializationFormat.SAFETENSORS` DCP writes tensor items as
+//! safetensors blobs instead; those are split by the item ranges that
+//! `.metadata` records (a safetensors blob has no trailer to walk back by).
+//!
 //! Anything not understood (a file that is not such a sequence, compressed
 //! or encrypted entries, a transform DCP applied to the stream) keeps the
 //! whole file as one opaque segment: a DCP file never fails a commit.
@@ -25,7 +29,9 @@ use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 
 use super::pickle::{self, Node, Pickle, Value};
-use super::{parse_torch_zip, zip, FileKind, FormatError, Layout, Segment, TensorInfo};
+use super::{
+    parse_safetensors, parse_torch_zip, zip, FileKind, FormatError, Layout, Segment, TensorInfo,
+};
 
 /// The largest `.metadata` read (about 200 bytes per item).
 pub const MAX_METADATA: u64 = 64 << 20;
@@ -145,35 +151,35 @@ fn items<R: Read + Seek>(
     len: u64,
     names: Option<&HashMap<(u64, u64), String>>,
 ) -> Result<Layout, FormatError> {
-    // The archives' spans, walked back from the end.
     if len == 0 {
         return Err(FormatError::corrupt(0, "empty"));
     }
-    let mut spans = Vec::new();
-    let mut end = len;
-    while end > 0 {
-        if spans.len() >= MAX_ITEMS {
-            return Err(FormatError::corrupt(end, "too many items"));
-        }
-        let start = zip::archive_start(&mut Window::new(r, 0, end), end)?;
-        if start >= end {
-            return Err(FormatError::corrupt(end, "empty archive"));
-        }
-        spans.push((start, end));
-        end = start;
-    }
-    spans.reverse();
+    let spans = match names.and_then(|m| recorded_spans(m, len)) {
+        Some(spans) => spans,
+        None => zip_spans(r, len)?,
+    };
     let mut segments = Vec::new();
-    for (item, (start, end)) in spans.into_iter().enumerate() {
+    for (item, &(start, end)) in spans.iter().enumerate() {
         let n = end - start;
-        let inner = parse_torch_zip(&mut Window::new(r, start, n), n)?;
-        if inner.kind != FileKind::TorchZip {
-            return Err(FormatError::corrupt(
-                start,
-                "an item is not a torch archive",
-            ));
-        }
-        let fqn = names.and_then(|m| m.get(&(start, n)));
+        let mut w = Window::new(r, start, n);
+        // DCP's default format writes torch.save archives; its
+        // SerializationFormat.SAFETENSORS writes tensors as safetensors
+        // (and other items still as torch.save archives).
+        let zipped = zip::looks_like_zip(&mut w, n)?;
+        let inner = if zipped {
+            let inner = parse_torch_zip(&mut w, n)?;
+            if inner.kind != FileKind::TorchZip {
+                return Err(FormatError::corrupt(
+                    start,
+                    "an item is not a torch archive",
+                ));
+            }
+            inner
+        } else {
+            parse_safetensors(&mut w, n)?
+        };
+        // A safetensors blob names its tensors by their state-dict keys.
+        let fqn = names.and_then(|m| m.get(&(start, n))).filter(|_| zipped);
         let single = inner.tensors().count() == 1;
         for seg in inner.segments {
             segments.push(match seg {
@@ -181,6 +187,7 @@ fn items<R: Read + Seek>(
                     name: match fqn {
                         Some(f) if single => f.clone(),
                         Some(f) => format!("{f}/{}", t.name),
+                        None if !zipped => t.name,
                         None => format!("{item}/{}", t.name),
                     },
                     offset: t.offset + start,
@@ -209,6 +216,42 @@ fn items<R: Read + Seek>(
     };
     layout.validate()?;
     Ok(layout)
+}
+
+/// The items' byte ranges from the offsets `.metadata` records: each item
+/// runs from its offset to the next item's (several tensors recorded at one
+/// offset share one safetensors blob, as DCP's safetensors serialization
+/// writes them); `None` (walk the file instead) unless the first starts at
+/// 0 and all lie inside the file.
+fn recorded_spans(names: &HashMap<(u64, u64), String>, len: u64) -> Option<Vec<(u64, u64)>> {
+    let mut starts: Vec<u64> = names.keys().map(|&(o, _)| o).collect();
+    starts.sort_unstable();
+    starts.dedup();
+    if starts.first() != Some(&0) || starts.last().is_some_and(|&l| l >= len) {
+        return None;
+    }
+    let ends = starts.iter().skip(1).copied().chain([len]);
+    Some(starts.iter().copied().zip(ends).collect())
+}
+
+/// The spans of the torch archives that make up the file, walked back from
+/// its end.
+fn zip_spans<R: Read + Seek>(r: &mut R, len: u64) -> Result<Vec<(u64, u64)>, FormatError> {
+    let mut spans = Vec::new();
+    let mut end = len;
+    while end > 0 {
+        if spans.len() >= MAX_ITEMS {
+            return Err(FormatError::corrupt(end, "too many items"));
+        }
+        let start = zip::archive_start(&mut Window::new(r, 0, end), end)?;
+        if start >= end {
+            return Err(FormatError::corrupt(end, "empty archive"));
+        }
+        spans.push((start, end));
+        end = start;
+    }
+    spans.reverse();
+    Ok(spans)
 }
 
 /// `len` bytes of `r` from `start`, seen as a file of their own.

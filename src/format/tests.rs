@@ -480,3 +480,32 @@ fn dcp_metadata_that_is_not_dcp_names_nothing() {
     // A pickle of something else: (1, 2).
     assert!(DcpIndex::parse(&[0x80, 0x02, 0x4b, 0x01, 0x4b, 0x02, 0x86, 0x2e]).is_err());
 }
+
+#[test]
+fn distcp_in_safetensors_serialization_is_split_by_the_metadata_ranges() {
+    let root = dcp_fixture("st-step-1");
+    let meta = root.join(".metadata");
+    let ctx = DirContext::read([(".metadata", meta.as_path())]);
+    let path = root.join("__0_0.distcp");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let layout = ctx
+        .parse(
+            "__0_0.distcp",
+            &mut std::fs::File::open(&path).unwrap(),
+            len,
+        )
+        .unwrap();
+    layout.validate().unwrap();
+    assert_eq!(layout.kind, FileKind::DistCp);
+    let names: Vec<&str> = layout.tensors().map(|t| t.name.as_str()).collect();
+    assert_eq!(names.len(), 16, "{names:?}");
+    assert!(names.contains(&"model.0.weight"), "{names:?}");
+    // The same elements as the torch.save serialization of the same state.
+    let (zipped, _) = parse_file(&dcp_fixture("step-1/__0_0.distcp"));
+    let bytes = |l: &Layout| l.tensors().map(|t| t.len).sum::<u64>();
+    assert_eq!(bytes(&layout), bytes(&zipped));
+    // Without .metadata there is no way back through safetensors blobs:
+    // opaque, not an error.
+    let (alone, _) = parse_file(&path);
+    assert_eq!(alone.kind, FileKind::Opaque);
+}

@@ -11,13 +11,23 @@ fn fixture(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// Both serializations DCP offers (torch.save archives, safetensors
+/// blobs) and a 2-rank save, as consecutive steps.
+const STEPS: [(u64, &str); 5] = [
+    (1, "step-1"),
+    (2, "step-2"),
+    (3, "ranks2-step-1"),
+    (4, "st-step-1"),
+    (5, "st-step-2"),
+];
+
 #[test]
 fn dcp_checkpoints_are_committed_as_tensors_with_deltas_and_check_out_byte_exact() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let (code, _, err) = run_ckvc(root, &["init"]);
     assert_eq!(code, Some(0), "{err}");
-    for (step, dir) in [(1, "step-1"), (2, "step-2"), (3, "ranks2-step-1")] {
+    for (step, dir) in STEPS {
         let d = fixture(dir);
         let (code, out, err) = run_ckvc(
             root,
@@ -26,25 +36,31 @@ fn dcp_checkpoints_are_committed_as_tensors_with_deltas_and_check_out_byte_exact
         assert_eq!(code, Some(0), "{out}{err}");
     }
     // show --json lists the tensors of the .distcp file.
-    let (code, out, err) = run_ckvc(root, &["show", "2", "--json"]);
-    assert_eq!(code, Some(0), "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let file = v["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["path"] == "__0_0.distcp")
-        .expect("the data file");
-    assert_eq!(file["kind"], "distcp");
-    assert!(file["warning"].is_null(), "{file}");
-    let tensors = file["tensors"].as_array().unwrap();
-    assert_eq!(tensors.len(), 16, "{file}");
-    // Step 2's tensors are deltas against step 1's.
-    assert!(
-        tensors.iter().any(|t| t["storage"]["stored_as"] == "delta"),
-        "{file}"
-    );
-    for (step, dir) in [(1, "step-1"), (2, "step-2"), (3, "ranks2-step-1")] {
+    for step in ["2", "5"] {
+        let (code, out, err) = run_ckvc(root, &["show", step, "--json"]);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let file = v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "__0_0.distcp")
+            .expect("the data file");
+        assert_eq!(file["kind"], "distcp");
+        assert!(file["warning"].is_null(), "{file}");
+        let tensors = file["tensors"].as_array().unwrap();
+        assert_eq!(tensors.len(), 16, "{file}");
+        // Step 2's tensors are deltas against step 1's.
+        assert!(
+            tensors.iter().any(|t| t["storage"]["stored_as"] == "delta"),
+            "{file}"
+        );
+        assert!(
+            tensors.iter().any(|t| t["name"] == "model.0.weight"),
+            "{file}"
+        );
+    }
+    for (step, dir) in STEPS {
         let out = root.join(format!("out-{step}"));
         let (code, _, err) = run_ckvc(
             root,
