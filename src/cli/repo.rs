@@ -8,8 +8,8 @@ use clap::{Args, Subcommand};
 use ckvc::codec::DType;
 use ckvc::format::FileKind;
 use ckvc::repo::{
-    CheckoutOptions, CommitOptions, Config, DiffReport, ElementDiff, FileStatus, RepoError,
-    Repository, SegmentShow, ShowReport, Storage, TensorChange,
+    CheckoutOptions, CommitOptions, CommitReport, Config, DiffReport, ElementDiff, FileStatus,
+    RepoError, Repository, RunItem, SegmentShow, ShowReport, Storage, TensorChange,
 };
 
 use super::{exit, out, Failure};
@@ -46,16 +46,39 @@ pub enum RepoCommand {
         #[arg(long)]
         max_chain: Option<u16>,
     },
-    /// Store a checkpoint directory as a new commit.
+    /// Store a checkpoint directory as a new commit (or, with --run, every
+    /// checkpoint directory of a run in step order).
+    ///
+    /// Examples: `ckvc commit checkpoint-500`; `ckvc commit --run runs/exp1`;
+    /// `ckvc commit ckpt --step 500 --metric eval_loss=0.31`.
     Commit {
+        /// The checkpoint directory (with --run: the run directory holding
+        /// checkpoint-N/, step-N/, ... directories).
         checkpoint: PathBuf,
+        /// The training step (default: trainer_state.json's global_step,
+        /// else the trailing number of the directory name).
         #[arg(long)]
         step: Option<u64>,
+        /// A message to keep with the commit.
         #[arg(short, long, default_value = "")]
         message: String,
-        /// Commit on this branch (created if missing) instead of the current one.
+        /// Commit on this existing branch instead of the current one.
         #[arg(long)]
         branch: Option<String>,
+        /// Create the --branch given, forked from the current branch's head.
+        #[arg(long, requires = "branch")]
+        new_branch: bool,
+        /// Record a metric with the commit (repeatable), e.g. --metric
+        /// eval_loss=0.31, for trainers that write no trainer_state.json.
+        #[arg(long, value_name = "KEY=VALUE")]
+        metric: Vec<String>,
+        /// Accept a step that is not after the branch head's step.
+        #[arg(long)]
+        allow_step_order: bool,
+        /// CHECKPOINT is a run directory: commit each of its checkpoint
+        /// directories in step order, skipping steps already on the branch.
+        #[arg(long, conflicts_with = "step")]
+        run: bool,
         /// The training code's directory, for provenance (default: the
         /// current directory's git repository, if any).
         #[arg(long, value_name = "DIR")]
@@ -77,8 +100,14 @@ pub enum RepoCommand {
         /// Output directory (default: step-<N>).
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Write into a directory that is not empty (files of the commit
+        /// replace what is there; other files stay unless --clean).
         #[arg(long)]
         force: bool,
+        /// With --force: delete every file the commit does not hold, so OUT
+        /// holds exactly this step (says what it removed).
+        #[arg(long, requires = "force", conflicts_with = "only")]
+        clean: bool,
         /// Only files matching this glob (repeatable).
         #[arg(long)]
         only: Vec<String>,
@@ -145,6 +174,19 @@ pub fn fail(e: RepoError) -> Failure {
              or clone the repository again from a remote"
                 .to_string(),
         ),
+        RepoError::StepOrder { .. } => Some(
+            "pass --allow-step-order to commit it anyway (checkout STEP then picks the newest \
+             commit with that step), or commit on another branch"
+                .to_string(),
+        ),
+        RepoError::NoSuchBranch { name } => Some(format!(
+            "create it first with `ckvc branch {name}`, or pass --new-branch to commit on a new \
+             branch forked from the current one; `ckvc branch` lists the branches"
+        )),
+        RepoError::MissingMetric { metric, .. } => Some(format!(
+            "record {metric:?} with `ckvc commit --metric {metric}=VALUE`, or rank by a metric \
+             every commit has (`ckvc log --json` shows them)"
+        )),
         RepoError::Store(ckvc::store::StoreError::Full { .. }) => {
             Some("free some space on that device and run the command again".to_string())
         }
@@ -155,6 +197,48 @@ pub fn fail(e: RepoError) -> Failure {
         message: e.to_string(),
         hint,
     }
+}
+
+/// `KEY=VALUE` of `--metric`.
+fn parse_metric(m: &str) -> Result<(String, f64), Failure> {
+    let bad = || {
+        Failure::user(format!(
+            "--metric {m:?}: expected KEY=VALUE with a number, e.g. eval_loss=0.31"
+        ))
+    };
+    let (k, v) = m.split_once('=').ok_or_else(bad)?;
+    let v: f64 = v.trim().parse().map_err(|_| bad())?;
+    if k.trim().is_empty() || !v.is_finite() {
+        return Err(bad());
+    }
+    Ok((k.trim().to_string(), v))
+}
+
+/// The line `commit` prints for one commit.
+fn commit_line(r: &CommitReport) -> String {
+    if r.already_committed {
+        return format!(
+            "[{} {}] step {}: already committed as {}; nothing new was stored\n",
+            r.branch,
+            r.id.short(12),
+            r.step,
+            r.id
+        );
+    }
+    let s = r.stats;
+    format!(
+        "[{} {}] step {}: {} files, {} logical, {} new stored ({} of {} chunks new), ratio {:.4}; step {}\n",
+        r.branch,
+        r.id.short(12),
+        r.step,
+        s.files,
+        human(s.logical_bytes),
+        human(s.stored_bytes),
+        s.new_chunks,
+        s.chunks,
+        s.stored_bytes as f64 / s.logical_bytes.max(1) as f64,
+        r.step_source.describe()
+    )
 }
 
 pub fn human(bytes: u64) -> String {
@@ -191,38 +275,48 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             step,
             message,
             branch,
+            new_branch,
+            metric,
+            allow_step_order,
+            run,
             code,
         } => {
+            let metrics = metric
+                .iter()
+                .map(|m| parse_metric(m))
+                .collect::<Result<Vec<_>, _>>()?;
             let repo = w.open(true)?;
             let opts = CommitOptions {
                 step,
                 message,
                 branch,
+                new_branch,
+                allow_step_order,
                 code,
+                metrics,
             };
-            let r = repo.commit(&checkpoint, &opts).map_err(fail)?;
-            if r.already_committed {
-                return out(&format!(
-                    "[{} {}] step {}: already committed as {}; nothing new was stored\n",
-                    r.branch,
-                    r.id.short(12),
-                    r.step,
-                    r.id
-                ));
+            if run {
+                let mut failure = None;
+                repo.commit_run(&checkpoint, &opts, |item| {
+                    if failure.is_some() {
+                        return;
+                    }
+                    let line = match item {
+                        RunItem::Committed { report, .. } => commit_line(report),
+                        RunItem::Skipped { dir, step } => format!(
+                            "skipped {} (step {step}): already on the branch\n",
+                            dir.display()
+                        ),
+                    };
+                    if let Err(f) = out(&line) {
+                        failure = Some(f);
+                    }
+                })
+                .map_err(fail)?;
+                return failure.map_or(Ok(()), Err);
             }
-            let s = r.stats;
-            out(&format!(
-                "[{} {}] step {}: {} files, {} logical, {} new stored ({} of {} chunks new), ratio {:.4}\n",
-                r.branch,
-                r.id.short(12),
-                r.step,
-                s.files,
-                human(s.logical_bytes),
-                human(s.stored_bytes),
-                s.new_chunks,
-                s.chunks,
-                s.stored_bytes as f64 / s.logical_bytes.max(1) as f64
-            ))
+            let r = repo.commit(&checkpoint, &opts).map_err(fail)?;
+            out(&commit_line(&r))
         }
         RepoCommand::Log {
             rev,
@@ -249,7 +343,8 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                             "stored_bytes": c.stats.stored_bytes,
                             "chunks": c.stats.chunks,
                             "new_chunks": c.stats.new_chunks,
-                            "snapshot": c.stats.max_depth == 0,
+                            "snapshot": c.stats.max_depth == 0 && c.stats.new_chunks > 0,
+                            "new_data": c.stats.new_chunks > 0,
                             "chain_depth": c.stats.max_depth,
                             "code": c.provenance.as_ref().map(|p| serde_json::json!({
                                 "repo": p.repo, "commit": p.commit, "branch": p.branch, "dirty": p.dirty,
@@ -269,7 +364,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                     (None, Some(v)) => format!("eval {v:.4}"),
                     _ => String::new(),
                 };
-                let kind = if c.stats.max_depth == 0 {
+                let kind = if c.stats.new_chunks == 0 {
+                    "no new data".to_string()
+                } else if c.stats.max_depth == 0 {
                     "snapshot".to_string()
                 } else {
                     format!("delta depth {} when committed", c.stats.max_depth)
@@ -293,18 +390,33 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             rev,
             output,
             force,
+            clean,
             only,
             new_branch,
         } => {
             let repo = w.open(new_branch.is_some())?;
             let id = repo.resolve(&rev).map_err(fail)?;
+            if let Ok(step) = rev.parse::<u64>() {
+                let branch = repo.current_branch().map_err(fail)?;
+                let all = repo.commits_at_step(&branch, step).map_err(fail)?;
+                if all.len() > 1 {
+                    let others: Vec<String> = all[1..].iter().map(|c| c.short(12)).collect();
+                    eprintln!(
+                        "note: {} commits of branch {branch} have step {step}; checking out the newest, {} (the others: {})",
+                        all.len(),
+                        id.short(12),
+                        others.join(", ")
+                    );
+                }
+            }
             if let Some(b) = &new_branch {
                 repo.create_branch(b, &id).map_err(fail)?;
                 repo.switch_branch(b).map_err(fail)?;
             }
             let step = repo.commit_object(&id).map_err(fail)?.step;
             let dest = output.unwrap_or_else(|| Path::new(&format!("step-{step}")).to_path_buf());
-            let r = match repo.checkout(&id, &dest, &CheckoutOptions { force, only }) {
+            let opts = CheckoutOptions { force, only, clean };
+            let r = match repo.checkout(&id, &dest, &opts) {
                 Ok(r) => r,
                 Err(e) if e.is_corruption() => {
                     let mut f = fail(e);
@@ -329,6 +441,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 r.files,
                 human(r.bytes)
             );
+            for p in &r.removed {
+                msg.push_str(&format!("removed {p}\n"));
+            }
             if let Some(b) = new_branch {
                 msg.push_str(&format!("switched to new branch {b}\n"));
             }
@@ -546,6 +661,9 @@ fn show_json(r: &ShowReport) -> serde_json::Value {
         "time": c.time,
         "message": c.message,
         "metrics": c.metrics,
+        "code": c.provenance.as_ref().map(|p| serde_json::json!({
+            "repo": p.repo, "commit": p.commit, "branch": p.branch, "dirty": p.dirty,
+        })),
         "stats": {
             "files": c.stats.files,
             "logical_bytes": c.stats.logical_bytes,
@@ -581,6 +699,27 @@ fn show_text(r: &ShowReport) -> String {
         let m: Vec<String> = c.metrics.iter().map(|(k, v)| format!("{k} {v}")).collect();
         s.push_str(&format!("metrics  {}\n", m.join(", ")));
     }
+    if let Some(p) = &c.provenance {
+        s.push_str(&format!(
+            "code     {} {}{}{}\n",
+            p.repo,
+            if p.commit.is_empty() {
+                "(no commit yet)"
+            } else {
+                &p.commit
+            },
+            if p.branch.is_empty() {
+                String::new()
+            } else {
+                format!(" on {}", p.branch)
+            },
+            if p.dirty {
+                " (dirty: uncommitted changes)"
+            } else {
+                ""
+            }
+        ));
+    }
     let st = &c.stats;
     s.push_str(&format!(
         "stats    {} files, {} logical, {} new stored ({} of {} chunks new), {}\n",
@@ -589,7 +728,9 @@ fn show_text(r: &ShowReport) -> String {
         human(st.stored_bytes),
         st.new_chunks,
         st.chunks,
-        if st.max_depth == 0 {
+        if st.new_chunks == 0 {
+            "no new data".to_string()
+        } else if st.max_depth == 0 {
             "snapshot".to_string()
         } else {
             format!("delta depth {}", st.max_depth)

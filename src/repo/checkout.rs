@@ -22,6 +22,10 @@ pub struct CheckoutOptions {
     /// Only paths matching one of these globs (`*` any run within a
     /// component, `?` one character, `**` any number of components).
     pub only: Vec<String>,
+    /// After every file is written, delete whatever else is in the output
+    /// directory (with `force`), so it holds exactly the commit's files.
+    /// Not with `only`.
+    pub clean: bool,
 }
 
 /// What a checkout wrote.
@@ -32,6 +36,8 @@ pub struct CheckoutReport {
     pub out: PathBuf,
     pub files: u64,
     pub bytes: u64,
+    /// What `clean` deleted (relative paths; a directory counts once).
+    pub removed: Vec<String>,
 }
 
 impl Repository {
@@ -55,6 +61,14 @@ impl Repository {
             let path = path.to_path_buf();
             move |source| RepoError::Io { path, source }
         };
+        if opts.clean && !opts.only.is_empty() {
+            return Err(RepoError::BadInput {
+                path: out.to_path_buf(),
+                reason: "--clean deletes every file the commit does not hold; it cannot go \
+                         with --only"
+                    .into(),
+            });
+        }
         if out.exists() {
             let mut rd = std::fs::read_dir(out).map_err(io(out))?;
             if rd.next().is_some() && !opts.force {
@@ -71,6 +85,7 @@ impl Repository {
             out: out.to_path_buf(),
             files: 0,
             bytes: 0,
+            removed: Vec::new(),
         };
         let mut selected = Vec::new();
         for (rel, mid) in &tree.entries {
@@ -114,6 +129,12 @@ impl Repository {
             }
             report.files += 1;
             report.bytes += m.len;
+        }
+        drop(staging);
+        if opts.clean {
+            let keep: std::collections::HashSet<&str> =
+                tree.entries.iter().map(|(p, _)| p.as_str()).collect();
+            remove_others(out, "", &keep, &mut report.removed)?;
         }
         Ok(report)
     }
@@ -202,6 +223,45 @@ fn make_dirs_no_symlinks(out: &Path, rel: &str) -> Result<(), RepoError> {
             path: dir.clone(),
             source,
         })?;
+    }
+    Ok(())
+}
+
+/// Deletes everything under `dir` (at `prefix` within the output) that is
+/// neither a committed file nor a directory on the way to one; links are
+/// removed, never followed.
+fn remove_others(
+    dir: &Path,
+    prefix: &str,
+    keep: &std::collections::HashSet<&str>,
+    removed: &mut Vec<String>,
+) -> Result<(), RepoError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| RepoError::Io { path, source }
+    };
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    names.sort_by_key(|e| e.file_name());
+    for e in names {
+        let rel = format!("{prefix}{}", e.file_name().to_string_lossy());
+        let path = e.path();
+        let ft = e.file_type().map_err(io(&path))?;
+        if ft.is_dir() {
+            let under = format!("{rel}/");
+            if keep.iter().any(|k| k.starts_with(&under)) {
+                remove_others(&path, &under, keep, removed)?;
+                continue;
+            }
+            std::fs::remove_dir_all(&path).map_err(io(&path))?;
+        } else if keep.contains(rel.as_str()) && ft.is_file() {
+            continue;
+        } else {
+            std::fs::remove_file(&path).map_err(io(&path))?;
+        }
+        removed.push(rel);
     }
     Ok(())
 }

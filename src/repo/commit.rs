@@ -32,13 +32,59 @@ pub struct CommitOptions {
     /// directory name's trailing number.
     pub step: Option<u64>,
     pub message: String,
-    /// The branch to commit on (created if it does not exist); default the
-    /// current branch.
+    /// The branch to commit on; default the current branch. It must exist
+    /// unless `new_branch`.
     pub branch: Option<String>,
+    /// Create `branch`, starting at the current branch's head (a commit on
+    /// a new branch continues the history it was forked from).
+    pub new_branch: bool,
+    /// Accept a step that is not after the branch head's step (by default
+    /// that is [`RepoError::StepOrder`]: two commits with one step make
+    /// `checkout STEP` ambiguous).
+    pub allow_step_order: bool,
     /// Where the training code is (a directory inside its git repository);
     /// default the current directory. Outside a git repository the commit
     /// records no provenance.
     pub code: Option<PathBuf>,
+    /// Metrics to record beside (and over) those of `trainer_state.json`,
+    /// for trainers that write none.
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// Where a commit's step number came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepSource {
+    /// [`CommitOptions::step`] (`--step`).
+    Given,
+    /// `trainer_state.json`'s `global_step`.
+    TrainerState,
+    /// The trailing number of the directory name.
+    DirName,
+}
+
+impl StepSource {
+    pub fn describe(self) -> &'static str {
+        match self {
+            StepSource::Given => "given",
+            StepSource::TrainerState => "from trainer_state.json",
+            StepSource::DirName => "from the directory name",
+        }
+    }
+}
+
+/// One checkpoint directory of a [`Repository::commit_run`].
+#[derive(Debug, Clone)]
+pub enum RunItem {
+    Committed {
+        dir: PathBuf,
+        report: CommitReport,
+    },
+    /// The branch already has this step.
+    Skipped {
+        dir: PathBuf,
+        step: u64,
+    },
 }
 
 /// What a commit did.
@@ -46,6 +92,7 @@ pub struct CommitOptions {
 pub struct CommitReport {
     pub id: CommitId,
     pub step: u64,
+    pub step_source: StepSource,
     pub branch: String,
     pub stats: CommitStats,
     /// The branch head already held exactly this checkpoint at this step
@@ -77,18 +124,32 @@ impl Repository {
             None => self.current_branch()?,
         };
         check_branch_name(&branch)?;
-        let parent = self.branch_head(&branch)?;
+        let exists = self.branches()?.iter().any(|(b, _)| *b == branch)
+            || branch == self.current_branch()?;
+        let parent = match (exists, opts.new_branch) {
+            (true, false) => self.branch_head(&branch)?,
+            (true, true) => return Err(RepoError::BranchExists { name: branch }),
+            (false, true) => self.branch_head(&self.current_branch()?)?,
+            (false, false) => return Err(RepoError::NoSuchBranch { name: branch }),
+        };
         let parent_tree = match &parent {
             Some(p) => Some(self.tree(&self.commit_object(p)?.tree)?),
             None => None,
         };
         let files = list_files(dir)?;
         let ctx = format::DirContext::read(files.iter().map(|(r, p)| (r.as_str(), p.as_path())));
-        let step = match opts.step {
-            Some(s) => s,
+        let (step, step_source) = match opts.step {
+            Some(s) => (s, StepSource::Given),
             None => detect_step(dir)?,
         };
-        let metrics = trainer_metrics(dir);
+        let mut metrics = trainer_metrics(dir);
+        for (k, v) in &opts.metrics {
+            let v = serde_json::Number::from_f64(*v).ok_or_else(|| RepoError::BadInput {
+                path: dir.to_path_buf(),
+                reason: format!("metric {k}={v} is not a finite number"),
+            })?;
+            metrics.insert(k.clone(), serde_json::Value::Number(v));
+        }
 
         let mut w = Writer {
             repo: self,
@@ -136,15 +197,23 @@ impl Repository {
         let tree_bytes = tree.encode();
         let tree_id = ObjectId::digest(&tree_bytes);
         let mut stats = w.stats;
-        if let Some(p) = &parent {
+        if let Some(p) = parent.as_ref().filter(|_| exists) {
             let pc = self.commit_object(p)?;
             if pc.tree == tree_id && pc.step == step {
                 return Ok(CommitReport {
                     id: *p,
                     step,
+                    step_source,
                     branch,
                     stats: pc.stats,
                     already_committed: true,
+                });
+            }
+            if step <= pc.step && !opts.allow_step_order {
+                return Err(RepoError::StepOrder {
+                    branch,
+                    step,
+                    head_step: pc.step,
                 });
             }
         }
@@ -173,18 +242,25 @@ impl Repository {
             &object_key(KIND_COMMIT, &ObjectId::from_bytes(*id.as_bytes())),
             bytes,
         );
+        // A new branch's ref must not exist yet; its first commit's parent
+        // is the head it was forked from.
         self.move_ref(
             &mut objects,
             &branch_ref(&branch),
-            parent.as_ref(),
+            parent.as_ref().filter(|_| exists),
             Some(&id),
-            "commit",
+            if exists {
+                "commit"
+            } else {
+                "commit (new branch)"
+            },
         );
         self.store.write(objects)?;
         self.store.flush()?;
         Ok(CommitReport {
             id,
             step,
+            step_source,
             branch,
             stats: commit.stats,
             already_committed: false,
@@ -536,29 +612,129 @@ fn read_trainer_state(dir: &Path) -> Option<serde_json::Map<String, serde_json::
     }
 }
 
-/// `--step`, else `trainer_state.json`'s `global_step`, else the name.
-fn detect_step(dir: &Path) -> Result<u64, RepoError> {
+/// `trainer_state.json`'s `global_step`, else the directory name's number.
+fn detect_step(dir: &Path) -> Result<(u64, StepSource), RepoError> {
     if let Some(s) =
         read_trainer_state(dir).and_then(|m| m.get("global_step").and_then(|v| v.as_u64()))
     {
-        return Ok(s);
+        return Ok((s, StepSource::TrainerState));
     }
     let name = std::fs::canonicalize(dir)
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
-    format::step_of_dir_name(&name).ok_or(RepoError::NoStep {
-        dir: dir.to_path_buf(),
-    })
+    format::step_of_dir_name(&name)
+        .map(|s| (s, StepSource::DirName))
+        .ok_or(RepoError::NoStep {
+            dir: dir.to_path_buf(),
+        })
 }
 
-/// The scalar metrics of `trainer_state.json` worth showing in `log`.
-fn trainer_metrics(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
+impl Repository {
+    /// Commit every checkpoint directory of `run_dir` (its subdirectories
+    /// whose step is known: `trainer_state.json`, or a number ending the
+    /// name), in step order, skipping steps the branch already has.
+    /// `opts.step` must be `None`; its other fields apply to every commit.
+    /// `each` sees every item as it is done.
+    pub fn commit_run(
+        &self,
+        run_dir: &Path,
+        opts: &CommitOptions,
+        mut each: impl FnMut(&RunItem),
+    ) -> Result<Vec<RunItem>, RepoError> {
+        let io = |source| RepoError::Io {
+            path: run_dir.to_path_buf(),
+            source,
+        };
+        let mut dirs = Vec::new();
+        for e in std::fs::read_dir(run_dir).map_err(io)? {
+            let e = e.map_err(io)?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !e.file_type().map_err(io)?.is_dir() {
+                continue;
+            }
+            if let Ok((step, _)) = detect_step(&e.path()) {
+                dirs.push((step, e.path()));
+            }
+        }
+        if dirs.is_empty() {
+            return Err(RepoError::BadInput {
+                path: run_dir.to_path_buf(),
+                reason: "no checkpoint directories (checkpoint-N/, step-N/, ...) in it".into(),
+            });
+        }
+        dirs.sort();
+        let branch = match &opts.branch {
+            Some(b) => b.clone(),
+            None => self.current_branch()?,
+        };
+        let mut have = std::collections::HashSet::new();
+        if self.branch_head(&branch)?.is_some() {
+            for e in self.log(Some(&branch), None)? {
+                have.insert(e.commit.step);
+            }
+        }
+        let mut items = Vec::new();
+        let mut opts = opts.clone();
+        opts.step = None;
+        for (step, dir) in dirs {
+            let item = if have.contains(&step) {
+                RunItem::Skipped { dir, step }
+            } else {
+                let report = self.commit(&dir, &opts)?;
+                // Later commits go on the branch the first one created.
+                opts.new_branch = false;
+                opts.branch = Some(report.branch.clone());
+                have.insert(step);
+                RunItem::Committed { dir, report }
+            };
+            each(&item);
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+/// Whether a `trainer_state.json` / `log_history` key is a metric worth
+/// keeping with the commit (for `log` and `gc --keep best=`).
+fn is_metric(k: &str) -> bool {
+    matches!(
+        k,
+        "loss" | "train_loss" | "learning_rate" | "grad_norm" | "epoch" | "global_step"
+    ) || k.starts_with("eval_")
+}
+
+/// The metrics of the checkpoint's own step from `trainer_state.json`: the
+/// numeric metric keys at its top level, then, for each metric key, its
+/// value in the last `log_history` entry at or before `global_step` (where
+/// HF Trainer keeps `loss` and `eval_*`).
+pub(crate) fn trainer_metrics(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
     let mut out = serde_json::Map::new();
-    if let Some(m) = read_trainer_state(dir) {
-        for k in ["loss", "eval_loss", "learning_rate", "epoch", "global_step"] {
-            if let Some(v) = m.get(k).filter(|v| v.is_number()) {
-                out.insert(k.to_string(), v.clone());
+    let Some(m) = read_trainer_state(dir) else {
+        return out;
+    };
+    for (k, v) in &m {
+        if is_metric(k) && v.is_number() {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    let upto = m
+        .get("global_step")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(u64::MAX);
+    if let Some(history) = m.get("log_history").and_then(|h| h.as_array()) {
+        for entry in history.iter().filter_map(|e| e.as_object()) {
+            if entry
+                .get("step")
+                .and_then(|s| s.as_u64())
+                .is_some_and(|s| s > upto)
+            {
+                continue;
+            }
+            for (k, v) in entry {
+                if is_metric(k) && v.is_number() && k != "global_step" {
+                    out.insert(k.clone(), v.clone());
+                }
             }
         }
     }

@@ -121,8 +121,30 @@ impl KeepPolicy {
         Ok(p)
     }
 
-    /// Which of `line` (a branch's first-parent history, newest first) to keep.
-    fn select(&self, line: &[(CommitId, Commit)], now: u64) -> Vec<bool> {
+    /// Which of `line` (a branch's first-parent history, newest first) to
+    /// keep. `best=` refuses a line where a commit that could be dropped
+    /// has no finite value of the metric: ranking it as worst would drop it
+    /// for a metric it was never given.
+    fn select(&self, line: &[(CommitId, Commit)], now: u64) -> Result<Vec<bool>, RepoError> {
+        if let Some(b) = &self.best {
+            let missing: Vec<(CommitId, u64)> = line
+                .iter()
+                .skip(1) // the head is always kept
+                .filter(|(_, c)| {
+                    !c.metrics
+                        .get(&b.metric)
+                        .and_then(|v| v.as_f64())
+                        .is_some_and(f64::is_finite)
+                })
+                .map(|(id, c)| (*id, c.step))
+                .collect();
+            if !missing.is_empty() {
+                return Err(RepoError::MissingMetric {
+                    metric: b.metric.clone(),
+                    commits: missing,
+                });
+            }
+        }
         let mut keep = vec![false; line.len()];
         if let Some(k) = keep.first_mut() {
             *k = true;
@@ -160,7 +182,7 @@ impl KeepPolicy {
                 }
             }
         }
-        keep
+        Ok(keep)
     }
 }
 
@@ -484,7 +506,7 @@ impl Repository {
                 .filter(|_| !shallow.contains(&id));
             line.push((id, c));
         }
-        let keep = policy.select(&line, now);
+        let keep = policy.select(&line, now)?;
         if keep.iter().all(|&k| k) {
             return Ok(None);
         }

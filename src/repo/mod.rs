@@ -39,7 +39,7 @@ mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub(crate) use commit::{encode_record, now_secs};
-pub use commit::{CommitOptions, CommitReport};
+pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
 pub use fsck::{Damage, FsckReport};
 pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, RepoCounts};
@@ -85,8 +85,14 @@ pub enum RepoError {
     BadInput { path: PathBuf, reason: String },
     #[error("no step number for {dir}: pass --step, or add trainer_state.json (global_step), or name the directory like checkpoint-500")]
     NoStep { dir: PathBuf },
-    #[error("unknown revision {rev:?}")]
-    UnknownRevision { rev: String },
+    #[error("{}", describe_unknown(rev, kind, suggestions))]
+    UnknownRevision {
+        rev: String,
+        /// What the revision was taken for.
+        kind: RevKind,
+        /// The nearest steps, or similarly named branches and tags.
+        suggestions: Vec<String>,
+    },
     #[error("revision {rev:?} is ambiguous")]
     AmbiguousRevision { rev: String },
     #[error("{path} exists and is not empty (use --force to write into it)")]
@@ -115,6 +121,69 @@ pub enum RepoError {
     Missing { what: String },
     #[error("the repository is damaged ({count} problems; first: {first}); run `ckvc fsck` and repair before gc")]
     Damaged { count: usize, first: String },
+    /// `gc --keep best=N:METRIC` on a branch where commits lack the metric.
+    #[error("{} commit(s) have no value of {metric:?} (step {}); best= cannot rank them", commits.len(), commits.iter().map(|c| c.1.to_string()).collect::<Vec<_>>().join(", "))]
+    MissingMetric {
+        metric: String,
+        /// (commit, step) of each commit without it.
+        commits: Vec<(CommitId, u64)>,
+    },
+    /// A commit whose step is not after the branch head's.
+    #[error("step {step} is not after the head of branch {branch:?} (step {head_step})")]
+    StepOrder {
+        branch: String,
+        step: u64,
+        head_step: u64,
+    },
+}
+
+/// What an unknown revision was looked up as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RevKind {
+    /// A step on a branch (`25`, `main@25`); a bare number was also tried
+    /// as a commit id prefix.
+    Step { branch: String, step: u64 },
+    /// A branch, a tag or a commit id prefix.
+    Name,
+    /// `REV~N` reaching back past the first commit of that line.
+    Ancestor { back: usize, depth: usize },
+}
+
+fn describe_unknown(rev: &str, kind: &RevKind, suggestions: &[String]) -> String {
+    let mut s = match kind {
+        RevKind::Step { branch, step } => {
+            format!("no commit at step {step} on branch {branch:?} (and no commit id starting with {rev:?})")
+        }
+        RevKind::Name => format!("no branch, tag or commit id {rev:?}"),
+        RevKind::Ancestor { back, depth } => {
+            format!("{rev:?} goes back {back} commits, past the first commit ({depth} back)")
+        }
+    };
+    if !suggestions.is_empty() {
+        let what = match kind {
+            RevKind::Step { .. } => "nearest steps",
+            _ => "did you mean",
+        };
+        s.push_str(&format!("; {what}: {}", suggestions.join(", ")));
+    }
+    s
+}
+
+/// Levenshtein distance, for "did you mean" (short names only).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 impl RepoError {
@@ -629,45 +698,120 @@ impl Repository {
     /// tag, `branch@step`, a bare step number on the current branch, or a
     /// commit id (or unique prefix of at least 4 hex digits).
     pub fn resolve(&self, rev: &str) -> Result<CommitId, RepoError> {
-        let unknown = || RepoError::UnknownRevision { rev: rev.into() };
+        let unknown = |kind, suggestions| RepoError::UnknownRevision {
+            rev: rev.into(),
+            kind,
+            suggestions,
+        };
         let (base, back) = match rev.rsplit_once('~') {
-            Some((b, n)) => (b, n.parse::<usize>().map_err(|_| unknown())?),
+            Some((b, n)) => (
+                b,
+                n.parse::<usize>()
+                    .map_err(|_| unknown(RevKind::Name, Vec::new()))?,
+            ),
             None => (rev, 0),
+        };
+        let on_branch = |branch: &str, step: u64| -> Result<CommitId, RepoError> {
+            let head = self.branch_head(branch)?.ok_or(RepoError::Empty)?;
+            if let Some(id) = self.find_step(head, step)? {
+                return Ok(id);
+            }
+            if let Some(id) = self.by_prefix(&step.to_string())? {
+                return Ok(id);
+            }
+            Err(unknown(
+                RevKind::Step {
+                    branch: branch.into(),
+                    step,
+                },
+                self.nearest_steps(head, step)?,
+            ))
         };
         let mut id = if base == "HEAD" {
             let b = self.current_branch()?;
             self.branch_head(&b)?.ok_or(RepoError::Empty)?
         } else if let Some((branch, step)) = base.split_once('@') {
-            let step: u64 = step.parse().map_err(|_| unknown())?;
-            let head = self.branch_head(branch)?.ok_or(RepoError::NoSuchBranch {
-                name: branch.into(),
-            })?;
-            self.find_step(head, step)?.ok_or_else(unknown)?
-        } else if let Ok(step) = base.parse::<u64>() {
-            let b = self.current_branch()?;
-            let head = self.branch_head(&b)?.ok_or(RepoError::Empty)?;
-            match self.find_step(head, step)? {
-                Some(id) => id,
-                None => self.by_prefix(base)?.ok_or_else(unknown)?,
+            let step: u64 = step
+                .parse()
+                .map_err(|_| unknown(RevKind::Name, Vec::new()))?;
+            if self.branch_head(branch)?.is_none() {
+                return Err(RepoError::NoSuchBranch {
+                    name: branch.into(),
+                });
             }
+            on_branch(branch, step)?
+        } else if let Ok(step) = base.parse::<u64>() {
+            on_branch(&self.current_branch()?, step)?
         } else if let Some(id) = self.branch_head(base)? {
             id
         } else if let Some(id) = self.tag(base)? {
             id
+        } else if let Some(id) = self.by_prefix(base)? {
+            id
         } else {
-            self.by_prefix(base)?.ok_or_else(unknown)?
+            let mut similar: Vec<(usize, String)> = self
+                .branches()?
+                .into_iter()
+                .map(|(b, _)| b)
+                .chain(self.tags()?.into_iter().map(|(t, _)| t))
+                .map(|n| (edit_distance(base, &n), n))
+                .filter(|(d, n)| *d <= 2.max(n.len() / 3))
+                .collect();
+            similar.sort();
+            return Err(unknown(
+                RevKind::Name,
+                similar.into_iter().take(3).map(|(_, n)| n).collect(),
+            ));
         };
-        for _ in 0..back {
-            id = *self
-                .commit_object(&id)?
-                .parents
-                .first()
-                .ok_or_else(unknown)?;
+        for i in 0..back {
+            id = match self.commit_object(&id)?.parents.first() {
+                Some(p) => *p,
+                None => {
+                    return Err(unknown(RevKind::Ancestor { back, depth: i }, Vec::new()));
+                }
+            };
         }
         Ok(id)
     }
 
-    /// The newest commit with `step` on the first-parent line from `head`.
+    /// Up to two steps on either side of `step` on the line from `head`.
+    fn nearest_steps(&self, head: CommitId, step: u64) -> Result<Vec<String>, RepoError> {
+        let mut steps: Vec<u64> = Vec::new();
+        let shallow = self.shallow()?;
+        let mut cur = Some(head);
+        while let Some(id) = cur {
+            let c = self.commit_object(&id)?;
+            steps.push(c.step);
+            cur = c
+                .parents
+                .first()
+                .copied()
+                .filter(|_| !shallow.contains(&id));
+        }
+        steps.sort_unstable();
+        steps.dedup();
+        let at = steps.partition_point(|&s| s < step);
+        Ok(steps[at.saturating_sub(2)..(at + 2).min(steps.len())]
+            .iter()
+            .map(u64::to_string)
+            .collect())
+    }
+
+    /// Every commit with `step` on the first-parent line of `branch`,
+    /// newest first (`checkout STEP` takes the first).
+    pub fn commits_at_step(&self, branch: &str, step: u64) -> Result<Vec<CommitId>, RepoError> {
+        let mut out = Vec::new();
+        if self.branch_head(branch)?.is_none() {
+            return Ok(out);
+        }
+        for e in self.log(Some(branch), None)? {
+            if e.commit.step == step {
+                out.push(e.id);
+            }
+        }
+        Ok(out)
+    }
+
     fn find_step(&self, head: CommitId, step: u64) -> Result<Option<CommitId>, RepoError> {
         let shallow = self.shallow()?;
         let mut cur = Some(head);

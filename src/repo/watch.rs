@@ -283,7 +283,7 @@ fn commit_ready(
                 step: Some(f.step),
                 branch: Some(branch.clone()),
                 code: opts.code.clone(),
-                message: String::new(),
+                ..CommitOptions::default()
             },
         ) {
             Ok(r) => r,

@@ -117,6 +117,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Commit { branch, seed } => {
                 let name = BRANCHES[branch];
+                // A commit on a branch that does not exist creates it,
+                // forked from main's head.
+                let new = name != "main" && !model.lines.contains_key(name);
+                if new {
+                    let from_main = model.lines.get("main").cloned().unwrap_or_default();
+                    model.lines.insert(name, from_main);
+                }
                 let prev = model
                     .lines
                     .get(name)
@@ -133,6 +140,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     &CommitOptions {
                         step: Some(step),
                         branch: Some(name.into()),
+                        new_branch: new,
                         ..CommitOptions::default()
                     },
                 )

@@ -1,6 +1,7 @@
 //! The one integration-test binary (as jj does it): modules per area.
 
 mod cli;
+mod cli_trainers;
 mod codec_corpus;
 mod crash;
 mod dcp;

@@ -304,7 +304,10 @@ fn cli_quick_start_init_commit_log_checkout_branch() {
     );
     let (code, _, err) = ckvc(&["checkout", "nope"]);
     assert_eq!(code, Some(1));
-    assert!(err.contains("unknown revision"), "{err}");
+    assert!(
+        err.contains("no branch, tag or commit id \"nope\""),
+        "{err}"
+    );
     // outside any repository
     let (code, _, err) = ckvc(&["-C", "/", "log"]);
     assert_eq!(code, Some(1));
