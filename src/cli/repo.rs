@@ -238,7 +238,36 @@ fn commit_line(r: &CommitReport) -> String {
         s.chunks,
         s.stored_bytes as f64 / s.logical_bytes.max(1) as f64,
         r.step_source.describe()
-    )
+    ) + &format!(
+        "  {} as tensors, {} opaque\n",
+        human(r.tensor_bytes),
+        human(r.opaque_bytes)
+    ) + &r
+        .large_opaque
+        .iter()
+        .map(|(p, n)| {
+            format!(
+                "  note: {p} ({}) was stored as opaque bytes: no tensor was found in it, so no delta \
+                 or float coding applies ({})\n",
+                human(*n),
+                opaque_hint(p)
+            )
+        })
+        .collect::<String>()
+}
+
+/// What to do about a large file kept opaque, by its name.
+fn opaque_hint(path: &str) -> &'static str {
+    let lower = path.to_ascii_lowercase();
+    if lower.ends_with(".pt") || lower.ends_with(".pth") || lower.ends_with(".bin") {
+        "save it with torch.save's default zip format, or as safetensors"
+    } else if lower.ends_with(".distcp") {
+        "keep the checkpoint's .metadata beside it; `ckvc show` says why it was not read"
+    } else if lower.ends_with(".ckpt") || lower.ends_with(".pkl") || lower.ends_with(".pickle") {
+        "save tensors with torch.save (zip format) or safetensors instead of pickle"
+    } else {
+        "ckvc reads safetensors, torch.save zips, DCP .distcp and .npy files as tensors"
+    }
 }
 
 pub fn human(bytes: u64) -> String {

@@ -99,7 +99,17 @@ pub struct CommitReport {
     /// (a retry of a commit whose report was lost, e.g. to a kill after its
     /// last write): nothing was written and `id` is that commit.
     pub already_committed: bool,
+    /// Bytes of the checkpoint read as tensors (delta- and float-coded).
+    pub tensor_bytes: u64,
+    /// Bytes kept opaque (headers, pickles, files of no known format).
+    pub opaque_bytes: u64,
+    /// Files of at least [`LARGE_OPAQUE`] bytes held entirely as opaque
+    /// bytes (path, length): no tensor was seen in them.
+    pub large_opaque: Vec<(String, u64)>,
 }
+
+/// An opaque file this large is named in [`CommitReport::large_opaque`].
+pub const LARGE_OPAQUE: u64 = 1 << 20;
 
 /// Raw bytes of chunks waiting to be encoded, flushed at this size.
 const PENDING_BYTES: usize = 64 << 20;
@@ -176,6 +186,7 @@ impl Repository {
         }
         let mut entries = Vec::new();
         let mut objects = Batch::new();
+        let (mut tensor_bytes, mut large_opaque) = (0u64, Vec::new());
         for (rel, path) in &files {
             let manifest = w.file(path, rel, &ctx, parent_files.get(rel), &anywhere)?;
             let bytes = manifest.encode();
@@ -188,6 +199,16 @@ impl Repository {
             entries.push((rel.clone(), id));
             w.stats.files += 1;
             w.stats.logical_bytes += manifest.len;
+            let tensors: u64 = manifest
+                .segments
+                .iter()
+                .filter(|s| matches!(s, SegmentRef::Tensor { .. }))
+                .map(|s| s.len())
+                .sum();
+            tensor_bytes += tensors;
+            if tensors == 0 && manifest.len >= LARGE_OPAQUE {
+                large_opaque.push((rel.clone(), manifest.len));
+            }
         }
         w.flush()?;
         // The chunk batches skipped the WAL: make them durable before the
@@ -207,6 +228,9 @@ impl Repository {
                     branch,
                     stats: pc.stats,
                     already_committed: true,
+                    tensor_bytes,
+                    opaque_bytes: w.stats.logical_bytes - tensor_bytes,
+                    large_opaque,
                 });
             }
             if step <= pc.step && !opts.allow_step_order {
@@ -264,6 +288,9 @@ impl Repository {
             branch,
             stats: commit.stats,
             already_committed: false,
+            tensor_bytes,
+            opaque_bytes: commit.stats.logical_bytes - tensor_bytes,
+            large_opaque,
         })
     }
 }

@@ -388,3 +388,24 @@ fn checkout_force_clean_leaves_exactly_the_commits_files() {
     let (code, _, _) = run_ckvc(&root, &["checkout", "20", "-o", "out", "--clean"]);
     assert_eq!(code, Some(2), "--clean needs --force");
 }
+
+#[test]
+fn commit_line_says_how_much_went_in_as_tensors_and_names_large_opaque_files() {
+    let (tmp, root) = repo();
+    let ck = hf_checkpoint(tmp.path(), 0, 20);
+    // 2 MiB that no parser reads as tensors (a pickle-only checkpoint, say).
+    let blob: Vec<u8> = (0..2u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(ck.join("states.ckpt"), &blob).unwrap();
+    let out = commit(&root, &[ck.to_str().unwrap()]);
+    assert!(
+        out.contains(" as tensors, ") && out.contains(" opaque"),
+        "{out}"
+    );
+    assert!(
+        out.contains("note: states.ckpt (2.0 MiB) was stored as opaque bytes"),
+        "{out}"
+    );
+    assert!(!out.contains("note: model.safetensors"), "{out}");
+}
