@@ -619,6 +619,7 @@ fn kind_name(k: FileKind) -> &'static str {
         FileKind::TorchZip => "torch-zip",
         FileKind::Npy => "npy",
         FileKind::DistCp => "distcp",
+        FileKind::TorchLegacy => "torch-legacy",
         _ => "opaque",
     }
 }

@@ -34,7 +34,7 @@ mod zip;
 pub use distcp::{parse_distcp, DcpIndex};
 pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
-pub use torchzip::parse_torch_zip;
+pub use torchzip::{parse_torch_legacy, parse_torch_zip};
 
 /// The step number in a checkpoint directory name (`step-500`,
 /// `checkpoint-500`, `iter_0000500`): the trailing digits.
@@ -60,6 +60,9 @@ pub enum FileKind {
     /// A PyTorch distributed-checkpoint data file (`.distcp`): a sequence of
     /// `torch.save` archives.
     DistCp,
+    /// A legacy (`_use_new_zipfile_serialization=False`) `torch.save` file:
+    /// pickles, then raw storages.
+    TorchLegacy,
     /// Not a format ckvc understands: the layout is one opaque segment (or
     /// none for an empty file).
     Opaque,
@@ -195,6 +198,8 @@ pub fn parse<R: Read + Seek>(file_name: &str, r: &mut R, len: u64) -> Result<Lay
         // A legacy (pre-1.6) torch pickle or any other binary blob behind
         // these extensions is opaque; a zip must be a sound zip.
         "pt" | "pth" | "bin" if zip::looks_like_zip(r, len)? => parse_torch_zip(r, len),
+        // The legacy torch format: opaque, never an error, when not understood.
+        "pt" | "pth" | "bin" if torchzip::looks_legacy(r, len)? => parse_torch_legacy(r, len),
         // Anything not understood in a DCP file is opaque, never an error.
         "distcp" => parse_distcp(r, len, None),
         _ => Ok(Layout::opaque(len)),

@@ -98,6 +98,13 @@ impl Pickle {
 
 /// Reads a pickle. `base` is the offset of `data` in the file, for errors.
 pub(crate) fn read(data: &[u8], base: u64) -> Result<Pickle, FormatError> {
+    read_prefix(data, base).map(|(p, _)| p)
+}
+
+/// Reads the pickle at the start of `data`, which may go on after its STOP
+/// (`torch.save`'s legacy format writes pickles one after another);
+/// returns it and the bytes it took.
+pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), FormatError> {
     let mut m = Machine {
         data,
         base,
@@ -122,11 +129,14 @@ pub(crate) fn read(data: &[u8], base: u64) -> Result<Pickle, FormatError> {
             b'.' => {
                 // STOP
                 let root = m.pop()?;
-                return Ok(Pickle {
-                    nodes: m.nodes,
-                    root,
-                    persistent: m.persistent,
-                });
+                return Ok((
+                    Pickle {
+                        nodes: m.nodes,
+                        root,
+                        persistent: m.persistent,
+                    },
+                    m.pos,
+                ));
             }
             b'(' => m.marks.push(m.stack.len()),
             b'}' => {

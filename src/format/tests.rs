@@ -509,3 +509,60 @@ fn distcp_in_safetensors_serialization_is_split_by_the_metadata_ranges() {
     let (alone, _) = parse_file(&path);
     assert_eq!(alone.kind, FileKind::Opaque);
 }
+
+// ---- legacy torch.save (tests/fixtures/torch-legacy, written by
+// scripts/gen_legacy_fixtures.py) ----
+
+fn legacy_fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/torch-legacy"
+    ))
+    .join(name)
+}
+
+#[test]
+fn legacy_torch_save_tensors_are_seen_as_in_the_zip_format() {
+    let (legacy, bytes) = parse_file(&legacy_fixture("legacy.pt"));
+    legacy.validate().unwrap();
+    assert_eq!(legacy.kind, FileKind::TorchLegacy);
+    let (zipped, _) = parse_file(&legacy_fixture("zip.pt"));
+    let describe = |l: &Layout| {
+        let mut v: Vec<(String, DType, Vec<u64>, u64)> = l
+            .tensors()
+            .map(|t| (t.name.clone(), t.dtype, t.shape.clone(), t.len))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(describe(&legacy), describe(&zipped));
+    // model 2 weights + 2 biases, AdamW 4 x (step, exp_avg, exp_avg_sq),
+    // the bf16 and the int64 tensors (the view shares the int64 storage).
+    assert_eq!(legacy.tensors().count(), 4 + 12 + 2);
+    // The bf16 tensor's bytes are its elements, at its offset.
+    let t = legacy.tensors().find(|t| t.dtype == DType::BF16).unwrap();
+    assert_eq!((t.shape.as_slice(), t.len), (&[5u64, 4][..], 40));
+    assert!(t.offset + t.len <= bytes.len() as u64);
+}
+
+#[test]
+fn legacy_torch_save_not_understood_is_opaque_not_an_error() {
+    let bytes = std::fs::read(legacy_fixture("legacy.pt")).unwrap();
+    let n = bytes.len();
+    let mut grown = bytes.clone();
+    grown.push(0);
+    // Protocol version 1002 instead of 1001 (BININT2 right after the magic).
+    let mut other_version = bytes.clone();
+    assert_eq!(&other_version[15..21], b"\x80\x02M\xe9\x03.");
+    other_version[18] += 1;
+    for b in [
+        bytes[..n - 1].to_vec(),
+        grown,
+        other_version,
+        bytes[..40].to_vec(),
+    ] {
+        let layout = parse("optimizer.pt", &mut Cursor::new(&b), b.len() as u64).unwrap();
+        layout.validate().unwrap();
+        assert_eq!(layout.kind, FileKind::Opaque, "{} bytes", b.len());
+    }
+}

@@ -146,6 +146,133 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
     Layout::from_tensors(FileKind::TorchZip, len, tensors)
 }
 
+/// The first bytes of every legacy `torch.save` file: protocol 2, then the
+/// pickled magic number 0x1950a86a20f9469cfc6c (a LONG1) and STOP.
+pub const LEGACY_MAGIC: [u8; 15] = [
+    0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, b'.',
+];
+
+/// True when the file starts with [`LEGACY_MAGIC`].
+pub(crate) fn looks_legacy<R: Read + Seek>(r: &mut R, len: u64) -> Result<bool, FormatError> {
+    let n = LEGACY_MAGIC.len() as u64;
+    if len < n {
+        return Ok(false);
+    }
+    Ok(read_at(r, len, 0, n, n, "torch magic")? == LEGACY_MAGIC)
+}
+
+/// Parses a legacy `torch.save(..., _use_new_zipfile_serialization=False)`
+/// file: five pickles one after another (magic number, protocol version
+/// 1001, `sys_info`, the object with storages as persistent ids, the list
+/// of storage keys in the order they follow), then per key an 8-byte
+/// little-endian element count and the storage's raw bytes. Each storage
+/// of known dtype becomes a tensor segment named like the zip format's.
+///
+/// Never an error for content it does not understand: anything else (a
+/// big-endian file, a pickle the reader does not implement, sizes that do
+/// not add up to the file) keeps the whole file opaque. Only I/O fails.
+pub fn parse_torch_legacy<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
+    match legacy(r, len) {
+        Err(FormatError::Io(e)) => Err(FormatError::Io(e)),
+        Err(_) => Ok(Layout::opaque(len)),
+        Ok(layout) => Ok(layout),
+    }
+}
+
+fn legacy<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
+    let head = read_at(r, len, 0, len.min(MAX_PICKLE), MAX_PICKLE, "torch pickles")?;
+    if !head.starts_with(&LEGACY_MAGIC) {
+        return Err(FormatError::corrupt(0, "no legacy torch magic number"));
+    }
+    let mut pos = LEGACY_MAGIC.len();
+    let mut next = |what: &str| -> Result<Pickle, FormatError> {
+        let rest = head
+            .get(pos..)
+            .ok_or_else(|| FormatError::corrupt(pos as u64, format!("no {what}")))?;
+        let (p, n) = pickle::read_prefix(rest, pos as u64)?;
+        pos += n;
+        Ok(p)
+    };
+    let version = next("protocol version")?;
+    if version.root != Value::Int(1001) {
+        return Err(FormatError::corrupt(0, "legacy torch protocol is not 1001"));
+    }
+    let info = next("sys_info")?;
+    let little = match info.node(info.root) {
+        Some(Node::Dict(items)) => items
+            .iter()
+            .any(|(k, v)| info.str(*k) == Some("little_endian") && *v == Value::Bool(true)),
+        _ => false,
+    };
+    if !little {
+        return Err(FormatError::corrupt(
+            0,
+            "not a little-endian legacy torch file",
+        ));
+    }
+    let tree = next("object")?;
+    let keys_tree = next("storage keys")?;
+    let storages = storages(&tree, 0)?;
+    let keys: Vec<String> = keys_tree
+        .items(keys_tree.root)
+        .ok_or_else(|| FormatError::corrupt(0, "storage keys are not a list"))?
+        .iter()
+        .map(|k| keys_tree.str(*k).map(str::to_string))
+        .collect::<Option<_>>()
+        .ok_or_else(|| FormatError::corrupt(0, "a storage key is not a string"))?;
+    let names = Namer::new(&tree).name_all(&storages);
+    let mut at = pos as u64;
+    let mut tensors = Vec::with_capacity(keys.len());
+    for key in &keys {
+        let s = storages.get(key).ok_or_else(|| {
+            FormatError::corrupt(at, format!("storage {key:?} is not in the object"))
+        })?;
+        let count = u64::from_le_bytes(
+            read_at(r, len, at, 8, 8, "storage size")?
+                .try_into()
+                .expect("8 bytes"),
+        );
+        let width = if s.untyped {
+            1
+        } else {
+            s.dtype.map_or(1, |d| d.width() as u64)
+        };
+        let bytes = count
+            .checked_mul(width)
+            .filter(|&b| at + 8 + b <= len)
+            .ok_or_else(|| {
+                FormatError::corrupt(at, format!("storage {key:?} runs past the file"))
+            })?;
+        if count != s.numel {
+            return Err(FormatError::corrupt(
+                at,
+                format!("storage {key:?} size disagrees"),
+            ));
+        }
+        // As in the zip format: a storage of known dtype is a tensor with
+        // the one tensor's shape over it, else flat.
+        if let Some((n, dtype)) = names.get(key.as_str()).and_then(|n| Some((n, n.dtype?))) {
+            tensors.push(TensorInfo {
+                name: n.name.clone(),
+                dtype,
+                shape: n.shape.clone().unwrap_or_else(|| vec![n.elements]),
+                offset: at + 8,
+                len: bytes,
+            });
+        }
+        at += 8 + bytes;
+    }
+    if at != len {
+        return Err(FormatError::corrupt(
+            at,
+            "storages do not end at the end of the file",
+        ));
+    }
+    let layout = Layout::from_tensors(FileKind::TorchLegacy, len, tensors)?;
+    layout.validate()?;
+    Ok(layout)
+}
+
 /// One storage as described by its persistent id.
 #[derive(Debug)]
 struct Storage {
@@ -170,11 +297,17 @@ fn storages(tree: &Pickle, base: u64) -> Result<BTreeMap<String, Storage>, Forma
         let items = tree
             .items(*pid)
             .ok_or_else(|| bad("persistent id is not a tuple".into()))?;
-        let [tag, class, key, _location, numel] = items else {
-            return Err(bad(format!(
-                "persistent id has {} fields, not 5",
-                items.len()
-            )));
+        // The legacy format adds a sixth field, the view metadata (None
+        // since torch 0.4).
+        let (tag, class, key, numel) = match items {
+            [tag, class, key, _location, numel]
+            | [tag, class, key, _location, numel, Value::None] => (tag, class, key, numel),
+            _ => {
+                return Err(bad(format!(
+                    "persistent id has {} fields, not 5 (or 6 ending in None)",
+                    items.len()
+                )))
+            }
         };
         if tree.str(*tag) != Some("storage") {
             return Err(bad("persistent id is not a storage".into()));
@@ -700,11 +833,18 @@ mod tests {
     }
 
     #[test]
-    fn legacy_pickle_bin_is_opaque() {
+    fn legacy_pickle_bin_is_read_as_tensors() {
         let f = include_bytes!("../../tests/fixtures/format/legacy.bin");
         let l =
             crate::format::parse("pytorch_model.bin", &mut Cursor::new(f), f.len() as u64).unwrap();
-        assert_eq!(l, Layout::opaque(f.len() as u64));
+        l.validate().unwrap();
+        assert_eq!(l.kind, FileKind::TorchLegacy);
+        let t = l.tensors().next().unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.dtype, t.shape.as_slice()),
+            ("w", DType::F32, &[2u64][..])
+        );
+        assert_eq!((t.offset, t.len), (f.len() as u64 - 8, 8));
     }
 
     /// The offset of the central directory and of the end record.

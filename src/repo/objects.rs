@@ -183,6 +183,7 @@ fn kind_code(k: FileKind) -> u8 {
         FileKind::TorchZip => 2,
         FileKind::Npy => 3,
         FileKind::DistCp => 4,
+        FileKind::TorchLegacy => 5,
         _ => 0,
     }
 }
@@ -194,6 +195,7 @@ fn kind_from_code(c: u8) -> Result<FileKind, String> {
         2 => FileKind::TorchZip,
         3 => FileKind::Npy,
         4 => FileKind::DistCp,
+        5 => FileKind::TorchLegacy,
         _ => return Err(format!("unknown file kind {c}")),
     })
 }
