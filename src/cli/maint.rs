@@ -5,7 +5,7 @@ use clap::Subcommand;
 use ckvc::repo::{GcOptions, GcReport, KeepPolicy, RepoCounts};
 
 use super::repo::{fail, human, time_str, Where};
-use super::{exit, out, Failure};
+use super::{exit, out, out_json, Failure};
 
 #[derive(Subcommand)]
 pub enum MaintCommand {
@@ -31,6 +31,9 @@ pub enum MaintCommand {
         /// (30d, 12h, 90m, 0s).
         #[arg(long, default_value = "1h", value_name = "DURATION")]
         grace: String,
+        /// Print the gc report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Prove the repository whole: every object reachable from every ref is
     /// present and every file reassembles to its hash. Exit 3 if damaged.
@@ -38,13 +41,21 @@ pub enum MaintCommand {
         /// Check presence and headers only, do not decode.
         #[arg(long)]
         quick: bool,
+        /// Print the report (counts and every damaged file with its
+        /// commits) as JSON; the exit code still says whether it is whole.
+        #[arg(long)]
+        json: bool,
     },
     /// What moved branches and tags, newest first.
     Reflog {
         /// A branch or tag (default: every ref).
         name: Option<String>,
+        /// Show at most this many entries.
         #[arg(short = 'n', long)]
         max_count: Option<usize>,
+        /// Print the entries as a JSON array.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -56,6 +67,7 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
             keep,
             dry_run,
             grace,
+            json,
         } => {
             let keep = if keep.is_empty() {
                 None
@@ -74,11 +86,26 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
                     compact_chain: chain,
                 })
                 .map_err(fail)?;
+            if json {
+                return out_json(&r);
+            }
             out(&gc_text(&r))
         }
-        MaintCommand::Fsck { quick } => {
+        MaintCommand::Fsck { quick, json } => {
             let repo = w.open(false)?;
             let r = repo.fsck(quick).map_err(fail)?;
+            if json {
+                out_json(&r)?;
+                return if r.is_clean() {
+                    Ok(())
+                } else {
+                    Err(Failure {
+                        code: exit::CORRUPT,
+                        message: format!("{} problems found", r.damage.len()),
+                        hint: None,
+                    })
+                };
+            }
             let mut s = format!(
                 "checked {} commits, {} files, {} chunks{}\n",
                 r.commits,
@@ -116,11 +143,19 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
                 })
             }
         }
-        MaintCommand::Reflog { name, max_count } => {
+        MaintCommand::Reflog {
+            name,
+            max_count,
+            json,
+        } => {
             let repo = w.open(false)?;
-            let entries = repo.reflog(name.as_deref()).map_err(fail)?;
+            let mut entries = repo.reflog(name.as_deref()).map_err(fail)?;
+            entries.truncate(max_count.unwrap_or(usize::MAX));
+            if json {
+                return out_json(&entries);
+            }
             let mut s = String::new();
-            for e in entries.iter().take(max_count.unwrap_or(usize::MAX)) {
+            for e in &entries {
                 let id = |c: &Option<ckvc::store::CommitId>| {
                     c.map_or("(none)".to_string(), |c| c.short(12))
                 };

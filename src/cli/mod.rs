@@ -86,10 +86,27 @@ pub fn escape_controls(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(o)
 }
 
+/// Write `v` as one pretty-printed JSON document on stdout (`--json`).
+pub fn out_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<(), Failure> {
+    let s =
+        serde_json::to_string_pretty(v).map_err(|e| Failure::user(format!("writing JSON: {e}")))?;
+    write_raw(&(s + "\n"))
+}
+
+/// Write `v` as one line of JSON on stdout (streams: one object per event).
+pub fn out_json_line<T: serde::Serialize + ?Sized>(v: &T) -> Result<(), Failure> {
+    let s = serde_json::to_string(v).map_err(|e| Failure::user(format!("writing JSON: {e}")))?;
+    write_raw(&(s + "\n"))
+}
+
 /// Write to stdout (control characters escaped, see [`escape_controls`]);
 /// a closed pipe (`ckvc ... | head`) is not an error.
 pub fn out(s: &str) -> Result<(), Failure> {
-    let s = escape_controls(s);
+    write_raw(&escape_controls(s))
+}
+
+/// Write to stdout as is; a closed pipe is not an error.
+fn write_raw(s: &str) -> Result<(), Failure> {
     let mut o = std::io::stdout().lock();
     match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
         Ok(()) => Ok(()),

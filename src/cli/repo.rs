@@ -12,7 +12,7 @@ use ckvc::repo::{
     RepoError, Repository, RunItem, SegmentShow, ShowReport, Storage, TensorChange,
 };
 
-use super::{exit, out, Failure};
+use super::{exit, out, out_json, out_json_line, Failure};
 
 /// Where the repository is: `-C DIR` / `CKVC_DIR`, else the current directory.
 #[derive(Args, Clone)]
@@ -41,10 +41,15 @@ impl Where {
 pub enum RepoCommand {
     /// Create a repository (data in DIR/.ckvc).
     Init {
+        /// Where to create it (default: the current directory, or -C DIR);
+        /// the data goes into DIR/.ckvc.
         dir: Option<PathBuf>,
         /// Longest delta chain before a chunk is stored full.
         #[arg(long)]
         max_chain: Option<u16>,
+        /// Print {"repository": DIR, "config": {...}} as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Store a checkpoint directory as a new commit (or, with --run, every
     /// checkpoint directory of a run in step order).
@@ -83,13 +88,19 @@ pub enum RepoCommand {
         /// current directory's git repository, if any).
         #[arg(long, value_name = "DIR")]
         code: Option<PathBuf>,
+        /// Print the commit report as JSON (with --run: one object per
+        /// checkpoint, a line each).
+        #[arg(long)]
+        json: bool,
     },
     /// Show the history of a branch, newest first.
     Log {
         /// Branch or revision to start from (default: the current branch).
         rev: Option<String>,
+        /// Show at most this many commits.
         #[arg(short = 'n', long)]
         max_count: Option<usize>,
+        /// Print the commits as a JSON array.
         #[arg(long)]
         json: bool,
     },
@@ -114,36 +125,65 @@ pub enum RepoCommand {
         /// Create this branch at the revision and make it current.
         #[arg(short = 'b', value_name = "NEW")]
         new_branch: Option<String>,
+        /// Print the checkout report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List branches, create one (at HEAD or a revision), or delete one.
+    ///
+    /// Examples: `ckvc branch`; `ckvc branch exp 120`; `ckvc branch -d exp`.
     Branch {
+        /// The branch to create.
         name: Option<String>,
+        /// Where the new branch starts (default HEAD).
         rev: Option<String>,
+        /// Delete this branch (recoverable through `ckvc reflog` until gc's
+        /// grace period passes).
         #[arg(short, long, value_name = "NAME")]
         delete: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List tags, or tag a revision (default HEAD).
+    ///
+    /// Example: `ckvc tag best main@120`.
     Tag {
+        /// The tag to create (tags never move).
         name: Option<String>,
+        /// What to tag (default HEAD).
         rev: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// A commit's metadata, files and tensors, and how they are stored.
     Show {
         /// A step, branch, commit id (prefix), HEAD~N or branch@step.
         #[arg(default_value = "HEAD")]
         rev: String,
+        /// Print the commit, its files and tensors as JSON.
         #[arg(long)]
         json: bool,
     },
     /// What changed between two commits: files, and per tensor how much.
+    ///
+    /// Example: `ckvc diff 60 300` (steps), `ckvc diff main exp`.
     Diff {
+        /// The older revision (step, branch, tag, id prefix, HEAD~N, branch@step).
         rev_a: String,
+        /// The newer revision.
         rev_b: String,
+        /// Print the files and per-tensor statistics as JSON.
         #[arg(long)]
         json: bool,
     },
     /// The repository, current branch, HEAD step and sizes.
-    Status,
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Commit each new complete checkpoint a running job writes into RUN_DIR,
     /// in step order, and keep watching (HF Trainer, DCP, DeepSpeed, Megatron,
     /// or any `step-N/`).
@@ -285,7 +325,11 @@ pub fn human(bytes: u64) -> String {
 
 pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
     match cmd {
-        RepoCommand::Init { dir, max_chain } => {
+        RepoCommand::Init {
+            dir,
+            max_chain,
+            json,
+        } => {
             let dir = dir.unwrap_or_else(|| w.start());
             std::fs::create_dir_all(&dir)
                 .map_err(|e| Failure::user(format!("{}: {e}", dir.display())))?;
@@ -293,7 +337,12 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             if let Some(m) = max_chain {
                 config.max_chain = m;
             }
-            Repository::init(&dir, config).map_err(fail)?;
+            let repo = Repository::init(&dir, config).map_err(fail)?;
+            if json {
+                return out_json(&serde_json::json!({
+                    "repository": repo.root(), "config": repo.config(),
+                }));
+            }
             out(&format!(
                 "initialised an empty ckvc repository in {}\n",
                 dir.join(".ckvc").display()
@@ -309,6 +358,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             allow_step_order,
             run,
             code,
+            json,
         } => {
             let metrics = metric
                 .iter()
@@ -330,14 +380,18 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                     if failure.is_some() {
                         return;
                     }
-                    let line = match item {
-                        RunItem::Committed { report, .. } => commit_line(report),
-                        RunItem::Skipped { dir, step } => format!(
-                            "skipped {} (step {step}): already on the branch\n",
-                            dir.display()
-                        ),
+                    let done = if json {
+                        out_json_line(item)
+                    } else {
+                        out(&match item {
+                            RunItem::Committed { report, .. } => commit_line(report),
+                            RunItem::Skipped { dir, step } => format!(
+                                "skipped {} (step {step}): already on the branch\n",
+                                dir.display()
+                            ),
+                        })
                     };
-                    if let Err(f) = out(&line) {
+                    if let Err(f) = done {
                         failure = Some(f);
                     }
                 })
@@ -345,6 +399,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 return failure.map_or(Ok(()), Err);
             }
             let r = repo.commit(&checkpoint, &opts).map_err(fail)?;
+            if json {
+                return out_json(&r);
+            }
             out(&commit_line(&r))
         }
         RepoCommand::Log {
@@ -422,6 +479,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             clean,
             only,
             new_branch,
+            json,
         } => {
             let repo = w.open(new_branch.is_some())?;
             let id = repo.resolve(&rev).map_err(fail)?;
@@ -462,6 +520,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 }
                 Err(e) => return Err(fail(e)),
             };
+            if json {
+                return out_json(&r);
+            }
             let mut msg = format!(
                 "checked out {} (step {}) into {}: {} files, {}\n",
                 r.commit.short(12),
@@ -478,10 +539,18 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             }
             out(&msg)
         }
-        RepoCommand::Branch { name, rev, delete } => {
+        RepoCommand::Branch {
+            name,
+            rev,
+            delete,
+            json,
+        } => {
             if let Some(d) = delete {
                 let repo = w.open(true)?;
                 let id = repo.delete_branch(&d).map_err(fail)?;
+                if json {
+                    return out_json(&serde_json::json!({"deleted": d, "was": id}));
+                }
                 return out(&format!("deleted branch {d} (was {})\n", id.short(12)));
             }
             match name {
@@ -491,35 +560,65 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                         .resolve(rev.as_deref().unwrap_or("HEAD"))
                         .map_err(fail)?;
                     repo.create_branch(&n, &id).map_err(fail)?;
+                    if json {
+                        return out_json(&serde_json::json!({"created": n, "at": id}));
+                    }
                     out(&format!("created branch {n} at {}\n", id.short(12)))
                 }
                 None => {
                     let repo = w.open(false)?;
                     let cur = repo.current_branch().map_err(fail)?;
-                    let mut s = String::new();
+                    let mut rows = Vec::new();
                     for (b, id) in repo.branches().map_err(fail)? {
                         let step = repo.commit_object(&id).map_err(fail)?.step;
-                        let mark = if b == cur { "*" } else { " " };
+                        rows.push((b.clone(), id, step, b == cur));
+                    }
+                    if json {
+                        let v: Vec<serde_json::Value> = rows
+                            .iter()
+                            .map(|(b, id, step, current)| {
+                                serde_json::json!({"name": b, "id": id, "step": step, "current": current})
+                            })
+                            .collect();
+                        return out_json(&v);
+                    }
+                    let mut s = String::new();
+                    for (b, id, step, current) in rows {
+                        let mark = if current { "*" } else { " " };
                         s.push_str(&format!("{mark} {b:<20} {}  step {step}\n", id.short(12)));
                     }
                     out(&s)
                 }
             }
         }
-        RepoCommand::Tag { name, rev } => match name {
+        RepoCommand::Tag { name, rev, json } => match name {
             Some(n) => {
                 let repo = w.open(true)?;
                 let id = repo
                     .resolve(rev.as_deref().unwrap_or("HEAD"))
                     .map_err(fail)?;
                 repo.create_tag(&n, &id).map_err(fail)?;
+                if json {
+                    return out_json(&serde_json::json!({"tagged": n, "at": id}));
+                }
                 out(&format!("tagged {} as {n}\n", id.short(12)))
             }
             None => {
                 let repo = w.open(false)?;
-                let mut s = String::new();
+                let mut rows = Vec::new();
                 for (t, id) in repo.tags().map_err(fail)? {
                     let step = repo.commit_object(&id).map_err(fail)?.step;
+                    rows.push((t, id, step));
+                }
+                if json {
+                    let v: Vec<serde_json::Value> = rows
+                        .iter()
+                        .map(|(t, id, step)| serde_json::json!({"name": t, "id": id, "step": step}))
+                        .collect();
+                    return out_json(&v);
+                }
+                let mut s = String::new();
+                for (t, id, step) in rows {
                     s.push_str(&format!("{t:<20} {}  step {step}\n", id.short(12)));
                 }
                 out(&s)
@@ -547,9 +646,14 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             }
         }
         RepoCommand::Watch(args) => super::watch::run(args, w),
-        RepoCommand::Status => {
+        RepoCommand::Status { json } => {
             let repo = w.open(false)?;
             let st = repo.status().map_err(fail)?;
+            if json {
+                let mut v = serde_json::to_value(&st).expect("status serialises");
+                v["repository"] = serde_json::json!(repo.root());
+                return out_json(&v);
+            }
             let mut s = format!(
                 "repository {}\non branch {}\n",
                 repo.root().display(),

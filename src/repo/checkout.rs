@@ -29,7 +29,7 @@ pub struct CheckoutOptions {
 }
 
 /// What a checkout wrote.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct CheckoutReport {
     pub commit: CommitId,
     pub step: u64,

@@ -74,7 +74,8 @@ impl StepSource {
 }
 
 /// One checkpoint directory of a [`Repository::commit_run`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
 pub enum RunItem {
     Committed {
         dir: PathBuf,
@@ -88,7 +89,7 @@ pub enum RunItem {
 }
 
 /// What a commit did.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct CommitReport {
     pub id: CommitId,
     pub step: u64,

@@ -26,7 +26,7 @@ const FSCK_CACHE_BYTES: usize = 128 << 20;
 type Version<'a> = (usize, &'a ObjectId, &'a CommitId);
 
 /// What fsck found.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize)]
 pub struct FsckReport {
     pub commits: usize,
     pub manifests: usize,
@@ -45,7 +45,7 @@ impl FsckReport {
 
 /// One damaged object and the commits that cannot be checked out whole
 /// because of it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Damage {
     /// The error, naming the object (and file and tensor, when known).
     pub error: String,

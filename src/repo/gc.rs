@@ -208,7 +208,7 @@ pub fn parse_duration(v: &str) -> Result<u64, String> {
 }
 
 /// Size and shape of a repository, before and after gc.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RepoCounts {
     /// Bytes of the store directory (0 for an in-memory store).
     pub disk_bytes: u64,
@@ -221,7 +221,7 @@ pub struct RepoCounts {
 }
 
 /// A commit removed from a branch's history.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Dropped {
     pub branch: String,
     pub commit: CommitId,
@@ -229,7 +229,7 @@ pub struct Dropped {
 }
 
 /// What gc did (or, with `dry_run`, would do).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct GcReport {
     pub dry_run: bool,
     pub before: RepoCounts,

@@ -372,7 +372,7 @@ pub struct Commit {
 }
 
 /// Sizes recorded at commit time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct CommitStats {
     pub files: u64,
     /// Bytes of the checkpoint's files.
@@ -594,7 +594,7 @@ impl<'a> Reader<'a> {
 }
 
 /// One move of a ref, as the ref log records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RefLogEntry {
     /// `refs/heads/<branch>` or `refs/tags/<tag>`.
     pub refname: String,

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 /// The training code's git state at commit time.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Provenance {
     /// Work tree of the code repository.
     pub repo: String,

@@ -7,7 +7,7 @@ use crate::store::{CommitId, Space};
 use super::{objects, RepoError, Repository, DOT_DIR};
 
 /// The repository at a glance.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Status {
     pub branch: String,
     /// `HEAD`'s commit and step, if the branch has commits.

@@ -126,7 +126,7 @@ pub enum WatchEvent<'a> {
 }
 
 /// What a [`watch`] that returned did.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct WatchReport {
     pub committed: Vec<(u64, CommitId)>,
     pub pruned: Vec<PathBuf>,

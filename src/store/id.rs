@@ -117,6 +117,13 @@ macro_rules! hash_newtype {
             }
         }
 
+        /// As its 64 lowercase hex digits (in `--json` output).
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
         impl fmt::Debug for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, concat!(stringify!($name), "({})"), self)

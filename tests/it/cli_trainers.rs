@@ -409,3 +409,72 @@ fn commit_line_says_how_much_went_in_as_tensors_and_names_large_opaque_files() {
     );
     assert!(!out.contains("note: model.safetensors"), "{out}");
 }
+
+#[test]
+fn every_repository_command_prints_json_with_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    let json = |args: &[&str]| -> serde_json::Value {
+        let (code, out, err) = run_ckvc(&root, args);
+        assert_eq!(code, Some(0), "{args:?}: {out}{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+    };
+    std::fs::create_dir(&root).unwrap();
+    let v = json(&["init", "--json"]);
+    assert!(v["config"]["max_chain"].is_number(), "{v}");
+    let a = hf_checkpoint(tmp.path(), 0, 20);
+    let b = hf_checkpoint(tmp.path(), 1, 30);
+    let v = json(&["commit", a.to_str().unwrap(), "--json"]);
+    assert_eq!(v["step"], 20);
+    assert_eq!(v["step_source"], "trainer-state");
+    assert_eq!(v["id"].as_str().unwrap().len(), 64);
+    assert!(v["stats"]["logical_bytes"].as_u64().unwrap() > 0);
+    let v = json(&["commit", b.to_str().unwrap(), "--json"]);
+    assert_eq!(v["step"], 30);
+    let v = json(&["checkout", "20", "-o", "out", "--json"]);
+    assert_eq!(
+        (v["step"].clone(), v["files"].clone()),
+        (20.into(), 2.into())
+    );
+    assert!(json(&["branch", "exp", "--json"])["created"] == "exp");
+    let v = json(&["branch", "--json"]);
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert!(v
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["current"] == true && b["name"] == "main"));
+    assert_eq!(json(&["tag", "best", "20", "--json"])["tagged"], "best");
+    assert_eq!(json(&["tag", "--json"])[0]["step"], 20);
+    let v = json(&["status", "--json"]);
+    assert_eq!(
+        (v["branch"].clone(), v["commits"].clone()),
+        ("main".into(), 2.into())
+    );
+    let v = json(&["gc", "--dry-run", "--json"]);
+    assert_eq!(v["dry_run"], true);
+    assert!(v["before"]["commits"].as_u64().unwrap() >= 2);
+    let v = json(&["fsck", "--json"]);
+    assert_eq!(v["damage"].as_array().unwrap().len(), 0);
+    assert!(v["commits"].as_u64().unwrap() >= 2);
+    let v = json(&["reflog", "--json"]);
+    assert!(v.as_array().unwrap().len() >= 3, "{v}");
+    assert!(json(&["branch", "-d", "exp", "--json"])["was"].is_string());
+    for args in [
+        &["log", "--json"][..],
+        &["show", "--json"],
+        &["diff", "20", "30", "--json"],
+    ] {
+        json(args);
+    }
+    // Streams: one object per line.
+    let (code, out, err) = run_ckvc(
+        &root,
+        &["commit", "--run", tmp.path().to_str().unwrap(), "--json"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    for line in out.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(v["event"] == "skipped" || v["event"] == "committed", "{v}");
+    }
+}
