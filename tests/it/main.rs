@@ -8,6 +8,7 @@ mod dcp;
 mod fuzz_regressions;
 mod gc_fsck;
 mod gc_model;
+mod golden;
 mod hostile;
 mod remote;
 mod repo_bench;
