@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 
+use ckvc::remote::{RemoteGcOptions, RemoteGcReport};
 use ckvc::repo::{GcOptions, GcReport, KeepPolicy, RepoCounts};
 
 use super::repo::{fail, human, time_str, Where};
@@ -28,9 +29,15 @@ pub enum MaintCommand {
         #[arg(long)]
         dry_run: bool,
         /// Spare unreferenced chunks and ref-log entries younger than this
-        /// (30d, 12h, 90m, 0s).
-        #[arg(long, default_value = "1h", value_name = "DURATION")]
-        grace: String,
+        /// (30d, 12h, 90m, 0s; default 1h). With --remote: delete a pack
+        /// only when a gc this long ago already found it unreachable
+        /// (default 7d), so a push running meanwhile loses nothing.
+        #[arg(long, value_name = "DURATION")]
+        grace: Option<String>,
+        /// Collect the packs of this remote (a name from `ckvc remote -v`)
+        /// that none of its branches needs, instead of the local store.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["compact", "keep"])]
+        remote: Option<String>,
         /// Print the gc report as JSON.
         #[arg(long)]
         json: bool,
@@ -67,8 +74,29 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
             keep,
             dry_run,
             grace,
+            remote,
             json,
         } => {
+            if let Some(name) = remote {
+                let grace_secs = ckvc::repo::parse_duration(grace.as_deref().unwrap_or("7d"))
+                    .map_err(|e| Failure::user(format!("--grace: {e}")))?;
+                let repo = w.open(false)?;
+                let (_, r) = super::remote::open_named(&repo, &name)?;
+                let report = ckvc::remote::gc_remote(
+                    r.as_ref(),
+                    &RemoteGcOptions {
+                        dry_run,
+                        grace_secs,
+                        now: ckvc_now(),
+                    },
+                )
+                .map_err(super::remote::rfail)?;
+                if json {
+                    return out_json(&report);
+                }
+                return out(&remote_gc_text(&name, &report));
+            }
+            let grace = grace.unwrap_or_else(|| "1h".into());
             let keep = if keep.is_empty() {
                 None
             } else {
@@ -171,6 +199,42 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
             out(&s)
         }
     }
+}
+
+fn ckvc_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn remote_gc_text(name: &str, r: &RemoteGcReport) -> String {
+    let mut s = String::new();
+    if r.dry_run {
+        s.push_str("dry run: nothing was changed\n");
+    }
+    for p in &r.deleted {
+        s.push_str(&format!(
+            "{} pack {}\n",
+            if r.dry_run { "would delete" } else { "deleted" },
+            p.short(16)
+        ));
+    }
+    s.push_str(&format!(
+        "remote {name}: {} branches; {} packs reachable, {} unreachable kept for their grace period, {} {}\n",
+        r.branches,
+        r.reachable_packs,
+        r.pending_packs,
+        r.deleted.len(),
+        if r.dry_run { "to delete" } else { "deleted" }
+    ));
+    s.push_str(&format!(
+        "before  {:>10} in {} packs\nafter   {:>10} in {} packs\n",
+        human(r.bytes_before),
+        r.packs_before,
+        human(r.bytes_after),
+        r.packs_after
+    ));
+    s
 }
 
 fn counts_line(label: &str, c: &RepoCounts) -> String {

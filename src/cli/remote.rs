@@ -104,7 +104,7 @@ impl S3Args {
     }
 }
 
-fn rfail(e: RemoteError) -> Failure {
+pub(super) fn rfail(e: RemoteError) -> Failure {
     if let RemoteError::Repo(r) = e {
         return fail(r);
     }
@@ -186,7 +186,10 @@ impl Progress for Bars {
     }
 }
 
-fn open_named(repo: &Repository, name: &str) -> Result<(RemoteConfig, Box<dyn Remote>), Failure> {
+pub(super) fn open_named(
+    repo: &Repository,
+    name: &str,
+) -> Result<(RemoteConfig, Box<dyn Remote>), Failure> {
     let cfg = config::remote(repo, name).map_err(rfail)?;
     let r = cfg.open().map_err(rfail)?;
     Ok((cfg, r))

@@ -12,6 +12,9 @@
 //!   One conformance suite ([`conformance`]) runs against all three.
 //! - packs ([`pack`]): many chunk records and objects in one immutable file
 //!   named by its blake3, plus a small index file, verified on receive;
+//! - `gc --remote` ([`gc`]): mark from the remote's branches, delete
+//!   unreachable packs in two phases (a grace period) so a racing push
+//!   loses nothing;
 //! - the verbs `push`, `fetch`, `pull`, `clone` ([`transfer`]), and the
 //!   remote configuration stored in the repository (`Meta/remotes`,
 //!   [`config`]) with remote-tracking refs `refs/remotes/<remote>/<branch>`.
@@ -29,6 +32,7 @@ pub mod config;
 #[doc(hidden)]
 pub mod conformance;
 mod dir;
+pub mod gc;
 mod mem;
 pub mod pack;
 mod s3;
@@ -36,6 +40,7 @@ pub mod transfer;
 
 pub use config::RemoteConfig;
 pub use dir::DirRemote;
+pub use gc::{gc_remote, RemoteGcOptions, RemoteGcReport};
 pub use mem::MemRemote;
 pub use s3::{S3Options, S3Remote};
 pub use transfer::{

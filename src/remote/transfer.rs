@@ -56,7 +56,7 @@ fn corrupt(what: impl Into<String>, reason: impl Into<String>) -> RemoteError {
 }
 
 /// Check the remote's layout marker; with `create`, write it when absent.
-fn check_layout(remote: &dyn Remote, create: bool) -> Result<(), RemoteError> {
+pub(crate) fn check_layout(remote: &dyn Remote, create: bool) -> Result<(), RemoteError> {
     let marker = format!("ckvc-remote {LAYOUT_VERSION}\n");
     match remote.get(LAYOUT_KEY)? {
         None if create => match remote.put_if(LAYOUT_KEY, marker.into_bytes(), None) {
@@ -104,7 +104,7 @@ fn ref_file(id: &CommitId) -> Vec<u8> {
 }
 
 /// The remote's branches: name -> commit.
-fn remote_heads(remote: &dyn Remote) -> Result<BTreeMap<String, CommitId>, RemoteError> {
+pub(crate) fn remote_heads(remote: &dyn Remote) -> Result<BTreeMap<String, CommitId>, RemoteError> {
     let mut out = BTreeMap::new();
     for key in remote.list(HEADS)? {
         let branch = &key[HEADS.len()..];
@@ -121,9 +121,9 @@ fn remote_heads(remote: &dyn Remote) -> Result<BTreeMap<String, CommitId>, Remot
 
 /// Where each object on the remote is: the union of the pack indexes.
 #[derive(Default)]
-struct RemoteIndex {
-    entries: HashMap<(Kind, [u8; 32]), Hash32>,
-    packs: HashMap<Hash32, u64>,
+pub(crate) struct RemoteIndex {
+    pub(crate) entries: HashMap<(Kind, [u8; 32]), Hash32>,
+    pub(crate) packs: HashMap<Hash32, u64>,
 }
 
 impl RemoteIndex {
@@ -132,7 +132,7 @@ impl RemoteIndex {
     }
 }
 
-fn load_index(remote: &dyn Remote) -> Result<RemoteIndex, RemoteError> {
+pub(crate) fn load_index(remote: &dyn Remote) -> Result<RemoteIndex, RemoteError> {
     let mut ix = RemoteIndex::default();
     for key in remote.list(PACKS)? {
         let Some(stem) = key[PACKS.len()..].strip_suffix(".idx") else {
@@ -166,11 +166,11 @@ fn load_index(remote: &dyn Remote) -> Result<RemoteIndex, RemoteError> {
     Ok(ix)
 }
 
-fn pack_key(name: &Hash32) -> String {
+pub(crate) fn pack_key(name: &Hash32) -> String {
     format!("{PACKS}{name}.pack")
 }
 
-fn idx_key(name: &Hash32) -> String {
+pub(crate) fn idx_key(name: &Hash32) -> String {
     format!("{PACKS}{name}.idx")
 }
 

@@ -771,3 +771,183 @@ fn remote_refs_to_missing_packs_and_bad_paths_are_clear_errors() {
     remote::fetch(&b, "origin", &r, &Default::default(), &NoProgress).unwrap();
     assert_eq!(b.remote_refs("origin").unwrap().len(), 1);
 }
+
+// ------------------------------------------------------------ remote gc
+
+/// The packs (`.pack`) of a remote, as `gc --remote --json` counts them.
+fn remote_gc(dir: &Path, grace: &str, env: &[(&str, String)]) -> serde_json::Value {
+    let out = ok(ckvc_env(
+        dir,
+        &["gc", "--remote", "origin", "--grace", grace, "--json"],
+        env,
+    ));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Remote gc on `url`: packs that a forced push left unreachable are only
+/// recorded by a gc within the grace period and deleted by a later one;
+/// a pack that becomes reachable meanwhile (a push reusing its objects, or
+/// finishing after a kill) is kept; every branch clones whole afterwards.
+fn remote_gc_flow(url: &str, extra: &[&str], env: &[(&str, String)]) {
+    let all = steps();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let run = |dir: &Path, args: &[&str]| ckvc_env(dir, args, env);
+    let mut add = vec!["remote", "add", "origin", url];
+    add.extend_from_slice(extra);
+    // A pushes steps 0-3; B force-pushes an unrelated history (steps 6-8).
+    ok(run(t, &["init", "a"]));
+    ok(run(t, &["init", "b"]));
+    for (_, d) in &all[..4] {
+        ok(run(&t.join("a"), &["commit", d.to_str().unwrap()]));
+    }
+    for (_, d) in &all[6..9] {
+        ok(run(&t.join("b"), &["commit", d.to_str().unwrap()]));
+    }
+    ok(run(&t.join("a"), &add));
+    ok(run(&t.join("b"), &add));
+    // Small packs, so most of A's hold nothing B's history shares (a pack
+    // goes only when none of its objects is needed).
+    ok(run(&t.join("a"), &["push", "--pack-size", "500000"]));
+    ok(run(&t.join("b"), &["push", "--force"]));
+
+    // Within the grace period nothing goes; what is unreachable is recorded.
+    let first = remote_gc(&t.join("b"), "1h", env);
+    assert_eq!(first["deleted"].as_array().unwrap().len(), 0, "{first}");
+    let pending = first["pending_packs"].as_u64().unwrap();
+    assert!(
+        pending > 0,
+        "the forced push left nothing unreachable: {first}"
+    );
+    assert_eq!(
+        first["reachable_packs"].as_u64().unwrap() + pending,
+        first["packs_before"].as_u64().unwrap()
+    );
+
+    // A push that reuses objects of those packs (A's history, as branch
+    // `a`) races the gc: it sends nothing new and its ref makes them
+    // reachable, so the next gc, even with no grace left, keeps them.
+    ok(run(&t.join("a"), &["branch", "a"]));
+    let out = ok(run(&t.join("a"), &["push", "origin", "a"]));
+    assert!(out.contains("already there"), "{out}");
+    let second = remote_gc(&t.join("b"), "0s", env);
+    assert_eq!(second["deleted"].as_array().unwrap().len(), 0, "{second}");
+    assert_eq!(second["pending_packs"], 0, "{second}");
+
+    // Force `a` away too: now A's packs go, after a gc that recorded them.
+    ok(run(&t.join("b"), &["branch", "a"]));
+    ok(run(&t.join("b"), &["push", "origin", "a", "--force"]));
+    let third = remote_gc(&t.join("b"), "0s", env);
+    let deleted = third["deleted"].as_array().unwrap().len();
+    assert!(deleted > 0, "{third}");
+    assert!(
+        third["bytes_after"].as_u64().unwrap() < third["bytes_before"].as_u64().unwrap(),
+        "{third}"
+    );
+    // Every branch still clones whole and checks out byte-exact.
+    for branch in ["main", "a"] {
+        let c = format!("clone-{branch}");
+        let mut args = vec!["clone", url, c.as_str(), "--branch", branch];
+        args.extend_from_slice(extra);
+        ok(run(t, &args));
+        for (step, d) in &all[6..9] {
+            let o = format!("o{step}");
+            ok(run(&t.join(&c), &["checkout", &step.to_string(), "-o", &o]));
+            same_tree(d, &t.join(&c).join(&o));
+        }
+        ok(run(&t.join(&c), &["fsck"]));
+    }
+    // A dry run changes nothing.
+    let dry = ok(run(
+        &t.join("b"),
+        &["gc", "--remote", "origin", "--dry-run"],
+    ));
+    assert!(dry.contains("dry run"), "{dry}");
+}
+
+#[test]
+fn remote_gc_deletes_only_what_no_branch_needs_on_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let url = tmp.path().join("remote");
+    remote_gc_flow(url.to_str().unwrap(), &[], &[]);
+}
+
+#[test]
+fn remote_gc_deletes_only_what_no_branch_needs_on_s3() {
+    let Some(server) = s3s_fs() else { return };
+    let url = format!("s3://{}/gc", server.bucket);
+    let ep = server.endpoint();
+    remote_gc_flow(&url, &["--endpoint", &ep], &server.env());
+}
+
+#[test]
+fn remote_gc_keeps_the_packs_of_a_push_killed_before_its_ref_moved() {
+    let all = steps();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let a = t.join("a");
+    let remote_dir = t.join("remote");
+    ok(super::run_ckvc(t, &["init", "a"]));
+    ok(super::run_ckvc(
+        &a,
+        &["remote", "add", "origin", remote_dir.to_str().unwrap()],
+    ));
+    ok(super::run_ckvc(&a, &["commit", all[0].1.to_str().unwrap()]));
+    ok(super::run_ckvc(&a, &["push"]));
+    for (_, d) in &all[1..4] {
+        ok(super::run_ckvc(&a, &["commit", d.to_str().unwrap()]));
+    }
+    // A push whose packs are uploaded but whose ref has not moved (killed,
+    // or still running): its packs are young and unreachable.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckvc"))
+        .current_dir(&a)
+        .args(["push", "--pack-size", "500000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let packs_now = || {
+        std::fs::read_dir(remote_dir.join("packs"))
+            .map(|d| {
+                d.filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".idx"))
+                })
+                .count()
+            })
+            .unwrap_or(0)
+    };
+    let before = packs_now();
+    let start = Instant::now();
+    while packs_now() < before + 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "push made no progress"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "push finished before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let r = remote_gc(&a, "1h", &[]);
+    assert_eq!(r["deleted"].as_array().unwrap().len(), 0, "{r}");
+    assert!(r["pending_packs"].as_u64().unwrap() >= 2, "{r}");
+    // The push resumes (not resending complete packs) and finishes; its
+    // packs are reachable now and no later gc deletes them.
+    ok(super::run_ckvc(&a, &["push", "--pack-size", "500000"]));
+    let r = remote_gc(&a, "0s", &[]);
+    assert_eq!(r["deleted"].as_array().unwrap().len(), 0, "{r}");
+    ok(super::run_ckvc(
+        t,
+        &["clone", remote_dir.to_str().unwrap(), "b"],
+    ));
+    let (step, dir) = &all[3];
+    ok(super::run_ckvc(
+        &t.join("b"),
+        &["checkout", &step.to_string(), "-o", "o"],
+    ));
+    same_tree(dir, &t.join("b/o"));
+}
