@@ -177,10 +177,13 @@ fn mark(
     Ok(reachable)
 }
 
+/// A pack in memory: its name, bytes and entries by (kind, id).
+type CachedPack = (Hash32, Vec<u8>, HashMap<(Kind, [u8; 32]), Entry>);
+
 /// Reads objects out of packs, keeping the last few packs in memory.
 struct PackReader<'a> {
     remote: &'a dyn Remote,
-    cache: Vec<(Hash32, Vec<u8>, HashMap<(Kind, [u8; 32]), Entry>)>,
+    cache: Vec<CachedPack>,
 }
 
 impl PackReader<'_> {
