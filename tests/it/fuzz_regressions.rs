@@ -52,3 +52,13 @@ fn roundtrip_regressions() {
 fn format_parse_regressions() {
     replay("format_parse", fuzz_checks::check_format_parse);
 }
+
+#[test]
+fn objects_regressions() {
+    replay("objects", fuzz_checks::check_objects);
+}
+
+#[test]
+fn pack_regressions() {
+    replay("pack", fuzz_checks::check_pack);
+}
