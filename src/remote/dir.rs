@@ -24,6 +24,10 @@ use super::{check_key, Remote, RemoteError, Version};
 /// this old was left by a killed process).
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
+/// No file of a directory remote is read if larger than this (the largest
+/// pack a reader accepts, `pack::MAX_PACK_BYTES`).
+const MAX_FILE: u64 = super::pack::MAX_PACK_BYTES;
+
 /// A remote in a directory.
 #[derive(Debug, Clone)]
 pub struct DirRemote {
@@ -50,16 +54,62 @@ impl DirRemote {
         }
     }
 
-    fn read(path: &Path) -> Result<Option<Vec<u8>>, RemoteError> {
-        match fs::read(path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) if e.kind() == ErrorKind::IsADirectory => Err(RemoteError::Corrupt {
-                what: path.display().to_string(),
-                reason: "is a directory, expected a file".into(),
-            }),
-            Err(e) => Err(Self::io(path)(e)),
+    /// Reads the file at `path` (named `key`), at most `max` bytes. Only a
+    /// regular file is read: the last component is opened without
+    /// following a symbolic link and without blocking (a FIFO would block
+    /// an open forever), then checked with fstat, and its length is checked
+    /// before anything is read.
+    fn read(path: &Path, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        let mut opts = OpenOptions::new();
+        opts.read(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
         }
+        let f = match opts.open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            // O_NOFOLLOW on a symbolic link.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(RemoteError::NotRegularFile {
+                    key: key.into(),
+                    kind: "a symbolic link",
+                })
+            }
+            Err(e) => return Err(Self::io(path)(e)),
+        };
+        let meta = f.metadata().map_err(Self::io(path))?;
+        if !meta.is_file() {
+            let ft = meta.file_type();
+            return Err(RemoteError::NotRegularFile {
+                key: key.into(),
+                kind: if ft.is_dir() {
+                    "a directory"
+                } else {
+                    "a FIFO, device or socket"
+                },
+            });
+        }
+        if meta.len() > max {
+            return Err(RemoteError::TooLarge {
+                key: key.into(),
+                len: meta.len(),
+                limit: max,
+            });
+        }
+        let mut buf = Vec::with_capacity(meta.len() as usize);
+        // Bounded even if the file grows while being read.
+        std::io::Read::read_to_end(&mut std::io::Read::take(&f, max + 1), &mut buf)
+            .map_err(Self::io(path))?;
+        if buf.len() as u64 > max {
+            return Err(RemoteError::TooLarge {
+                key: key.into(),
+                len: buf.len() as u64,
+                limit: max,
+            });
+        }
+        Ok(Some(buf))
     }
 
     /// `.<name>.<suffix>` beside `path` (whose directory is created).
@@ -121,11 +171,45 @@ impl Remote for DirRemote {
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError> {
-        Self::read(&self.path(key)?)
+        Self::read(&self.path(key)?, key, MAX_FILE)
+    }
+
+    fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        Self::read(&self.path(key)?, key, max.min(MAX_FILE))
+    }
+
+    fn clean_stale(&self, older_than: Duration) -> Result<usize, RemoteError> {
+        // Temporary files are `.<name>.tmp-<pid>-<n>` beside their target
+        // (packs and refs); a push in progress has fresh ones, so only old
+        // ones go.
+        let mut removed = 0;
+        for dir in ["packs", "refs/heads"] {
+            let d = self.root.join(dir);
+            let Ok(rd) = fs::read_dir(&d) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !(name.starts_with('.') && name.contains(".tmp-")) {
+                    continue;
+                }
+                let old = e
+                    .metadata()
+                    .ok()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age >= older_than);
+                if old
+                    && e.file_type().is_ok_and(|t| t.is_file())
+                    && fs::remove_file(e.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
     }
 
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
-        Ok(Self::read(&self.path(key)?)?.map(|d| {
+        Ok(Self::read(&self.path(key)?, key, MAX_FILE)?.map(|d| {
             let v = version_of(&d);
             (d, v)
         }))
@@ -159,7 +243,7 @@ impl Remote for DirRemote {
                 Err(e) => return Err(Self::io(&lock)(e)),
             }
         };
-        let current = Self::read(&path)?.map(|d| version_of(&d));
+        let current = Self::read(&path, key, MAX_FILE)?.map(|d| version_of(&d));
         if current.as_ref() != expected {
             return Err(RemoteError::Conflict { key: key.into() });
         }

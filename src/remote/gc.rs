@@ -30,7 +30,7 @@ use super::{Remote, RemoteError};
 /// `<64 hex digits> <unix seconds first seen unreachable>`.
 pub const PENDING_KEY: &str = "gc/pending";
 /// The largest `gc/pending` read (about 90 bytes per pack).
-const MAX_PENDING: usize = 64 << 20;
+const MAX_PENDING: u64 = 64 << 20;
 /// Packs held in memory at once during the mark.
 const PACK_CACHE: usize = 2;
 
@@ -118,6 +118,7 @@ fn mark(
 ) -> Result<HashSet<Hash32>, RemoteError> {
     let mut reader = PackReader {
         remote,
+        limits: &index.packs,
         cache: Vec::new(),
     };
     let mut reachable = HashSet::new();
@@ -183,6 +184,8 @@ type CachedPack = (Hash32, Vec<u8>, HashMap<(Kind, [u8; 32]), Entry>);
 /// Reads objects out of packs, keeping the last few packs in memory.
 struct PackReader<'a> {
     remote: &'a dyn Remote,
+    /// Each pack's length as its index says (no more is read).
+    limits: &'a HashMap<Hash32, u64>,
     cache: Vec<CachedPack>,
 }
 
@@ -195,7 +198,13 @@ impl PackReader<'_> {
             let key = pack_key(name);
             let bytes = self
                 .remote
-                .get(&key)?
+                .get_limited(
+                    &key,
+                    self.limits
+                        .get(name)
+                        .copied()
+                        .unwrap_or(pack::MAX_PACK_BYTES),
+                )?
                 .ok_or_else(|| corrupt(&key, "listed by its index but missing"))?;
             let entries = pack::verify_pack(&bytes, name, &format!("pack {key}"))?;
             let by_id = entries.into_iter().map(|e| ((e.kind, e.id), e)).collect();
@@ -213,15 +222,9 @@ impl PackReader<'_> {
 }
 
 fn read_pending(remote: &dyn Remote) -> Result<HashMap<Hash32, u64>, RemoteError> {
-    let Some(bytes) = remote.get(PENDING_KEY)? else {
+    let Some(bytes) = remote.get_limited(PENDING_KEY, MAX_PENDING)? else {
         return Ok(HashMap::new());
     };
-    if bytes.len() > MAX_PENDING {
-        return Err(corrupt(
-            PENDING_KEY,
-            "larger than any pending list gc writes",
-        ));
-    }
     let text = std::str::from_utf8(&bytes).map_err(|_| corrupt(PENDING_KEY, "not UTF-8"))?;
     let mut out = HashMap::new();
     for line in text.lines().filter(|l| !l.is_empty()) {

@@ -80,6 +80,15 @@ pub enum RemoteError {
     /// Data read from the remote is damaged or malformed.
     #[error("remote {what} is corrupt: {reason}")]
     Corrupt { what: String, reason: String },
+    /// A remote file is larger than anything ckvc writes there (or than
+    /// its index says): refused before it is read.
+    #[error("remote {key} is {len} bytes, more than the {limit} allowed for it")]
+    TooLarge { key: String, len: u64, limit: u64 },
+    /// A remote path is not a regular file (a FIFO, a device, a socket, a
+    /// symbolic link): never opened for reading, so it cannot hang or feed
+    /// endless bytes.
+    #[error("remote {key} is not a regular file ({kind})")]
+    NotRegularFile { key: String, kind: &'static str },
     #[error("{url} is not a ckvc remote ({reason})")]
     NotARemote { url: String, reason: String },
     #[error("remote {url} has layout version {found}; this build reads {supported}")]
@@ -118,7 +127,9 @@ impl RemoteError {
     /// True for damaged or missing data (remote or local).
     pub fn is_corruption(&self) -> bool {
         match self {
-            RemoteError::Corrupt { .. } => true,
+            RemoteError::Corrupt { .. }
+            | RemoteError::TooLarge { .. }
+            | RemoteError::NotRegularFile { .. } => true,
             RemoteError::Repo(e) => e.is_corruption(),
             _ => false,
         }
@@ -136,6 +147,28 @@ pub trait Remote: Send + Sync {
 
     /// The file's bytes, or `None` if it does not exist.
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError>;
+
+    /// The file's bytes, or `None` if it does not exist; a file of more
+    /// than `max` bytes is [`RemoteError::TooLarge`], refused without
+    /// reading it (so a hostile remote cannot make a reader allocate more
+    /// than the caller expects). The default reads and then checks.
+    fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        match self.get(key)? {
+            Some(b) if b.len() as u64 > max => Err(RemoteError::TooLarge {
+                key: key.into(),
+                len: b.len() as u64,
+                limit: max,
+            }),
+            r => Ok(r),
+        }
+    }
+
+    /// Delete what killed writers left behind (a directory remote's
+    /// temporary files older than `older_than`); returns how many. A no-op
+    /// where writes leave nothing (S3's PUT is atomic).
+    fn clean_stale(&self, _older_than: std::time::Duration) -> Result<usize, RemoteError> {
+        Ok(0)
+    }
 
     /// The file's bytes and version, for a later [`Remote::put_if`].
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError>;

@@ -16,6 +16,11 @@ const ENTRY_HEADER: usize = 1 + 32 + 8;
 const IDX_ENTRY: usize = 1 + 32 + 8 + 8;
 /// No pack a reader accepts is larger (it is read into memory to verify).
 pub const MAX_PACK_BYTES: u64 = 2 << 30;
+/// The largest index a reader reads (49 bytes an entry: over a million).
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
+/// The most raw bytes a chunk record may declare: a commit cuts chunks of
+/// the repository's `chunk_bytes` (4 MiB by default), never more than this.
+pub const MAX_CHUNK_RAW: u64 = 64 << 20;
 
 /// What an entry holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -192,6 +192,26 @@ impl Remote for S3Remote {
         Ok(self.fetch(key)?.map(|(b, _)| b))
     }
 
+    fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        let path = self.path(key)?;
+        self.rt.block_on(async {
+            match self.store.get(&path).await {
+                // The object's size is known before its body is read.
+                Ok(r) if r.meta.size > max => Err(RemoteError::TooLarge {
+                    key: key.into(),
+                    len: r.meta.size,
+                    limit: max,
+                }),
+                Ok(r) => {
+                    let bytes = r.bytes().await.map_err(|e| self.err(key, e))?;
+                    Ok(Some(bytes.to_vec()))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(self.err(key, e)),
+            }
+        })
+    }
+
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
         match self.fetch(key)? {
             None => Ok(None),

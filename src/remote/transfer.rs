@@ -44,6 +44,8 @@ pub const LAYOUT_KEY: &str = "ckvc-remote";
 pub const LAYOUT_VERSION: u32 = 1;
 const PACKS: &str = "packs/";
 const HEADS: &str = "refs/heads/";
+/// A ref file is 65 bytes; nothing longer is read.
+const REF_BYTES: u64 = 256;
 /// Chunk records are written to the local store in batches of about this
 /// many bytes.
 const BATCH_BYTES: usize = 64 << 20;
@@ -58,7 +60,7 @@ fn corrupt(what: impl Into<String>, reason: impl Into<String>) -> RemoteError {
 /// Check the remote's layout marker; with `create`, write it when absent.
 pub(crate) fn check_layout(remote: &dyn Remote, create: bool) -> Result<(), RemoteError> {
     let marker = format!("ckvc-remote {LAYOUT_VERSION}\n");
-    match remote.get(LAYOUT_KEY)? {
+    match remote.get_limited(LAYOUT_KEY, 64)? {
         None if create => match remote.put_if(LAYOUT_KEY, marker.into_bytes(), None) {
             Ok(()) | Err(RemoteError::Conflict { .. }) => check_layout(remote, false),
             Err(e) => Err(e),
@@ -112,7 +114,7 @@ pub(crate) fn remote_heads(remote: &dyn Remote) -> Result<BTreeMap<String, Commi
             key: key.clone(),
             reason: "not a valid branch name".into(),
         })?;
-        if let Some(b) = remote.get(&key)? {
+        if let Some(b) = remote.get_limited(&key, REF_BYTES)? {
             out.insert(branch.to_string(), parse_ref(&b, &key)?);
         }
     }
@@ -142,7 +144,7 @@ pub(crate) fn load_index(remote: &dyn Remote) -> Result<RemoteIndex, RemoteError
             key: key.clone(),
             reason: "a pack index must be named by 64 hex digits".into(),
         })?;
-        let Some(bytes) = remote.get(&key)? else {
+        let Some(bytes) = remote.get_limited(&key, pack::MAX_INDEX_BYTES)? else {
             continue; // removed meanwhile
         };
         let idx = pack::decode_index(&bytes, &format!("pack index {key}"))?;
@@ -258,6 +260,9 @@ pub fn push(
             name: branch.clone(),
         })?;
     check_layout(remote, true)?;
+    // Temporary files of pushes killed more than an hour ago (a push in
+    // progress writes fresh ones); failing to remove them fails nothing.
+    let _ = remote.clean_stale(std::time::Duration::from_secs(3600));
     let key = format!("{HEADS}{branch}");
     let old = match remote.get_versioned(&key)? {
         Some((b, v)) => Some((parse_ref(&b, &key)?, v)),
@@ -390,7 +395,7 @@ pub fn push(
         Ok(()) => {}
         Err(RemoteError::Conflict { .. }) => {
             let now = remote
-                .get(&key)?
+                .get_limited(&key, REF_BYTES)?
                 .and_then(|b| parse_ref(&b, &key).ok())
                 .map(|c| c.short(12))
                 .unwrap_or_else(|| "(deleted)".into());
@@ -529,12 +534,22 @@ impl Stage<'_> {
         let entries = match staged {
             Some(e) => e,
             None => {
-                let bytes = self.remote.get(&pack_key(name))?.ok_or_else(|| {
-                    corrupt(
-                        &what,
-                        "is missing (its index exists; the remote is damaged or was pruned)",
-                    )
-                })?;
+                // No more than the index says the pack holds.
+                let limit = self
+                    .index
+                    .packs
+                    .get(name)
+                    .copied()
+                    .unwrap_or(pack::MAX_PACK_BYTES);
+                let bytes = self
+                    .remote
+                    .get_limited(&pack_key(name), limit)?
+                    .ok_or_else(|| {
+                        corrupt(
+                            &what,
+                            "is missing (its index exists; the remote is damaged or was pruned)",
+                        )
+                    })?;
                 if bytes.len() as u64 > pack::MAX_PACK_BYTES {
                     return Err(corrupt(&what, "larger than the pack size limit"));
                 }
@@ -609,6 +624,18 @@ fn decode_verified(
     base: Option<&[u8]>,
 ) -> Result<Vec<u8>, RemoteError> {
     let what = || format!("chunk {} received from the remote", id.short(12));
+    // Nothing ckvc writes is larger, and every allocation below is bounded
+    // by it: a crafted record cannot make a fetch allocate gigabytes.
+    if rec.raw_len > pack::MAX_CHUNK_RAW {
+        return Err(corrupt(
+            what(),
+            format!(
+                "declares {} raw bytes, more than the {} a chunk may hold",
+                rec.raw_len,
+                pack::MAX_CHUNK_RAW
+            ),
+        ));
+    }
     let raw = match rec.payload {
         Payload::Zstd => {
             if rec.base.is_some() {
@@ -619,7 +646,16 @@ fn decode_verified(
                 .map_err(|e| corrupt(what(), format!("zstd: {e}")))?
         }
         Payload::Codec => {
-            codec::decode(&rec.data, base).map_err(|e| corrupt(what(), format!("codec: {e}")))?
+            let mut out = Vec::new();
+            codec::decode_into(
+                &rec.data,
+                base,
+                rec.raw_len,
+                &mut out,
+                &mut codec::Scratch::default(),
+            )
+            .map_err(|e| corrupt(what(), format!("codec: {e}")))?;
+            out
         }
     };
     if raw.len() as u64 != rec.raw_len || ChunkId::digest(&raw) != *id {

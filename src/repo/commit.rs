@@ -112,6 +112,9 @@ pub struct CommitReport {
 /// An opaque file this large is named in [`CommitReport::large_opaque`].
 pub const LARGE_OPAQUE: u64 = 1 << 20;
 
+/// No chunk is cut larger than this, whatever `Config::chunk_bytes` says.
+pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
+
 /// Raw bytes of chunks waiting to be encoded, flushed at this size.
 const PENDING_BYTES: usize = 64 << 20;
 
@@ -405,7 +408,8 @@ impl Writer<'_> {
             .unwrap_or_default();
         let mut hasher = blake3::Hasher::new();
         let mut segments = Vec::with_capacity(layout.segments.len());
-        let chunk_bytes = self.repo.config.chunk_bytes.max(64) as usize;
+        // Remotes refuse chunks of more than 64 MiB (`remote::pack::MAX_CHUNK_RAW`).
+        let chunk_bytes = self.repo.config.chunk_bytes.clamp(64, MAX_CHUNK_BYTES) as usize;
         for seg in &layout.segments {
             let (dtype, seg_len) = match seg {
                 Segment::Tensor(t) => (Some(t.dtype), t.len),

@@ -951,3 +951,256 @@ fn remote_gc_keeps_the_packs_of_a_push_killed_before_its_ref_moved() {
     ));
     same_tree(dir, &t.join("b/o"));
 }
+
+// ------------------------------------------------------------ hostile remotes
+
+/// Runs `ckvc args` in `dir`, killing it after `limit`; returns (exit code,
+/// stderr, peak resident memory in bytes, whether it had to be killed).
+#[cfg(unix)]
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its peak RSS
+fn run_bounded(dir: &Path, args: &[&str], limit: Duration) -> (Option<i32>, String, u64, bool) {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckvc"))
+        .current_dir(dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let (mut status, mut usage): (libc::c_int, libc::rusage) = (0, unsafe { std::mem::zeroed() });
+    let mut killed = false;
+    loop {
+        // SAFETY: wait4 on our own child with valid out-pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            break;
+        }
+        if start.elapsed() > limit && !killed {
+            let _ = child.kill();
+            killed = true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    (
+        code,
+        reader.join().unwrap(),
+        usage.ru_maxrss as u64 * 1024,
+        killed,
+    )
+}
+
+/// A directory remote holding steps 0-1 of the corpus.
+fn pushed_dir_remote(t: &Path) -> PathBuf {
+    let all = steps();
+    ok(super::run_ckvc(t, &["init", "a"]));
+    for (_, d) in &all[..2] {
+        ok(super::run_ckvc(
+            &t.join("a"),
+            &["commit", d.to_str().unwrap()],
+        ));
+    }
+    let remote = t.join("remote");
+    ok(super::run_ckvc(
+        &t.join("a"),
+        &["remote", "add", "origin", remote.to_str().unwrap()],
+    ));
+    ok(super::run_ckvc(&t.join("a"), &["push"]));
+    remote
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+#[cfg(unix)]
+#[test]
+fn fifo_in_a_remote_is_an_error_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    ok(super::run_ckvc(
+        t,
+        &["clone", remote.to_str().unwrap(), "b"],
+    ));
+    // A FIFO where the branch's ref file is, then where a pack is.
+    mkfifo(&remote.join("refs/heads/main"));
+    let r = remote.to_str().unwrap();
+    for (dir, args) in [
+        (t.to_path_buf(), vec!["clone", r, "c"]),
+        (t.join("b"), vec!["fetch"]),
+        (t.join("b"), vec!["pull"]),
+    ] {
+        let (code, err, _, killed) = run_bounded(&dir, &args, Duration::from_secs(30));
+        assert!(!killed, "{args:?} hung on a FIFO");
+        assert_eq!(code, Some(3), "{args:?}: {err}");
+        assert!(err.contains("not a regular file"), "{args:?}: {err}");
+    }
+    std::fs::remove_file(remote.join("refs/heads/main")).unwrap();
+    let pack = packs(&remote, "pack").into_iter().next().unwrap();
+    mkfifo(&pack);
+    ok(super::run_ckvc(&t.join("a"), &["push"])); // (the ref is back)
+    let (code, err, _, killed) = run_bounded(t, &["clone", r, "d"], Duration::from_secs(30));
+    assert!(!killed, "clone hung on a FIFO pack");
+    assert_eq!(code, Some(3), "{err}");
+}
+
+#[cfg(unix)]
+#[test]
+fn pack_symlinked_to_dev_zero_is_refused_in_bounded_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    for pack in packs(&remote, "pack") {
+        std::fs::remove_file(&pack).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &pack).unwrap();
+    }
+    let (code, err, rss, killed) = run_bounded(
+        t,
+        &["clone", remote.to_str().unwrap(), "b"],
+        Duration::from_secs(60),
+    );
+    assert!(!killed, "{err}");
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(rss < 256 << 20, "clone peaked at {} MiB", rss >> 20);
+}
+
+#[cfg(unix)]
+#[test]
+fn crafted_pack_of_huge_zero_chunks_is_refused_in_bounded_memory() {
+    use ckvc::format::FileKind;
+    use ckvc::remote::pack::{Kind, PackWriter};
+    use ckvc::repo::objects::{
+        ChunkRecord, Commit, CommitStats, FileManifest, Payload, SegmentRef, Tree,
+    };
+    use ckvc::store::{ChunkId, CommitId, ObjectId};
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = tmp.path().join("remote");
+    // Four chunk records of 1 GiB of zeros each (one byte more each, so
+    // four ids), zstd-compressed to a few KB: a pack of ~130 KB.
+    let zeros = vec![0u8; 1 << 20];
+    let mut w = PackWriter::new();
+    let mut segments = Vec::new();
+    let mut file = blake3::Hasher::new();
+    for extra in 0..4u64 {
+        let len = (1u64 << 30) + extra;
+        let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+        let mut id = blake3::Hasher::new();
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            std::io::Write::write_all(&mut enc, &zeros[..n]).unwrap();
+            id.update(&zeros[..n]);
+            file.update(&zeros[..n]);
+            left -= n as u64;
+        }
+        let id = ChunkId::from_bytes(*id.finalize().as_bytes());
+        let rec = ChunkRecord {
+            payload: Payload::Zstd,
+            raw_len: len,
+            base: None,
+            depth: 0,
+            written: 0,
+            data: enc.finish().unwrap(),
+        };
+        w.add(Kind::Chunk, *id.as_bytes(), &rec.encode());
+        segments.push(SegmentRef::Opaque {
+            len,
+            chunks: vec![id],
+        });
+    }
+    let total: u64 = segments.iter().map(|s| s.len()).sum();
+    let m = FileManifest {
+        kind: FileKind::Opaque,
+        len: total,
+        hash: *file.finalize().as_bytes(),
+        mode: 0o644,
+        segments,
+    };
+    let mb = m.encode();
+    let mid = ObjectId::digest(&mb);
+    w.add(Kind::Manifest, *mid.as_bytes(), &mb);
+    let tree = Tree {
+        entries: vec![("zeros.bin".into(), mid)],
+    };
+    let tb = tree.encode();
+    let tid = ObjectId::digest(&tb);
+    w.add(Kind::Tree, *tid.as_bytes(), &tb);
+    let c = Commit {
+        tree: tid,
+        parents: vec![],
+        step: 1,
+        branch: "main".into(),
+        message: String::new(),
+        time: 0,
+        metrics: Default::default(),
+        stats: CommitStats::default(),
+        provenance: None,
+    };
+    let cb = c.encode();
+    let cid = CommitId::digest(&cb);
+    w.add(Kind::Commit, *cid.as_bytes(), &cb);
+    let (pack, name, idx) = w.finish();
+    assert!(pack.len() < 1 << 20, "{} bytes", pack.len());
+    std::fs::create_dir_all(remote.join("packs")).unwrap();
+    std::fs::create_dir_all(remote.join("refs/heads")).unwrap();
+    std::fs::write(remote.join("ckvc-remote"), "ckvc-remote 1\n").unwrap();
+    std::fs::write(remote.join(format!("packs/{name}.pack")), &pack).unwrap();
+    std::fs::write(remote.join(format!("packs/{name}.idx")), &idx).unwrap();
+    std::fs::write(remote.join("refs/heads/main"), format!("{cid}\n")).unwrap();
+    let (code, err, rss, killed) = run_bounded(
+        tmp.path(),
+        &["clone", remote.to_str().unwrap(), "b"],
+        Duration::from_secs(120),
+    );
+    assert!(!killed, "{err}");
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("more than the"), "{err}");
+    assert!(rss < 256 << 20, "clone peaked at {} MiB", rss >> 20);
+}
+
+#[cfg(unix)]
+#[test]
+fn stale_pack_tmp_files_are_cleaned_by_the_next_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    let old = remote.join("packs/.0123.pack.tmp-99999-0");
+    let fresh = remote.join("packs/.4567.pack.tmp-99999-1");
+    std::fs::write(&old, vec![0u8; 1000]).unwrap();
+    std::fs::write(&fresh, vec![0u8; 1000]).unwrap();
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+    let all = steps();
+    ok(super::run_ckvc(
+        &t.join("a"),
+        &["commit", all[2].1.to_str().unwrap()],
+    ));
+    ok(super::run_ckvc(&t.join("a"), &["push"]));
+    assert!(
+        !old.exists(),
+        "a killed push's old temporary file is still there"
+    );
+    assert!(
+        fresh.exists(),
+        "a fresh temporary file (a push in progress) was removed"
+    );
+}
