@@ -37,6 +37,9 @@ impl Repository {
         let branches = self.branches()?;
         let mut seen = HashSet::new();
         let (mut logical_bytes, mut stored_bytes) = (0, 0);
+        // A shallow clone's history ends at its boundary commits, whose
+        // parents were never fetched.
+        let shallow = self.shallow()?;
         let mut todo: Vec<CommitId> = branches.iter().map(|b| b.1).collect();
         while let Some(id) = todo.pop() {
             if !seen.insert(id) {
@@ -45,7 +48,9 @@ impl Repository {
             let c = self.commit_object(&id)?;
             logical_bytes += c.stats.logical_bytes;
             stored_bytes += c.stats.stored_bytes;
-            todo.extend(c.parents);
+            if !shallow.contains(&id) {
+                todo.extend(c.parents);
+            }
         }
         let (mut manifests, mut trees, mut commit_objects) = (0, 0, 0);
         self.store.scan_prefix(Space::Objects, b"", &mut |k, _| {
