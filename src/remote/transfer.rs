@@ -345,7 +345,7 @@ pub fn push(
         if *k == Kind::Commit {
             report.commits += 1;
             let c = repo.commit_object(&CommitId::from_bytes(*id))?;
-            report.logical_bytes += c.stats.logical_bytes;
+            report.logical_bytes = report.logical_bytes.saturating_add(c.stats.logical_bytes);
         }
     }
 
@@ -1049,7 +1049,10 @@ fn plan_fetch(
         let what = format!("commit {} received from the remote", id.short(12));
         let commit = Commit::decode(&bytes).map_err(|r| corrupt(&what, r))?;
         plan.commits += 1;
-        plan.logical_bytes += commit.stats.logical_bytes;
+        // Saturating: the number comes from the remote (display only).
+        plan.logical_bytes = plan
+            .logical_bytes
+            .saturating_add(commit.stats.logical_bytes);
         plan.objects.push((
             object_key(KIND_COMMIT, &ObjectId::from_bytes(id.0)).to_vec(),
             bytes,

@@ -282,7 +282,11 @@ impl FileManifest {
             });
         }
         r.end()?;
-        let total: u64 = segments.iter().map(|s| s.len()).sum();
+        // Checked: crafted lengths must not wrap around to the file length.
+        let total = segments
+            .iter()
+            .try_fold(0u64, |t, s| t.checked_add(s.len()))
+            .ok_or("segment lengths overflow")?;
         if total != len {
             return Err(format!("segments cover {total} bytes of a {len}-byte file"));
         }

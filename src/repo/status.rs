@@ -36,7 +36,7 @@ impl Repository {
         };
         let branches = self.branches()?;
         let mut seen = HashSet::new();
-        let (mut logical_bytes, mut stored_bytes) = (0, 0);
+        let (mut logical_bytes, mut stored_bytes) = (0u64, 0u64);
         // A shallow clone's history ends at its boundary commits, whose
         // parents were never fetched.
         let shallow = self.shallow()?;
@@ -46,8 +46,8 @@ impl Repository {
                 continue;
             }
             let c = self.commit_object(&id)?;
-            logical_bytes += c.stats.logical_bytes;
-            stored_bytes += c.stats.stored_bytes;
+            logical_bytes = logical_bytes.saturating_add(c.stats.logical_bytes);
+            stored_bytes = stored_bytes.saturating_add(c.stats.stored_bytes);
             if !shallow.contains(&id) {
                 todo.extend(c.parents);
             }
