@@ -1,7 +1,8 @@
 //! The chunk codec: lossless compression of one chunk of one tensor.
 //!
 //! Owns: sign-bit rotation and byte grouping ([`layout`]), the delta
-//! representations against a base chunk, and block-adaptive entropy coding
+//! representations against a base chunk, the element map of zero or
+//! unchanged elements ([`ElementMap`]), and block-adaptive entropy coding
 //! (raw / constant / Huffman / rANS / bit-packed per 64 KiB block of each
 //! stream), framed as specified byte by byte in `docs/format/codec.md`.
 //!
@@ -46,6 +47,7 @@ macro_rules! dispatch {
 mod bits;
 mod block;
 mod dtype;
+mod elements;
 pub mod huffman;
 pub mod layout;
 mod packed;
@@ -53,13 +55,14 @@ pub mod rans;
 
 pub use block::{entropy_bits, histogram, BlockMode};
 pub use dtype::DType;
+pub use elements::ElementMap;
 use layout::StreamOp;
 
 /// Frame magic, "CK".
 pub const MAGIC: [u8; 2] = *b"CK";
 /// The frame format version this build writes; it reads this one and every
 /// earlier one.
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 /// Codec id of the grouped-entropy codec (the only one so far).
 pub const CODEC_GROUPED: u8 = 1;
 /// Block size of each stream: a fresh entropy code every 64 KiB.
@@ -130,6 +133,10 @@ pub struct Options {
     /// least plus a field of 1-7 bits shifted by a fixed amount, stored as
     /// that field, no table.
     pub packed: bool,
+    /// Whether to store an element map (format version 4): whole elements
+    /// that are zero, or equal to the base's in a delta frame, listed in
+    /// runs or a bitmap and left out of the streams.
+    pub element_map: ElementMap,
 }
 
 impl Default for Options {
@@ -142,6 +149,7 @@ impl Default for Options {
             rans_min_gain: 0.02,
             plain_rans_min_gain: 0.03,
             packed: true,
+            element_map: ElementMap::Auto,
         }
     }
 }
@@ -158,6 +166,7 @@ impl Options {
             rans_min_gain: 0.0,
             plain_rans_min_gain: 0.0,
             packed: false,
+            element_map: ElementMap::Never,
         }
     }
 }
@@ -180,6 +189,9 @@ pub struct FrameInfo {
     pub raw_len: u64,
     pub delta: Delta,
     pub rotated: bool,
+    /// The frame has an element map (version 4 and later): some whole
+    /// elements are zero, or the base's, and are not in the streams.
+    pub element_map: bool,
 }
 
 impl FrameInfo {
@@ -213,7 +225,7 @@ impl FrameInfo {
         }
         let dtype = DType::from_code(frame[4]).ok_or(DecodeError::UnknownDType(frame[4]))?;
         let t = frame[5];
-        if t & !0b111 != 0 {
+        if t & !0b1111 != 0 || (t & 0b1000 != 0 && frame[2] < 4) {
             return Err(corrupt(5, "reserved transform bits set"));
         }
         let delta = match t & 3 {
@@ -235,6 +247,7 @@ impl FrameInfo {
             raw_len,
             delta,
             rotated: t & 4 != 0,
+            element_map: t & 8 != 0,
         })
     }
 }
@@ -258,6 +271,12 @@ pub struct Scratch {
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
+    /// The element map's runs, and the kept elements of the chunk and of
+    /// its base, compacted.
+    runs: Vec<u32>,
+    compact: Vec<u8>,
+    compact_base: Vec<u8>,
+    map_section: Vec<u8>,
 }
 
 /// Encode one chunk. `base`, when given and of the same length, is the same
@@ -281,8 +300,69 @@ pub fn encode_into(
     let w = dtype.width();
     let n = raw.len() / w;
     let (body, tail) = raw.split_at(n * w);
-    let rotate = opts.rotate && dtype.is_float();
     let base = base.filter(|b| b.len() == raw.len()).map(|b| &b[..n * w]);
+    // The element map: a sampled look first, so chunks without zero or
+    // unchanged elements (every chunk of gpt-small) pay next to nothing.
+    let mapped = match opts.element_map {
+        ElementMap::Never => false,
+        ElementMap::Always => {
+            elements::scan(body, base, w, &mut scratch.runs);
+            true
+        }
+        ElementMap::Auto => {
+            elements::screen(body, base, w) && {
+                let skipped = elements::scan(body, base, w, &mut scratch.runs);
+                let (bytes, _) = elements::map_size(&scratch.runs, n);
+                elements::worth_it(skipped, n, w, bytes)
+            }
+        }
+    };
+    if !mapped {
+        return encode_elements(raw.len(), body, tail, base, dtype, opts, None, out, scratch);
+    }
+    let mut kept = std::mem::take(&mut scratch.compact);
+    let mut kept_base = std::mem::take(&mut scratch.compact_base);
+    let mut section = std::mem::take(&mut scratch.map_section);
+    elements::compact(body, &scratch.runs, w, &mut kept);
+    if let Some(b) = base {
+        elements::compact(b, &scratch.runs, w, &mut kept_base);
+    }
+    section.clear();
+    elements::write(&scratch.runs, n, &mut section);
+    encode_elements(
+        raw.len(),
+        &kept,
+        tail,
+        base.map(|_| kept_base.as_slice()),
+        dtype,
+        opts,
+        Some(&section),
+        out,
+        scratch,
+    );
+    scratch.compact = kept;
+    scratch.compact_base = kept_base;
+    scratch.map_section = section;
+}
+
+/// The frame of `body` (whole elements: the chunk's, or its kept ones
+/// when `map`, the element map section, is given) against `base` (the
+/// same elements of the base), with the chunk's `raw_len` and `tail`.
+#[allow(clippy::too_many_arguments)]
+fn encode_elements(
+    raw_len: usize,
+    body: &[u8],
+    tail: &[u8],
+    base: Option<&[u8]>,
+    dtype: DType,
+    opts: &Options,
+    map: Option<&[u8]>,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) {
+    let w = dtype.width();
+    let n = body.len() / w;
+    let rotate = opts.rotate && dtype.is_float();
     let Scratch {
         base_streams,
         tmp,
@@ -312,6 +392,11 @@ pub fn encode_into(
                 }
             }
         }
+        // Skipped elements of a frame with a base are the base's: the
+        // frame must say it needs the base, even when no stream uses it.
+        if map.is_some() && delta == Delta::None {
+            delta = Delta::PerStream;
+        }
     }
     let rotated = rotate && delta != Delta::Ulp;
 
@@ -335,7 +420,8 @@ pub fn encode_into(
     // once instead of doubling through the chunk.
     let block = 1usize << BLOCK_LOG2;
     let nblocks = n.div_ceil(block);
-    out.reserve(HEADER_LEN + w + raw.len() + 4 * w * nblocks);
+    let map_len = map.map_or(0, |m| m.len());
+    out.reserve(HEADER_LEN + w + raw_len + map_len + 4 * w * nblocks);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(CODEC_GROUPED);
@@ -345,14 +431,17 @@ pub fn encode_into(
         Delta::PerStream => 1,
         Delta::Ulp => 2,
     };
-    out.push(kind | if rotated { 4 } else { 0 });
+    out.push(kind | if rotated { 4 } else { 0 } | if map.is_some() { 8 } else { 0 });
     out.push(BLOCK_LOG2);
     out.push(0);
-    out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(raw_len as u64).to_le_bytes());
     if delta == Delta::PerStream {
         out.extend(ops.iter().map(|&o| o as u8));
     }
     out.extend_from_slice(tail);
+    if let Some(m) = map {
+        out.extend_from_slice(m);
+    }
     // Block table of fixed 4-byte entries (mode | length << 8), so payloads
     // can be written straight after it in one pass.
     let table_at = out.len();
@@ -570,7 +659,7 @@ pub fn decode_into(
         (true, Some(b)) => Some(b),
     };
     let w = info.dtype.width();
-    let n = raw_len / w;
+    let all = raw_len / w;
     let mut pos = HEADER_LEN;
     let truncated = |need: usize| DecodeError::Truncated {
         need: need as u64,
@@ -584,11 +673,35 @@ pub fn decode_into(
         }
         pos += w;
     }
-    let tail_len = raw_len - n * w;
+    let tail_len = raw_len - all * w;
     let tail = frame
         .get(pos..pos + tail_len)
         .ok_or(truncated(pos + tail_len))?;
     pos += tail_len;
+    let Scratch {
+        streams,
+        base_streams,
+        tables,
+        entries,
+        ctx,
+        runs,
+        compact_base,
+        ..
+    } = scratch;
+    // `n` elements go through the streams: all of them, or the kept ones
+    // of an element map, against the base's same elements.
+    let mut n = all;
+    let full_base = base.map(|b| &b[..all * w]);
+    let mut base = full_base;
+    if info.element_map {
+        let (p, kept) = elements::read(frame, pos, all, runs)?;
+        pos = p;
+        n = kept;
+        if let Some(b) = full_base {
+            elements::compact(b, runs, w, compact_base);
+            base = Some(&compact_base[..n * w]);
+        }
+    }
 
     let block = 1usize << BLOCK_LOG2;
     let nblocks = n.div_ceil(block);
@@ -596,14 +709,6 @@ pub fn decode_into(
     let table_bytes = frame
         .get(pos..pos + 4 * nentries)
         .ok_or(truncated(pos + 4 * nentries))?;
-    let Scratch {
-        streams,
-        base_streams,
-        tables,
-        entries,
-        ctx,
-        ..
-    } = scratch;
     entries.clear();
     let mut total: u64 = 0;
     for (i, e) in table_bytes.chunks_exact(4).enumerate() {
@@ -672,20 +777,22 @@ pub fn decode_into(
     // new one, would otherwise be zeroed up to the raw length).
     out.clear();
     out.reserve(raw_len);
-    let spare = &mut out.spare_capacity_mut()[..raw_len];
-    let (body, out_tail) = spare.split_at_mut(n * w);
-    for (d, &t) in out_tail.iter_mut().zip(tail) {
-        d.write(t);
-    }
+    let body = &mut out.spare_capacity_mut()[..n * w];
     layout::ungroup_uninit(&refs, w, info.rotated, body);
-    // SAFETY: `ungroup_uninit` wrote every byte of `body` (n * w) and the
-    // loop above every byte of the tail (raw_len - n * w); so the first
-    // raw_len bytes of the capacity are initialised.
-    unsafe { out.set_len(raw_len) };
+    // SAFETY: `ungroup_uninit` wrote every byte of `body` (n * w), within
+    // the capacity reserved above.
+    unsafe { out.set_len(n * w) };
     if info.delta == Delta::Ulp {
         let base = &base.expect("checked above")[..n * w];
         layout::ulp_undelta(&mut out[..n * w], base, w, info.dtype.is_float());
     }
+    if info.element_map {
+        // The skipped elements' room, zeroed once (then the kept runs
+        // move up into place, back to front).
+        out.resize(all * w, 0);
+        elements::expand(out, n, runs, full_base, w);
+    }
+    out.extend_from_slice(tail);
     Ok(())
 }
 

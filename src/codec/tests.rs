@@ -18,12 +18,16 @@ fn rt(raw: &[u8], base: Option<&[u8]>, dtype: DType, opts: &Options) -> Vec<u8> 
     f
 }
 
-fn all_options() -> [Options; 3] {
+fn all_options() -> [Options; 4] {
     let no_rans = Options {
         rans: false,
         ..Options::default()
     };
-    [Options::default(), Options::lmc(), no_rans]
+    let mapped = Options {
+        element_map: ElementMap::Always,
+        ..Options::default()
+    };
+    [Options::default(), Options::lmc(), no_rans, mapped]
 }
 
 /// 32 random bits at a time from the project's deterministic generator
@@ -260,60 +264,67 @@ fn decoding_a_delta_without_or_with_a_wrong_base_is_an_error() {
 #[test]
 fn known_answer_frames() {
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    // Without the element map (its known answers are below), as these
+    // frames were before version 4.
+    let never = Options {
+        element_map: ElementMap::Never,
+        ..Options::default()
+    };
     // bf16 [1.0, -2.0, 0.5] = 3f80 c000 3f00, rotated 7f00 8001 7e00:
     // stream 0 (mantissa|sign) 00 01 00 and stream 1 (exponent) 7f 80 7e,
     // both raw blocks (three symbols do not pay for a table).
     let raw = bf16_bytes(&[1.0, -2.0, 0.5]);
-    let f = encode(&raw, None, DType::BF16, &Options::default());
+    let f = encode(&raw, None, DType::BF16, &never);
     assert_eq!(
         hex(&f),
-        "434b030108041000060000000000000000030000000300000001007f807e"
+        "434b040108041000060000000000000000030000000300000001007f807e"
     );
     // 5 bytes of u8 all equal: one constant block, no tail.
-    let f = encode(&[9u8; 5], None, DType::U8, &Options::default());
-    assert_eq!(hex(&f), "434b03010100100005000000000000000101000009");
+    let f = encode(&[9u8; 5], None, DType::U8, &never);
+    assert_eq!(hex(&f), "434b04010100100005000000000000000101000009");
     // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
     // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
     let mut raw = f32_bytes(&[0.25, 0.5]);
     raw.extend_from_slice(&[1, 2, 3]);
-    let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
+    let f = encode(&raw, Some(&raw), DType::F32, &never);
     assert_eq!(
         hex(&f),
-        "434b03010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
+        "434b04010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
     );
     // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
     // four stream ops, every stream one constant block of zeros.
     let raw = f32_bytes(&(0..64).map(|i| i as f32 * 0.1).collect::<Vec<_>>());
-    let f = encode(&raw, Some(&raw), DType::F32, &Options::default());
+    let f = encode(&raw, Some(&raw), DType::F32, &never);
     assert_eq!(
         hex(&f),
-        "434b03010b0510000001000000000000010101010101000001010000010100000101000000000000"
+        "434b04010b0510000001000000000000010101010101000001010000010100000101000000000000"
     );
     // 16 u8 of 10, 12, 14, 16 (the least plus 2 bits shifted by 1): one
     // packed block (mode 5), `lo 0a | bits 02 | shift 01` and 2 bits a
     // symbol, four a byte: 0,1,2,3 -> e4.
     let raw: Vec<u8> = (0..16).map(|i| 10 + 2 * (i % 4) as u8).collect();
-    let f = encode(&raw, None, DType::U8, &Options::default());
+    let f = encode(&raw, None, DType::U8, &never);
     assert_eq!(
         hex(&f),
-        "434b030101001000100000000000000005070000\
+        "434b040101001000100000000000000005070000\
          0a0201e4e4e4e4"
     );
 }
 
-/// Frames written by format versions 1 and 2 (the known answers above
-/// before version 2 and 3: the same bytes but the version) still decode,
-/// and still say their version; a packed block (version 3) in a version 2
-/// frame is an error.
+/// Frames written by format versions 1, 2 and 3 (the known answers above
+/// before version 2, 3 and 4: the same bytes but the version) still
+/// decode, and still say their version; a packed block (version 3) in a
+/// version 2 frame is an error, and so is an element map (version 4) in a
+/// version 3 frame.
 #[test]
-fn version_1_and_2_frames_still_decode() {
+fn version_1_2_and_3_frames_still_decode() {
     let unhex = |h: &str| -> Vec<u8> {
         (0..h.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
             .collect()
     };
-    for v in ["01", "02"] {
+    for v in ["01", "02", "03"] {
         let f = unhex(&format!(
             "434b{v}0108041000060000000000000000030000000300000001007f807e"
         ));
@@ -333,6 +344,99 @@ fn version_1_and_2_frames_still_decode() {
         decode(&packed, None),
         Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 3")
     ));
+    let mapped = unhex("434b03010b0c10002000000000000000020100000000cf0100000001000000010000000002000000000000007f80");
+    assert!(matches!(
+        decode(&mapped, None),
+        Err(DecodeError::Corrupt { reason, .. }) if reason.contains("reserved transform bits")
+    ));
+}
+
+/// Known answers of the element map (version 4): the skipped elements are
+/// zero without a base, the base's with one; the map is stored as runs or
+/// as a bitmap, whichever is shorter.
+#[test]
+fn element_map_known_answers() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let always = Options {
+        element_map: ElementMap::Always,
+        ..Options::default()
+    };
+    // f32 [0, 0, 0, 0, 1.0, 2.0, 0, 0]: transform 0c (rotated, element
+    // map); map kind 2 (bitmap), 1 byte: elements 0-3, 6, 7 skipped = cf.
+    // The two kept elements 3f800000 4000000 rotate to 7f000000 80000000:
+    // streams 0-2 constant zero, stream 3 raw 7f 80.
+    let raw = f32_bytes(&[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0]);
+    let f = encode(&raw, None, DType::F32, &always);
+    assert_eq!(
+        hex(&f),
+        "434b04010b0c100020000000000000000201000000cf010100000101000001010000000200000000007f80"
+    );
+    assert_eq!(decode(&f, None).unwrap(), raw);
+    // 64 f32: 40 zeros, then 24 of 1.0; runs 0 kept, 40 skipped, 24 kept
+    // (map kind 1, 3 bytes: 00 28 18), shorter than the 8-byte bitmap.
+    // The 24 kept elements: streams 0-2 constant 00, stream 3 constant 7f.
+    let mut v = vec![0.0f32; 40];
+    v.extend([1.0f32; 24]);
+    let raw = f32_bytes(&v);
+    let f = encode(&raw, None, DType::F32, &always);
+    assert_eq!(
+        hex(&f),
+        "434b04010b0c100000010000000000000103000000002818010100000101000001010000010100000000007f"
+    );
+    assert_eq!(decode(&f, None).unwrap(), raw);
+    // Against a base, elements equal to the base's are skipped: here all
+    // but element 1 of 4 (runs 0, 1, 1, 2: 00 01 01 02, a 1-byte bitmap
+    // wins: 0b1101 = 0d); the frame needs the base (per-stream, ops keep).
+    let base = f32_bytes(&[0.5, 0.25, -1.0, 3.0]);
+    let new = f32_bytes(&[0.5, 0.75, -1.0, 3.0]);
+    let f = encode(&new, Some(&base), DType::F32, &always);
+    let info = FrameInfo::parse(&f).unwrap();
+    assert!(info.element_map && info.needs_base());
+    assert_eq!(decode(&f, Some(&base)).unwrap(), new);
+    assert_eq!(hex(&f[16..26]), hex(&[0, 0, 0, 0, 2, 1, 0, 0, 0, 0x0d]));
+}
+
+#[test]
+fn the_element_map_is_chosen_for_zero_rows_and_not_for_scattered_zeros() {
+    // Adam's first moment of an embedding whose unused rows stay zero:
+    // 64 rows of 128, every third row nonzero.
+    let mut v = Vec::new();
+    for r in 0..64 {
+        let g = gaussian_f32(128, r + 1, 1e-3);
+        v.extend(if r % 3 == 0 { g } else { vec![0.0; 128] });
+    }
+    let raw = f32_bytes(&v);
+    let f = rt(&raw, None, DType::F32, &Options::default());
+    assert!(FrameInfo::parse(&f).unwrap().element_map);
+    let never = Options {
+        element_map: ElementMap::Never,
+        ..Options::default()
+    };
+    assert!(f.len() < encode(&raw, None, DType::F32, &never).len());
+    // One element in three zero, none next to another: the bitmap (a bit
+    // an element) still costs less than the zeros in four streams.
+    let v: Vec<f32> = gaussian_f32(8192, 7, 1e-3)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| if i % 3 == 0 { 0.0 } else { x })
+        .collect();
+    let raw = f32_bytes(&v);
+    let f = rt(&raw, None, DType::F32, &Options::default());
+    assert!(FrameInfo::parse(&f).unwrap().element_map);
+    assert!(f.len() < encode(&raw, None, DType::F32, &never).len());
+    // No zeros: no map.
+    let f = rt(
+        &f32_bytes(&gaussian_f32(8192, 9, 1e-3)),
+        None,
+        DType::F32,
+        &Options::default(),
+    );
+    assert!(!FrameInfo::parse(&f).unwrap().element_map);
+    // An identical base: every element skipped, a frame of a header, the
+    // stream ops and a bitmap.
+    let raw = f32_bytes(&gaussian_f32(64, 3, 1.0));
+    let f = rt(&raw, Some(&raw), DType::F32, &Options::default());
+    assert!(f.len() <= 16 + 4 + 5 + 8, "{}", f.len());
 }
 
 #[test]

@@ -95,7 +95,8 @@ pub fn decode_input(frame: &[u8], base: Option<&[u8]>) -> Vec<u8> {
 /// `rest`: 0 no base (`raw = rest`), 1 `rest` split in halves (`raw`, then a
 /// base of the same length), 2 `raw = rest` and the base is `raw` with a
 /// sparse perturbation (a likely delta), 3 `raw = rest` and a base one byte
-/// short (which the encoder must ignore).
+/// short (which the encoder must ignore); bit 3 forces an element map
+/// (format version 4) into the frame, whatever it saves.
 ///
 /// Checks: the frame's header states the dtype and length, and decoding it
 /// (with the base when its header asks for one) returns `raw`, also under a
@@ -105,11 +106,14 @@ pub fn check_roundtrip(data: &[u8]) {
         return;
     };
     let dtype = DType::from_code(d % DType::ALL.len() as u8).expect("code below 15");
-    let opts = if flags & 1 == 0 {
+    let mut opts = if flags & 1 == 0 {
         Options::default()
     } else {
         Options::lmc()
     };
+    if flags & 8 != 0 {
+        opts.element_map = codec::ElementMap::Always;
+    }
     let (raw, base): (&[u8], Option<Vec<u8>>) = match (flags >> 1) & 3 {
         0 => (rest, None),
         1 => {

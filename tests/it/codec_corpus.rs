@@ -3,7 +3,7 @@
 //! baselines measured on the same bytes (sizes, not times).
 
 use ckvc::bench::{load_run, BenchOptions, Checkpoint};
-use ckvc::codec::{decode, encode, DType, FrameInfo, Options, FORMAT_VERSION};
+use ckvc::codec::{decode, encode, DType, ElementMap, FrameInfo, Options, FORMAT_VERSION};
 
 fn run() -> Vec<Checkpoint> {
     load_run(&super::corpus(), &BenchOptions::default()).expect("the corpus loads")
@@ -96,10 +96,11 @@ fn ckvc_beats_plain_lmc_and_delta_beats_full_on_real_weights() {
 /// Frames written by earlier format versions, of the bf16
 /// `h.0.c_attn.weight` of step 540 against step 480 (a ULP delta whose two
 /// 48 Ki-symbol blocks are context rANS and plain rANS): version 1 (ckvc
-/// at a1f4535, eight rANS states) and version 2 (ckvc at 3d91e8b, 32
-/// states). Frames in existing repositories must decode as before.
+/// at a1f4535, eight rANS states), version 2 (ckvc at 3d91e8b, 32
+/// states) and version 3 (ckvc at c7e2c44, bit-packed blocks). Frames in
+/// existing repositories must decode as before.
 #[test]
-fn version_1_and_2_frames_from_the_corpus_still_decode() {
+fn version_1_2_and_3_frames_from_the_corpus_still_decode() {
     let run = run();
     let tensor = |step: u64| {
         let ck = run.iter().find(|c| c.step == step).expect("step in corpus");
@@ -120,6 +121,10 @@ fn version_1_and_2_frames_from_the_corpus_still_decode() {
             2,
             &include_bytes!("../fixtures/codec/h0_c_attn_bf16_step540_vs_480.v2.ckf")[..],
         ),
+        (
+            3,
+            &include_bytes!("../fixtures/codec/h0_c_attn_bf16_step540_vs_480.v3.ckf")[..],
+        ),
     ] {
         let info = FrameInfo::parse(frame).unwrap();
         assert_eq!((info.version, info.dtype), (version, DType::BF16));
@@ -134,4 +139,51 @@ fn version_1_and_2_frames_from_the_corpus_still_decode() {
     let f = encode(&new, Some(&base), DType::BF16, &Options::default());
     assert_eq!(FrameInfo::parse(&f).unwrap().version, FORMAT_VERSION);
     assert_eq!(decode(&f, Some(&base)).unwrap(), new);
+}
+
+fn bert_ft() -> Vec<Checkpoint> {
+    let dir = super::corpus().join("../bert-ft");
+    load_run(&dir, &BenchOptions::default()).expect("the bert-ft corpus loads")
+}
+
+/// The fine-tune corpus: every tensor round trips FULL and against its
+/// parent, and the element map (zero rows of Adam's moments for tokens the
+/// fine-tune never sees) is chosen there and makes the optimizer's frames
+/// smaller than without it, in both modes.
+#[test]
+fn bert_ft_round_trips_and_the_element_map_pays_on_its_optimizer() {
+    let run = bert_ft();
+    assert_eq!(run.len(), 5, "checkpoint-30 .. checkpoint-150");
+    let never = Options {
+        element_map: ElementMap::Never,
+        ..Options::default()
+    };
+    let (mut with, mut without, mut mapped) = (0usize, 0usize, 0usize);
+    for (i, ck) in run.iter().enumerate() {
+        for t in &ck.tensors {
+            let prev = i
+                .checked_sub(1)
+                .and_then(|p| run[p].tensors.iter().find(|p| p.key == t.key))
+                .map(|p| p.data.as_slice());
+            for base in [None, prev] {
+                let f = encode(&t.data, base, t.dtype, &Options::default());
+                let info = FrameInfo::parse(&f).unwrap();
+                let b = if info.needs_base() { base } else { None };
+                assert_eq!(decode(&f, b).unwrap(), t.data, "{} step {}", t.key, ck.step);
+                if t.group == "optimizer" {
+                    with += f.len();
+                    without += encode(&t.data, base, t.dtype, &never).len();
+                    mapped += info.element_map as usize;
+                }
+                if prev.is_none() {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(mapped > 0);
+    assert!(
+        (with as f64) < without as f64 * 0.97,
+        "optimizer {with} with the map, {without} without"
+    );
 }

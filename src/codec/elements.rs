@@ -1,0 +1,356 @@
+//! The element map of a version 4 frame: which whole elements are *skipped*
+//! (all bytes zero in a frame without a delta; all bytes equal to the
+//! base's element in a delta frame) and so never reach rotation, grouping
+//! or the block coders. Only the *kept* elements, compacted, go through
+//! the rest of the pipeline.
+//!
+//! The map is a list of alternating run lengths, kept first (that first
+//! run may be empty): `[kept, skipped, kept, skipped, ...]`, stored either
+//! as LEB128 numbers or as a bitmap, whichever is shorter
+//! (`docs/format/codec.md`, "Element map").
+
+use super::DecodeError;
+
+/// How the map is stored; the discriminant is the on-disk byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MapKind {
+    /// The run lengths as LEB128 numbers.
+    Runs = 1,
+    /// One bit per element, LSB-first, 1 = skipped.
+    Bitmap = 2,
+}
+
+/// Whether the encoder may store an element map (format version 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElementMap {
+    /// When a cheap count says it pays (see [`worth_it`]).
+    Auto,
+    /// Never.
+    Never,
+    /// Always (tests and measurements), even with nothing to skip.
+    Always,
+}
+
+/// Whether element `e` is skipped: equal to the base's element, or zero.
+#[inline(always)]
+fn skip<const W: usize>(e: &[u8; W], b: Option<&[u8; W]>) -> bool {
+    match b {
+        Some(b) => e == b,
+        None => *e == [0u8; W],
+    }
+}
+
+fn as_array<const W: usize>(c: &[u8]) -> &[u8; W] {
+    c.try_into().expect("chunks of W bytes")
+}
+
+/// A look at about 2048 evenly spread elements: true when at least one in
+/// 16 of them is skipped, the least share worth counting whole.
+pub fn screen(body: &[u8], base: Option<&[u8]>, w: usize) -> bool {
+    let n = body.len() / w;
+    if n == 0 {
+        return false;
+    }
+    let step = (n / 2048).max(1) | 1;
+    let (mut seen, mut hits) = (0usize, 0usize);
+    let mut i = 0;
+    while i < n {
+        let e = &body[i * w..(i + 1) * w];
+        let s = match base {
+            Some(b) => e == &b[i * w..(i + 1) * w],
+            None => e.iter().all(|&x| x == 0),
+        };
+        hits += s as usize;
+        seen += 1;
+        i += step;
+    }
+    hits * 16 >= seen
+}
+
+fn scan_w<const W: usize>(body: &[u8], base: Option<&[u8]>, runs: &mut Vec<u32>) -> usize {
+    runs.clear();
+    let (mut skipping, mut run, mut skipped) = (false, 0u32, 0usize);
+    let mut visit = |s: bool| {
+        if s != skipping {
+            runs.push(run);
+            run = 0;
+            skipping = s;
+        }
+        run += 1;
+        skipped += s as usize;
+    };
+    match base {
+        Some(b) => {
+            for (e, b) in body.chunks_exact(W).zip(b.chunks_exact(W)) {
+                visit(skip::<W>(as_array(e), Some(as_array(b))));
+            }
+        }
+        None => {
+            for e in body.chunks_exact(W) {
+                visit(skip::<W>(as_array(e), None));
+            }
+        }
+    }
+    runs.push(run);
+    skipped
+}
+
+/// The run lengths of the skipped and kept elements of `body` (`n * w`
+/// bytes), kept first, into `runs`; returns how many are skipped.
+pub fn scan(body: &[u8], base: Option<&[u8]>, w: usize, runs: &mut Vec<u32>) -> usize {
+    match w {
+        1 => scan_w::<1>(body, base, runs),
+        2 => scan_w::<2>(body, base, runs),
+        4 => scan_w::<4>(body, base, runs),
+        8 => scan_w::<8>(body, base, runs),
+        _ => unreachable!("element width is 1, 2, 4 or 8"),
+    }
+}
+
+fn leb_len(v: u32) -> usize {
+    (32 - v.leading_zeros() as usize).max(1).div_ceil(7)
+}
+
+/// Bytes of the map's data in the shorter of its two forms, and that form.
+pub fn map_size(runs: &[u32], n: usize) -> (usize, MapKind) {
+    let r: usize = runs.iter().map(|&v| leb_len(v)).sum();
+    let b = n.div_ceil(8);
+    if r <= b {
+        (r, MapKind::Runs)
+    } else {
+        (b, MapKind::Bitmap)
+    }
+}
+
+/// Whether a map of `map_bytes` pays for skipping `skipped` of `n`
+/// elements of width `w`: at least one element in 16 skipped, and the map
+/// at most a bit per skipped byte (a skipped byte costs more than that in
+/// a stream that also holds other values; scattered unchanged elements of
+/// a bf16 delta, which the context coder already codes in about that,
+/// stay in the streams).
+pub fn worth_it(skipped: usize, n: usize, w: usize, map_bytes: usize) -> bool {
+    skipped * 16 >= n && map_bytes * 8 <= skipped * w
+}
+
+/// Append the map section (`kind u8 | length u32 | data`).
+pub fn write(runs: &[u32], n: usize, out: &mut Vec<u8>) {
+    let (len, kind) = map_size(runs, n);
+    out.push(kind as u8);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    let start = out.len();
+    match kind {
+        MapKind::Runs => {
+            for &v in runs {
+                let mut v = v;
+                while v >= 0x80 {
+                    out.push(v as u8 | 0x80);
+                    v >>= 7;
+                }
+                out.push(v as u8);
+            }
+        }
+        MapKind::Bitmap => {
+            out.resize(start + len, 0);
+            let bits = &mut out[start..];
+            let mut i = 0usize;
+            for (r, &len) in runs.iter().enumerate() {
+                if r % 2 == 1 {
+                    for j in i..i + len as usize {
+                        bits[j / 8] |= 1 << (j % 8);
+                    }
+                }
+                i += len as usize;
+            }
+        }
+    }
+    debug_assert_eq!(out.len(), start + len);
+}
+
+/// Parse the map section at `frame[pos..]` for `n` elements into `runs`;
+/// returns the position after it and the number of kept elements.
+pub fn read(
+    frame: &[u8],
+    pos: usize,
+    n: usize,
+    runs: &mut Vec<u32>,
+) -> Result<(usize, usize), DecodeError> {
+    let corrupt = |offset: usize, reason| DecodeError::Corrupt {
+        offset: offset as u64,
+        reason,
+    };
+    let head = frame.get(pos..pos + 5).ok_or(DecodeError::Truncated {
+        need: (pos + 5) as u64,
+        have: frame.len() as u64,
+    })?;
+    let kind = head[0];
+    let len = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
+    let start = pos + 5;
+    let data = frame
+        .get(start..start.saturating_add(len))
+        .ok_or(DecodeError::Truncated {
+            need: start as u64 + len as u64,
+            have: frame.len() as u64,
+        })?;
+    runs.clear();
+    let mut kept = 0usize;
+    match kind {
+        1 => {
+            let (mut total, mut i) = (0usize, 0usize);
+            while i < data.len() {
+                let mut v = 0u64;
+                let mut shift = 0;
+                loop {
+                    let b = *data
+                        .get(i)
+                        .ok_or(corrupt(start + i, "element map run cut short"))?;
+                    i += 1;
+                    v |= ((b & 0x7f) as u64) << shift;
+                    if b & 0x80 == 0 {
+                        break;
+                    }
+                    shift += 7;
+                    if shift > 28 {
+                        return Err(corrupt(start + i, "element map run too long"));
+                    }
+                }
+                if v > (n - total) as u64 {
+                    return Err(corrupt(start + i, "element map runs exceed the elements"));
+                }
+                if v == 0 && !runs.is_empty() {
+                    return Err(corrupt(start + i, "empty element map run"));
+                }
+                if runs.len() % 2 == 0 {
+                    kept += v as usize;
+                }
+                total += v as usize;
+                runs.push(v as u32);
+            }
+            if total != n || runs.is_empty() {
+                return Err(corrupt(start, "element map runs do not cover the elements"));
+            }
+        }
+        2 => {
+            if len != n.div_ceil(8) {
+                return Err(corrupt(pos + 1, "element bitmap length"));
+            }
+            if n % 8 != 0 && data.last().is_some_and(|&b| b >> (n % 8) != 0) {
+                return Err(corrupt(start + len - 1, "element bitmap padding set"));
+            }
+            let (mut skipping, mut run) = (false, 0u32);
+            for i in 0..n {
+                let s = data[i / 8] >> (i % 8) & 1 != 0;
+                if s != skipping {
+                    runs.push(run);
+                    run = 0;
+                    skipping = s;
+                }
+                run += 1;
+                kept += !s as usize;
+            }
+            runs.push(run);
+        }
+        _ => return Err(corrupt(pos, "unknown element map kind")),
+    }
+    Ok((start + len, kept))
+}
+
+/// The kept elements of `raw` (`n * w` bytes) by `runs`, back to back, into
+/// `out` (cleared first).
+pub fn compact(raw: &[u8], runs: &[u32], w: usize, out: &mut Vec<u8>) {
+    out.clear();
+    let mut i = 0usize;
+    for (r, &len) in runs.iter().enumerate() {
+        let len = len as usize * w;
+        if r % 2 == 0 {
+            out.extend_from_slice(&raw[i..i + len]);
+        }
+        i += len;
+    }
+}
+
+/// Undo [`compact`] in place: `out` holds the kept elements in its first
+/// `kept * w` bytes and is `n * w` long; the skipped elements become the
+/// base's (when given) or zero. Walks back to front, so every kept run
+/// moves up (or stays).
+pub fn expand(out: &mut [u8], kept: usize, runs: &[u32], base: Option<&[u8]>, w: usize) {
+    let (mut src, mut dst) = (kept * w, out.len());
+    for (r, &len) in runs.iter().enumerate().rev() {
+        let len = len as usize * w;
+        if r % 2 == 0 {
+            if src != dst {
+                out.copy_within(src - len..src, dst - len);
+            }
+            src -= len;
+        } else {
+            match base {
+                Some(b) => out[dst - len..dst].copy_from_slice(&b[dst - len..dst]),
+                None => out[dst - len..dst].fill(0),
+            }
+        }
+        dst -= len;
+    }
+    debug_assert_eq!((src, dst), (0, 0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn map_forms_and_compaction_round_trip(
+            mask in proptest::collection::vec(prop_oneof![3 => Just(true), 1 => Just(false)], 0..600),
+            w in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+            with_base in any::<bool>(),
+        ) {
+            let n = mask.len();
+            let base: Vec<u8> = (0..n * w).map(|i| (i * 7 + 3) as u8).collect();
+            // Element i is skipped where the mask says so.
+            let raw: Vec<u8> = (0..n * w)
+                .map(|i| {
+                    let e = i / w;
+                    match (mask[e], with_base) {
+                        (true, true) => base[i],
+                        (true, false) => 0,
+                        (false, true) => base[i] ^ 0x5a,
+                        (false, false) => 0x5a | i as u8,
+                    }
+                })
+                .collect();
+            let b = with_base.then_some(base.as_slice());
+            let mut runs = Vec::new();
+            let skipped = scan(&raw, b, w, &mut runs);
+            prop_assert_eq!(skipped, mask.iter().filter(|&&m| m).count());
+            let mut sec = Vec::new();
+            write(&runs, n, &mut sec);
+            let mut back = Vec::new();
+            let (end, kept) = read(&sec, 0, n, &mut back).unwrap();
+            prop_assert_eq!(end, sec.len());
+            prop_assert_eq!(kept, n - skipped);
+            prop_assert_eq!(&back, &runs);
+            let mut c = Vec::new();
+            compact(&raw, &runs, w, &mut c);
+            prop_assert_eq!(c.len(), kept * w);
+            c.resize(n * w, 0xEE);
+            expand(&mut c, kept, &runs, b, w);
+            prop_assert_eq!(c, raw);
+        }
+    }
+
+    #[test]
+    fn bitmap_padding_and_overlong_runs_are_corrupt() {
+        let mut runs = Vec::new();
+        // 3 elements, bitmap with padding bit 3 set.
+        assert!(read(&[2, 1, 0, 0, 0, 0b1000], 0, 3, &mut runs).is_err());
+        // runs 2 + 2 for 3 elements.
+        assert!(read(&[1, 2, 0, 0, 0, 2, 2], 0, 3, &mut runs).is_err());
+        // runs 1 + 0 + 2: an empty run after the first.
+        assert!(read(&[1, 3, 0, 0, 0, 1, 0, 2], 0, 3, &mut runs).is_err());
+        // runs 1 + 2: fine, one kept.
+        assert_eq!(read(&[1, 2, 0, 0, 0, 1, 2], 0, 3, &mut runs), Ok((7, 1)));
+        // a length past the end.
+        assert!(read(&[1, 9, 0, 0, 0, 1, 2], 0, 3, &mut runs).is_err());
+    }
+}
