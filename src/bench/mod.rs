@@ -5,8 +5,8 @@
 //! run in step order, reads every tensor through [`crate::format`], and
 //! measures on the very same bytes the ckvc codec, plain LMC (the same
 //! code with rotation, rANS and the delta search switched off), zstd -3 and
-//! -19 on byte-grouped bytes, and the order-0 entropy of the byte-grouped
-//! streams per 64 KiB block. The library only returns rows; printing is the
+//! -19 and bzip2 -9 on byte-grouped bytes, and the order-0 entropy of the
+//! byte-grouped streams per 64 KiB block. The library only returns rows; printing is the
 //! CLI's business.
 
 use std::path::{Path, PathBuf};
@@ -73,6 +73,8 @@ pub struct BenchOptions {
     pub chunk_bytes: usize,
     /// Also run zstd -19 (slow: minutes on a large run).
     pub zstd19: bool,
+    /// Also run bzip2 -9 (one pass, ~10 MiB/s).
+    pub bzip2: bool,
     /// Tensors with fewer elements are skipped (0-d optimizer step counters).
     pub min_elements: u64,
 }
@@ -84,6 +86,7 @@ impl Default for BenchOptions {
             repeat: 3,
             chunk_bytes: 4 << 20,
             zstd19: true,
+            bzip2: true,
             min_elements: 16,
         }
     }
@@ -137,30 +140,25 @@ pub struct Checkpoint {
     pub tensors: Vec<Tensor>,
 }
 
-/// Load the checkpoints of a run directory in step order. Files that are
-/// not tensor formats are skipped; a corrupt tensor file is an error.
+/// How deep below the run directory checkpoint directories are looked
+/// for (`run/iter_0000500`, `run/checkpoints/checkpoint-500`, ...).
+const MAX_RUN_DEPTH: usize = 3;
+
+/// Load the checkpoints of a run directory in step order. A checkpoint
+/// directory is one whose name ends in its step (`step-500`,
+/// `checkpoint-500`, `iter_0000500`), found up to [`MAX_RUN_DEPTH`] levels
+/// down; its files are read at any depth below it (Megatron's
+/// `iter_0000500/mp_rank_00/model_optim_rng.pt`) and keyed by their path
+/// in it. Files that are not tensor formats are skipped; a corrupt tensor
+/// file is an error.
 pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, BenchError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BenchError::Io { path, source }
-    };
     let mut dirs = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io(dir))? {
-        let e = e.map_err(io(dir))?;
-        if e.file_type().map_err(io(&e.path()))?.is_dir() {
-            if let Some(step) = format::step_of_dir_name(&e.file_name().to_string_lossy()) {
-                dirs.push((step, e.path()));
-            }
-        }
-    }
+    find_checkpoint_dirs(dir, 0, &mut dirs)?;
     dirs.sort();
     let mut out = Vec::new();
     for (step, d) in dirs {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&d)
-            .map_err(io(&d))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file())
-            .collect();
+        let mut files = Vec::new();
+        files_below(&d, &mut files)?;
         files.sort();
         let mut tensors = Vec::new();
         for f in files {
@@ -168,25 +166,24 @@ pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, Benc
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let bytes = std::fs::read(&f).map_err(io(&f))?;
+            let rel = f
+                .strip_prefix(&d)
+                .map(|r| r.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| name.clone());
+            let bytes = std::fs::read(&f).map_err(io_error(&f))?;
             let layout =
                 format::parse(&name, &mut std::io::Cursor::new(&bytes), bytes.len() as u64)
                     .map_err(|source| BenchError::Format {
                         path: f.clone(),
                         source,
                     })?;
-            let group = if name.contains("optim") {
-                "optimizer"
-            } else {
-                "weights"
-            };
             for t in layout.tensors() {
                 if t.len / t.dtype.width() as u64 >= opts.min_elements.max(1) {
                     let (a, b) = (t.offset as usize, (t.offset + t.len) as usize);
                     tensors.push(Tensor {
-                        key: format!("{name}/{}", t.name),
+                        key: format!("{rel}/{}", t.name),
                         dtype: t.dtype,
-                        group,
+                        group: group_of(&name, &t.name),
                         data: bytes[a..b].to_vec(),
                     });
                 }
@@ -206,6 +203,61 @@ pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, Benc
         });
     }
     Ok(out)
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
+    let path = path.to_path_buf();
+    move |source| BenchError::Io { path, source }
+}
+
+/// "optimizer" for the tensors of an optimizer file (`optimizer.pt`,
+/// `optim_states.pt`); in a file holding model and optimizer together
+/// (Megatron's `model_optim_rng.pt`), for the tensors under its optimizer
+/// key; else "weights".
+fn group_of(file: &str, tensor: &str) -> &'static str {
+    let file = file.to_ascii_lowercase();
+    let optimizer = file.contains("optim")
+        && (!file.contains("model") || tensor.to_ascii_lowercase().contains("optim"));
+    if optimizer {
+        "optimizer"
+    } else {
+        "weights"
+    }
+}
+
+/// Directories below `dir` (to [`MAX_RUN_DEPTH`]) whose name gives a step;
+/// the search does not descend into them.
+fn find_checkpoint_dirs(
+    dir: &Path,
+    depth: usize,
+    out: &mut Vec<(u64, PathBuf)>,
+) -> Result<(), BenchError> {
+    for e in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let e = e.map_err(io_error(dir))?;
+        if !e.file_type().map_err(io_error(&e.path()))?.is_dir() {
+            continue;
+        }
+        match format::step_of_dir_name(&e.file_name().to_string_lossy()) {
+            Some(step) => out.push((step, e.path())),
+            None if depth + 1 < MAX_RUN_DEPTH => find_checkpoint_dirs(&e.path(), depth + 1, out)?,
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Every file below `dir`, at any depth (symbolic links are not followed).
+fn files_below(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), BenchError> {
+    for e in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let e = e.map_err(io_error(dir))?;
+        let t = e.file_type().map_err(io_error(&e.path()))?;
+        if t.is_dir() {
+            files_below(&e.path(), out)?;
+        } else if t.is_file() {
+            out.push(e.path());
+        }
+    }
+    Ok(())
 }
 
 /// One unit of work: a chunk and, in DELTA mode, its base.
@@ -345,6 +397,11 @@ pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<
                 t.pass(&sel);
                 timed.push(t);
             }
+            if opts.bzip2 {
+                let mut t = Timed::new("bzip2-9".to_string(), Coder::Bzip2);
+                t.pass(&sel);
+                timed.push(t);
+            }
             for t in timed {
                 let (name, threads) = (t.name.clone(), t.threads());
                 let (out, c, d) = t.finish(&sel)?;
@@ -400,6 +457,8 @@ enum Coder<'p> {
         cctx: zstd::bulk::Compressor<'static>,
         dctx: zstd::bulk::Decompressor<'static>,
     },
+    /// bzip2 -9 on the byte-grouped bytes.
+    Bzip2,
 }
 
 impl<'p> Timed<'p> {
@@ -477,6 +536,11 @@ impl<'p> Timed<'p> {
                     *f = cctx.compress(&joined).expect("zstd compresses any input");
                 }
             }
+            Coder::Bzip2 => {
+                for (j, f) in jobs.iter().zip(frames.iter_mut()) {
+                    *f = bzip2_compress(&grouped_input(j).concat());
+                }
+            }
         }
         self.best_c = self.best_c.min(t.elapsed().as_secs_f64());
         let t = Instant::now();
@@ -505,6 +569,11 @@ impl<'p> Timed<'p> {
                     let _ = dctx.decompress(f, j.raw.len());
                 }
             }
+            Coder::Bzip2 => {
+                for (j, f) in jobs.iter().zip(frames.iter()) {
+                    let _ = bzip2_decompress(f, j.raw.len());
+                }
+            }
         }
         self.best_d = self.best_d.min(t.elapsed().as_secs_f64());
     }
@@ -528,6 +597,14 @@ impl<'p> Timed<'p> {
                         != Some(grouped_input(j).concat().as_slice())
                 })
                 .map(|(j, _)| j.key.to_string()),
+            Coder::Bzip2 => jobs
+                .iter()
+                .zip(&self.frames)
+                .find(|(j, f)| {
+                    bzip2_decompress(f, j.raw.len()).ok().as_deref()
+                        != Some(grouped_input(j).concat().as_slice())
+                })
+                .map(|(j, _)| j.key.to_string()),
         };
         if let Some(tensor) = bad {
             return Err(BenchError::Mismatch { tensor });
@@ -539,6 +616,20 @@ impl<'p> Timed<'p> {
             mib_s(bytes_in, self.best_d),
         ))
     }
+}
+
+fn bzip2_compress(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::best());
+    e.write_all(data).expect("writing to a Vec cannot fail");
+    e.finish().expect("writing to a Vec cannot fail")
+}
+
+fn bzip2_decompress(frame: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::with_capacity(len);
+    bzip2::read::BzDecoder::new(frame).read_to_end(&mut out)?;
+    Ok(out)
 }
 
 /// The byte-grouped (not rotated) bytes of a job, XORed with the grouped

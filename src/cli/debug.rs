@@ -94,6 +94,9 @@ pub struct CodecBenchArgs {
     /// Skip zstd -19 (slow).
     #[arg(long)]
     no_zstd19: bool,
+    /// Skip bzip2 -9 (slow).
+    #[arg(long)]
+    no_bzip2: bool,
     /// JSON rows of a peer (e.g. from scripts/compare_zipnn.py --json) to
     /// show in the same table.
     #[arg(long, value_name = "FILE")]
@@ -345,6 +348,7 @@ fn codec_bench(a: CodecBenchArgs) -> Result<(), Failure> {
         threads: a.threads,
         repeat: a.repeat,
         zstd19: !a.no_zstd19,
+        bzip2: !a.no_bzip2,
         ..BenchOptions::default()
     };
     let mut rows = bench::codec_bench(&a.dir, &opts).map_err(bench_failure)?;
@@ -384,7 +388,8 @@ fn table(rows: &[Row]) -> String {
         "lmc" => 2,
         "zstd-3" => 3,
         "zstd-19" => 4,
-        "entropy" => 5,
+        "bzip2-9" => 5,
+        "entropy" => 6,
         _ => 1,
     };
     let mut s = String::new();
@@ -450,8 +455,49 @@ fn table(rows: &[Row]) -> String {
                 side.join("; ckvc ")
             );
         }
+        if let Some(v) = verdict(&rs) {
+            let _ = writeln!(s, "  {v}");
+        }
     }
     s
+}
+
+/// The row group's verdict against the targets: ckvc (one thread) smaller
+/// than every peer (every codec but ckvc and the entropy bound), and at
+/// least as fast as zstd -3 both ways; what fails is named.
+fn verdict(rs: &[&Row]) -> Option<String> {
+    let one = rs.iter().find(|r| r.codec == "ckvc" && r.threads <= 1)?;
+    let beaten: Vec<String> = rs
+        .iter()
+        .filter(|r| r.codec != "ckvc" && r.codec != "entropy" && r.ratio <= one.ratio)
+        .map(|r| format!("{} {:.4}", r.codec, r.ratio))
+        .collect();
+    let below = if beaten.is_empty() {
+        "yes".to_string()
+    } else {
+        format!("no ({})", beaten.join(", "))
+    };
+    let speed = match rs.iter().find(|r| r.codec == "zstd-3") {
+        None => "-".to_string(),
+        Some(z) => {
+            let slow = |a: Option<f64>, b: Option<f64>| a.zip(b).is_some_and(|(a, b)| a < b);
+            let mut not = Vec::new();
+            if slow(one.compress_mib_s, z.compress_mib_s) {
+                not.push("compress");
+            }
+            if slow(one.decompress_mib_s, z.decompress_mib_s) {
+                not.push("decompress");
+            }
+            if not.is_empty() {
+                "yes".to_string()
+            } else {
+                format!("no ({})", not.join(", "))
+            }
+        }
+    };
+    Some(format!(
+        "verdict: ckvc below every peer: {below}; ckvc at least zstd-3's speed: {speed}"
+    ))
 }
 
 #[cfg(test)]
@@ -490,5 +536,35 @@ mod tests {
         );
         // Without the rows to compare, no line.
         assert!(!table(&rows[3..]).contains("side by side"));
+    }
+
+    #[test]
+    fn the_verdict_names_the_peers_and_directions_ckvc_loses_to() {
+        let with_ratio = |mut r: Row, ratio| {
+            r.ratio = ratio;
+            r
+        };
+        let rows = [
+            with_ratio(row("ckvc", 1, Some(1000.0), Some(900.0)), 0.45),
+            with_ratio(row("zstd-3", 1, Some(250.0), Some(1000.0)), 0.46),
+            with_ratio(row("zstd-19", 1, Some(5.0), Some(1000.0)), 0.44),
+            with_ratio(row("bzip2-9", 1, Some(5.0), Some(20.0)), 0.47),
+            with_ratio(row("entropy", 1, None, None), 0.40),
+        ];
+        assert!(
+            table(&rows).contains(
+                "verdict: ckvc below every peer: no (zstd-19 0.4400); \
+                 ckvc at least zstd-3's speed: no (decompress)"
+            ),
+            "{}",
+            table(&rows)
+        );
+        let rows = [
+            with_ratio(row("ckvc", 1, Some(1000.0), Some(1900.0)), 0.43),
+            rows[1].clone(),
+            rows[2].clone(),
+        ];
+        assert!(table(&rows)
+            .contains("verdict: ckvc below every peer: yes; ckvc at least zstd-3's speed: yes"));
     }
 }

@@ -187,3 +187,31 @@ fn bert_ft_round_trips_and_the_element_map_pays_on_its_optimizer() {
         "optimizer {with} with the map, {without} without"
     );
 }
+
+/// Megatron writes `iter_0000010/mp_rank_00/model_optim_rng.pt`: the
+/// benchmark finds checkpoint directories below the run directory and
+/// files below them, keyed by their path in the checkpoint.
+#[test]
+fn load_run_walks_nested_checkpoint_layouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = super::corpus().join("../bert-ft");
+    for (iter, ck) in [(10, "checkpoint-30"), (20, "checkpoint-60")] {
+        let d = tmp
+            .path()
+            .join(format!("checkpoints/iter_{iter:07}/mp_rank_00"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(
+            src.join(ck).join("model.safetensors"),
+            d.join("model.safetensors"),
+        )
+        .unwrap();
+    }
+    std::fs::write(tmp.path().join("latest_checkpointed_iteration.txt"), "20").unwrap();
+    let run = load_run(tmp.path(), &BenchOptions::default()).unwrap();
+    assert_eq!(run.iter().map(|c| c.step).collect::<Vec<_>>(), [10, 20]);
+    assert!(run[0]
+        .tensors
+        .iter()
+        .all(|t| t.key.starts_with("mp_rank_00/model.safetensors/") && t.group == "weights"));
+    assert_eq!(run[0].tensors.len(), run[1].tensors.len());
+}
