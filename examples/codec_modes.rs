@@ -22,7 +22,7 @@ fn main() {
         let f = codec::encode(&t.data, base, t.dtype, &o);
         let info = FrameInfo::parse(&f).expect("own frame");
         let w = t.dtype.width();
-        let n = t.data.len() / w;
+        let mut n = t.data.len() / w;
         let mut pos = 16 + (info.raw_len as usize % w);
         kinds[match info.delta {
             codec::Delta::None => 0,
@@ -32,6 +32,22 @@ fn main() {
             }
             codec::Delta::Ulp => 2,
         }] += 1;
+        if info.element_map {
+            // Kind, length, data; the streams hold the kept elements only:
+            // those not zero (no base) or not equal to the base's.
+            let len = u32::from_le_bytes(f[pos + 1..pos + 5].try_into().expect("4")) as usize;
+            pos += 5 + len;
+            let b = base.filter(|_| info.needs_base());
+            n = (0..n)
+                .filter(|&i| {
+                    let e = &t.data[i * w..(i + 1) * w];
+                    match b {
+                        Some(b) => e != &b[i * w..(i + 1) * w],
+                        None => e.iter().any(|&x| x != 0),
+                    }
+                })
+                .count();
+        }
         let block = 1usize << BLOCK_LOG2;
         let nb = n.div_ceil(block);
         for (k, st) in stats.iter_mut().enumerate().take(w) {
