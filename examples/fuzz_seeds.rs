@@ -16,7 +16,7 @@ mod fuzz_checks;
 
 use std::path::{Path, PathBuf};
 
-use ckvc::codec::{self, DType, Options};
+use ckvc::codec::{self, DType, ElementMap, Options};
 use ckvc::format::{self, Segment};
 
 use fuzz_checks::{decode_input, format_parse_input, roundtrip_input};
@@ -227,6 +227,42 @@ impl Seeds {
             .needs_base();
         self.write("decode", decode_input(&frame, base.filter(|_| needs_base)));
         self.write("roundtrip", roundtrip_input(dtype, lmc, raw, base));
+        if !lmc {
+            self.element_maps(dtype, raw, base);
+        }
+    }
+
+    /// Element maps (format version 4): the slice with a map forced, and a
+    /// copy whose every other run of 64 elements is zero (or the base's),
+    /// where the encoder chooses one; round trips with the map forced
+    /// (flags bit 3).
+    fn element_maps(&mut self, dtype: DType, raw: &[u8], base: Option<&[u8]>) {
+        let always = Options {
+            element_map: ElementMap::Always,
+            ..Options::default()
+        };
+        let run = 64 * dtype.width();
+        let mut holed = raw.to_vec();
+        for (i, c) in holed
+            .chunks_mut(run)
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 1)
+        {
+            match base {
+                Some(b) => c.copy_from_slice(&b[i * run..i * run + c.len()]),
+                None => c.fill(0),
+            }
+        }
+        for (bytes, opts) in [(raw, &always), (&holed[..], &Options::default())] {
+            let frame = codec::encode(bytes, base, dtype, opts);
+            let needs_base = codec::FrameInfo::parse(&frame)
+                .expect("valid frame")
+                .needs_base();
+            self.write("decode", decode_input(&frame, base.filter(|_| needs_base)));
+            let mut rt = roundtrip_input(dtype, false, bytes, base);
+            rt[1] |= 1 << 3;
+            self.write("roundtrip", rt);
+        }
     }
 
     /// Writes one seed, named by its content hash like libFuzzer does.
