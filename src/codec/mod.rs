@@ -724,10 +724,14 @@ pub fn decode_into(
         return Err(corrupt(pos, "block lengths do not add up to the frame"));
     }
 
+    // The base's context bytes only when a block is coded with them.
+    let ctx_coded = base.is_some() && entries.iter().any(|e| e.0 == BlockMode::RansCtx);
     if let Some(base) = base {
         let base = &base[..n * w];
-        layout::context_bytes(base, w, info.dtype.is_float(), ctx);
-        if info.delta == Delta::PerStream {
+        if ctx_coded {
+            layout::context_bytes(base, w, info.dtype.is_float(), ctx);
+        }
+        if info.delta == Delta::PerStream && ops.iter().any(|&o| o != StreamOp::Keep) {
             base_streams.resize_with(w, Vec::new);
             layout::group(base, w, info.rotated, base_streams);
         }
@@ -751,7 +755,7 @@ pub fn decode_into(
             continue;
         }
         let s = layout::grow(s, n);
-        let ctx = base.is_some().then(|| &ctx[..n]);
+        let ctx = ctx_coded.then(|| &ctx[..n]);
         for (bi, (dst, &(mode, len))) in s.chunks_mut(block).zip(ents).enumerate() {
             let c = ctx.map(|c| &c[bi * block..bi * block + dst.len()]);
             block::decode(info.version, mode, frame, pos, len, c, dst, tables)?;
