@@ -57,6 +57,7 @@ fn main() {
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
     let mut o = Options::default();
     // Knob experiments: RANS_MIN_GAIN=0.05 PLAIN_RANS_MIN_GAIN=0.02 MIN_GAIN=0.01 NO_RANS=1
+    // ELEMENT_MAP=never
     // XOR_ONLY=1 (no delta search)
     if let Some(v) = std::env::var("RANS_MIN_GAIN")
         .ok()
@@ -74,6 +75,12 @@ fn main() {
         o.min_gain = v;
     }
     o.rans = std::env::var("NO_RANS").is_err();
+    // ELEMENT_MAP=never|always (default: auto, the encoder's choice).
+    match std::env::var("ELEMENT_MAP").as_deref() {
+        Ok("never") => o.element_map = codec::ElementMap::Never,
+        Ok("always") => o.element_map = codec::ElementMap::Always,
+        _ => {}
+    }
     if std::env::var("XOR_ONLY").is_ok() {
         o.delta = codec::DeltaSearch::Xor;
     }
