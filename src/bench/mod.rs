@@ -659,3 +659,52 @@ fn grouped_entropy_bits(j: &Job) -> f64 {
         .map(|b| codec::entropy_bits(&codec::histogram(b)))
         .sum()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bzip2 -9 runs on the same grouped bytes as zstd and round trips;
+    /// it and zstd -19 are left out when switched off.
+    #[test]
+    fn bzip2_rows_are_measured_in_both_modes_and_can_be_skipped() {
+        let tensor = |seed: u64| {
+            let mut data = vec![0u8; 4 * 4096];
+            Rng(seed).fill(&mut data[..8192]);
+            Tensor {
+                key: "model.safetensors/w".into(),
+                dtype: DType::F32,
+                group: "weights",
+                data,
+            }
+        };
+        let run: Vec<Checkpoint> = (1..=2)
+            .map(|s| Checkpoint {
+                dir: PathBuf::from(format!("step-{s}")),
+                step: s,
+                tensors: vec![tensor(s)],
+            })
+            .collect();
+        let opts = BenchOptions {
+            threads: 1,
+            repeat: 1,
+            zstd19: false,
+            ..BenchOptions::default()
+        };
+        let rows = bench_checkpoints(&run, &opts).unwrap();
+        for mode in ["FULL", "DELTA"] {
+            let r = rows
+                .iter()
+                .find(|r| r.mode == mode && r.codec == "bzip2-9")
+                .expect("a bzip2 row");
+            assert!(r.ratio > 0.0 && r.ratio < 1.0, "{mode}: {}", r.ratio);
+        }
+        assert!(!rows.iter().any(|r| r.codec == "zstd-19"));
+        let opts = BenchOptions {
+            bzip2: false,
+            ..opts
+        };
+        let rows = bench_checkpoints(&run, &opts).unwrap();
+        assert!(!rows.iter().any(|r| r.codec == "bzip2-9"));
+    }
+}
