@@ -239,7 +239,12 @@ fn legacy<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
         };
         let bytes = count
             .checked_mul(width)
-            .filter(|&b| at + 8 + b <= len)
+            // Checked: a crafted size near 2^64 must not overflow the end.
+            .filter(|&b| {
+                at.checked_add(8)
+                    .and_then(|e| e.checked_add(b))
+                    .is_some_and(|e| e <= len)
+            })
             .ok_or_else(|| {
                 FormatError::corrupt(at, format!("storage {key:?} runs past the file"))
             })?;
