@@ -37,6 +37,8 @@ pub struct RepoBenchOptions {
     pub config: Config,
     /// zstd level of the per-file baseline.
     pub zstd_level: i32,
+    /// Run the per-file zstd baseline (slow: ~4 MiB/s; skip it on large runs).
+    pub zstd: bool,
 }
 
 impl Default for RepoBenchOptions {
@@ -46,6 +48,7 @@ impl Default for RepoBenchOptions {
             keep_work: false,
             config: Config::default(),
             zstd_level: 19,
+            zstd: true,
         }
     }
 }
@@ -61,7 +64,15 @@ pub struct StepRow {
     /// Deepest delta chain of the commit's chunks (0: full snapshot).
     pub max_depth: u16,
     pub commit_secs: f64,
+    /// CPU seconds (user + system, every thread of the process) of the commit.
+    pub commit_cpu_secs: f64,
     pub checkout_secs: f64,
+    /// CPU seconds of the checkout.
+    pub checkout_cpu_secs: f64,
+    /// `cp -r` + sync of this checkpoint directory, measured right after its
+    /// commit and again right after its checkout (the faster of the two):
+    /// the yardstick both are compared with, on the same files in the same run.
+    pub copy_sync_secs: f64,
     /// The checkout compared equal to the original, byte for byte.
     pub verified: bool,
 }
@@ -105,6 +116,41 @@ impl Timing {
     }
 }
 
+/// Wall and CPU time of a timed stretch.
+struct Clock {
+    wall: Instant,
+    cpu: Option<f64>,
+}
+
+impl Clock {
+    fn start() -> Clock {
+        Clock {
+            wall: Instant::now(),
+            cpu: cpu_secs(),
+        }
+    }
+    /// (wall seconds, CPU seconds; 0 where unavailable).
+    fn stop(&self) -> (f64, f64) {
+        let wall = self.wall.elapsed().as_secs_f64();
+        let cpu = match (self.cpu, cpu_secs()) {
+            (Some(a), Some(b)) => b - a,
+            _ => 0.0,
+        };
+        (wall, cpu)
+    }
+}
+
+/// User + system CPU seconds of this process so far (every thread).
+fn cpu_secs() -> Option<f64> {
+    // SAFETY: getrusage writes one rusage struct, which we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Some(tv(ru.ru_utime) + tv(ru.ru_stime))
+}
+
 /// The whole result (also the `--json` schema).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RepoBenchReport {
@@ -116,22 +162,27 @@ pub struct RepoBenchReport {
     /// The repository directory after the last commit (store flushed).
     pub disk: DiskUsage,
     pub zstd_level: i32,
-    /// Every file compressed on its own with zstd at `zstd_level`.
-    pub zstd_files_bytes: u64,
+    /// Every file compressed on its own with zstd at `zstd_level` (`None`: skipped).
+    pub zstd_files_bytes: Option<u64>,
     /// Sizes measured by other tools on the same files (filled by the caller).
     #[serde(default)]
     pub peers: Vec<PeerSize>,
     /// Every commit, in step order (durable: the store fsyncs its log).
     pub commit: Timing,
-    /// Every step checked out into a fresh directory (files fsynced, as
+    /// CPU seconds of every commit over their wall seconds (2.0: both of
+    /// two cores busy the whole time).
+    pub commit_cpu_util: f64,
+    /// Every step checked out into a fresh directory (durable, as
     /// `ckvc checkout` does); verification is not timed.
     pub checkout: Timing,
-    /// `std::fs::copy` of every checkpoint directory (a `cp -r`).
-    pub copy: Timing,
-    /// The same copy with every file fsynced (what checkout guarantees).
-    pub copy_fsync: Timing,
-    /// The per-file zstd baseline (one core).
-    pub zstd_files: Timing,
+    /// CPU seconds of every checkout over their wall seconds.
+    pub checkout_cpu_util: f64,
+    /// `cp -r` + sync of every checkpoint directory: per step the faster of
+    /// the copy beside its commit and the copy beside its checkout
+    /// (`std::fs::copy` of every file, then each file and directory fsynced).
+    pub copy_sync: Timing,
+    /// The per-file zstd baseline (one core); `None` when skipped.
+    pub zstd_files: Option<Timing>,
     /// Checkout of the first step alone (a full snapshot).
     pub checkout_first_secs: f64,
     /// Checkout of the newest step alone (the end of the delta chains).
@@ -156,8 +207,9 @@ impl RepoBenchReport {
         self.disk.total as f64 / self.logical_bytes.max(1) as f64
     }
     /// Per-file zstd bytes / logical bytes.
-    pub fn zstd_ratio(&self) -> f64 {
-        self.zstd_files_bytes as f64 / self.logical_bytes.max(1) as f64
+    pub fn zstd_ratio(&self) -> Option<f64> {
+        self.zstd_files_bytes
+            .map(|b| b as f64 / self.logical_bytes.max(1) as f64)
     }
 }
 
@@ -273,39 +325,39 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
     let repo_root = work.path.join("repo");
     std::fs::create_dir_all(&repo_root).map_err(io(&repo_root))?;
 
-    // 1. Commit every checkpoint.
+    // 1. Commit every checkpoint; beside each, `cp -r` + sync of the same
+    //    directory, so each ratio is measured in one stretch of the run.
     let peak_reset = reset_peak_rss();
     let repo = Repository::init(&repo_root, opts.config.clone())?;
+    let cp_dest = work.path.join("cp");
     let mut steps = Vec::new();
     let mut ids = Vec::new();
-    let mut commit_secs = 0.0;
-    for Input {
-        step,
-        dir,
-        files: fs,
-        bytes,
-    } in &inputs
-    {
-        let t = Instant::now();
+    let (mut commit_wall, mut commit_cpu) = (0.0, 0.0);
+    for input in &inputs {
+        let clock = Clock::start();
         let r = repo.commit(
-            dir,
+            &input.dir,
             &CommitOptions {
-                step: Some(*step),
-                message: format!("repo-bench {}", dir.display()),
+                step: Some(input.step),
+                message: format!("repo-bench {}", input.dir.display()),
                 ..CommitOptions::default()
             },
         )?;
-        let secs = t.elapsed().as_secs_f64();
-        commit_secs += secs;
+        let (secs, cpu) = clock.stop();
+        commit_wall += secs;
+        commit_cpu += cpu;
         ids.push(r.id);
         steps.push(StepRow {
-            step: *step,
-            files: fs.len() as u64,
-            logical_bytes: *bytes,
+            step: input.step,
+            files: input.files.len() as u64,
+            logical_bytes: input.bytes,
             stored_bytes: r.stats.stored_bytes,
             max_depth: r.stats.max_depth,
             commit_secs: secs,
+            commit_cpu_secs: cpu,
             checkout_secs: 0.0,
+            checkout_cpu_secs: 0.0,
+            copy_sync_secs: copy_sync(input, &cp_dest)?,
             verified: false,
         });
     }
@@ -313,30 +365,28 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
     let peak_rss_commit = peak_rss();
     let disk = disk_usage(&repo_root.join(DOT_DIR))?;
 
-    // 2. Check every step out into a fresh directory and compare.
+    // 2. Check every step out into a fresh directory, copy beside it, compare.
     let peak_reset = reset_peak_rss() && peak_reset;
     let co_root = work.path.join("checkout");
-    let mut checkout_secs = 0.0;
+    let (mut checkout_wall, mut checkout_cpu) = (0.0, 0.0);
     let mut peak_rss_checkout = None;
-    for (
-        i,
-        Input {
-            step, files: fs, ..
-        },
-    ) in inputs.iter().enumerate()
-    {
+    for (i, input) in inputs.iter().enumerate() {
+        let (step, fs) = (input.step, &input.files);
         let out = co_root.join(format!("step-{step}"));
-        let t = Instant::now();
+        let clock = Clock::start();
         repo.checkout(&ids[i], &out, &CheckoutOptions::default())?;
-        let secs = t.elapsed().as_secs_f64();
-        checkout_secs += secs;
+        let (secs, cpu) = clock.stop();
+        checkout_wall += secs;
+        checkout_cpu += cpu;
         steps[i].checkout_secs = secs;
+        steps[i].checkout_cpu_secs = cpu;
         // The peak of the checkout itself, before verification reads.
         peak_rss_checkout = peak_rss_checkout.max(peak_rss());
+        steps[i].copy_sync_secs = steps[i].copy_sync_secs.min(copy_sync(input, &cp_dest)?);
         let got = files_of(&out)?;
         if got.len() != fs.len() {
             return Err(BenchError::CheckoutMismatch {
-                step: *step,
+                step,
                 path: out,
                 offset: 0,
             });
@@ -344,14 +394,14 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
         for ((rel, orig), (rel2, copy)) in fs.iter().zip(&got) {
             if rel != rel2 {
                 return Err(BenchError::CheckoutMismatch {
-                    step: *step,
+                    step,
                     path: copy.clone(),
                     offset: 0,
                 });
             }
             if let Some(offset) = first_difference(orig, copy)? {
                 return Err(BenchError::CheckoutMismatch {
-                    step: *step,
+                    step,
                     path: copy.clone(),
                     offset,
                 });
@@ -362,19 +412,22 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
     }
     drop(repo);
 
-    // 3. Baselines on the same files: copy (plain and fsynced), zstd per file.
-    let copy = time_copy(&inputs, &work.path.join("cp"), false)?;
-    let copy_fsync = time_copy(&inputs, &work.path.join("cp-fsync"), true)?;
-    let t = Instant::now();
-    let mut zstd_bytes = 0;
-    for input in &inputs {
-        for (_, p) in &input.files {
-            zstd_bytes += zstd_file(p, opts.zstd_level)?;
+    // 3. Per-file zstd on the same files.
+    let zstd = if opts.zstd {
+        let t = Instant::now();
+        let mut zstd_bytes = 0;
+        for input in &inputs {
+            for (_, p) in &input.files {
+                zstd_bytes += zstd_file(p, opts.zstd_level)?;
+            }
         }
-    }
-    let zstd_secs = t.elapsed().as_secs_f64();
+        Some((zstd_bytes, Timing::new(logical, t.elapsed().as_secs_f64())))
+    } else {
+        None
+    };
 
     let all_verified = steps.iter().all(|s| s.verified);
+    let copy_secs: f64 = steps.iter().map(|s| s.copy_sync_secs).sum();
     Ok(RepoBenchReport {
         run: run.to_path_buf(),
         checkpoints: inputs.len(),
@@ -382,13 +435,14 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
         logical_bytes: logical,
         disk,
         zstd_level: opts.zstd_level,
-        zstd_files_bytes: zstd_bytes,
+        zstd_files_bytes: zstd.map(|z| z.0),
         peers: Vec::new(),
-        commit: Timing::new(logical, commit_secs),
-        checkout: Timing::new(logical, checkout_secs),
-        copy,
-        copy_fsync,
-        zstd_files: Timing::new(logical, zstd_secs),
+        commit: Timing::new(logical, commit_wall),
+        commit_cpu_util: commit_cpu / commit_wall.max(1e-9),
+        checkout: Timing::new(logical, checkout_wall),
+        checkout_cpu_util: checkout_cpu / checkout_wall.max(1e-9),
+        copy_sync: Timing::new(logical, copy_secs),
+        zstd_files: zstd.map(|z| z.1),
         checkout_first_secs: steps.first().map_or(0.0, |s| s.checkout_secs),
         checkout_newest_secs: steps.last().map_or(0.0, |s| s.checkout_secs),
         peak_rss_commit,
@@ -453,27 +507,33 @@ fn first_difference(a: &Path, b: &Path) -> Result<Option<u64>, BenchError> {
     }
 }
 
-/// `cp -r` of every checkpoint directory into `dest`, timed.
-fn time_copy(inputs: &[Input], dest: &Path, fsync: bool) -> Result<Timing, BenchError> {
-    let logical: u64 = inputs.iter().map(|i| i.bytes).sum();
+/// `cp -r` + `sync` of one checkpoint directory into `dest` (removed
+/// afterwards): every file copied with `std::fs::copy`, then every file
+/// and directory fsynced, as durable as a checkout. Seconds.
+fn copy_sync(input: &Input, dest: &Path) -> Result<f64, BenchError> {
+    let to = dest.join(input.dir.file_name().unwrap_or_default());
     let t = Instant::now();
-    for input in inputs {
-        let to = dest.join(input.dir.file_name().unwrap_or_default());
-        for (rel, p) in &input.files {
-            let q = to.join(rel);
-            let parent = q.parent().expect("a joined relative path has a parent");
+    std::fs::create_dir_all(&to).map_err(io(&to))?;
+    let mut dirs = vec![to.clone()];
+    let mut copies = Vec::with_capacity(input.files.len());
+    for (rel, p) in &input.files {
+        let q = to.join(rel);
+        let parent = q.parent().expect("a joined relative path has a parent");
+        if !dirs.iter().any(|d| d == parent) {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
-            std::fs::copy(p, &q).map_err(io(&q))?;
-            if fsync {
-                std::fs::File::open(&q)
-                    .and_then(|f| f.sync_all())
-                    .map_err(io(&q))?;
-            }
+            dirs.push(parent.to_path_buf());
         }
+        std::fs::copy(p, &q).map_err(io(&q))?;
+        copies.push(q);
+    }
+    for q in copies.iter().chain(&dirs) {
+        std::fs::File::open(q)
+            .and_then(|f| f.sync_all())
+            .map_err(io(q))?;
     }
     let secs = t.elapsed().as_secs_f64();
     std::fs::remove_dir_all(dest).map_err(io(dest))?;
-    Ok(Timing::new(logical, secs))
+    Ok(secs)
 }
 
 /// Counts what is written to it.

@@ -71,6 +71,9 @@ pub struct RepoBenchArgs {
     /// Keep the work directory.
     #[arg(long)]
     keep: bool,
+    /// Skip the per-file zstd -19 baseline (~4 MiB/s: hours on a large run).
+    #[arg(long)]
+    no_zstd: bool,
     /// JSON sizes measured by another tool on the same files, e.g.
     /// `{"codec":"zipnn-files","bytes":N}` from
     /// `scripts/compare_zipnn.py --files` (one object or an array).
@@ -223,6 +226,7 @@ fn repo_bench(a: RepoBenchArgs) -> Result<(), Failure> {
     let opts = RepoBenchOptions {
         work: a.work,
         keep_work: a.keep,
+        zstd: !a.no_zstd,
         ..RepoBenchOptions::default()
     };
     let mut report = bench::repo::repo_bench(&a.dir, &opts).map_err(bench_failure)?;
@@ -258,10 +262,9 @@ fn repo_table(r: &RepoBenchReport) -> String {
     };
     size("files (logical)", r.logical_bytes);
     size("ckvc repository on disk", r.disk.total);
-    size(
-        &format!("zstd -{} per file", r.zstd_level),
-        r.zstd_files_bytes,
-    );
+    if let Some(z) = r.zstd_files_bytes {
+        size(&format!("zstd -{} per file", r.zstd_level), z);
+    }
     for p in &r.peers {
         size(&format!("{} (peer)", p.codec), p.bytes);
     }
@@ -283,20 +286,42 @@ fn repo_table(r: &RepoBenchReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\n  {:<28} {:>9} {:>9}",
-        "speed (logical bytes)", "secs", "MiB/s"
+        "\n  {:<28} {:>9} {:>9} {:>9} {:>9}",
+        "speed (logical bytes)", "secs", "MiB/s", "/ cp+sync", "CPU/wall"
     );
-    for (name, t) in [
-        ("ckvc commit (all steps)", r.commit),
-        ("ckvc checkout (all steps)", r.checkout),
-        ("cp -r", r.copy),
-        ("cp -r + fsync", r.copy_fsync),
-        (
-            &*format!("zstd -{} per file (1 core)", r.zstd_level),
-            r.zstd_files,
-        ),
-    ] {
-        let _ = writeln!(s, "  {name:<28} {:>9.2} {:>9.1}", t.secs, t.mib_s);
+    let over = |t: f64| t / r.copy_sync.secs.max(1e-9);
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>9.2} {:>9.1} {:>9.2} {:>9.2}",
+        "ckvc commit (all steps)",
+        r.commit.secs,
+        r.commit.mib_s,
+        over(r.commit.secs),
+        r.commit_cpu_util
+    );
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>9.2} {:>9.1} {:>9.2} {:>9.2}",
+        "ckvc checkout (all steps)",
+        r.checkout.secs,
+        r.checkout.mib_s,
+        over(r.checkout.secs),
+        r.checkout_cpu_util
+    );
+    let _ = writeln!(
+        s,
+        "  {:<28} {:>9.2} {:>9.1} {:>9.2}",
+        "cp -r + sync", r.copy_sync.secs, r.copy_sync.mib_s, 1.0
+    );
+    if let Some(t) = r.zstd_files {
+        let _ = writeln!(
+            s,
+            "  {:<28} {:>9.2} {:>9.1} {:>9.2}",
+            format!("zstd -{} per file (1 core)", r.zstd_level),
+            t.secs,
+            t.mib_s,
+            over(t.secs)
+        );
     }
     let _ = writeln!(
         s,
@@ -324,22 +349,43 @@ fn repo_table(r: &RepoBenchReport) -> String {
     );
     let _ = writeln!(
         s,
-        "\n  {:>6} {:>10} {:>10} {:>8} {:>5} {:>9} {:>9}",
-        "step", "MiB", "stored", "ratio", "depth", "commit s", "checkout s"
+        "\n  {:>6} {:>9} {:>9} {:>7} {:>5} | {:>8} {:>5} {:>5} | {:>8} {:>5} {:>5} | {:>8}",
+        "step",
+        "MiB",
+        "stored",
+        "ratio",
+        "depth",
+        "commit s",
+        "/cp",
+        "CPU",
+        "chkout s",
+        "/cp",
+        "CPU",
+        "cp+sync"
     );
     for x in &r.steps {
+        let cp = x.copy_sync_secs.max(1e-9);
         let _ = writeln!(
             s,
-            "  {:>6} {:>10.2} {:>10.2} {:>8.4} {:>5} {:>9.3} {:>9.3}",
+            "  {:>6} {:>9.2} {:>9.2} {:>7.4} {:>5} | {:>8.3} {:>5.2} {:>5.2} | {:>8.3} {:>5.2} {:>5.2} | {:>8.3}",
             x.step,
             mib(x.logical_bytes),
             mib(x.stored_bytes),
             x.stored_bytes as f64 / x.logical_bytes.max(1) as f64,
             x.max_depth,
             x.commit_secs,
-            x.checkout_secs
+            x.commit_secs / cp,
+            x.commit_cpu_secs / x.commit_secs.max(1e-9),
+            x.checkout_secs,
+            x.checkout_secs / cp,
+            x.checkout_cpu_secs / x.checkout_secs.max(1e-9),
+            x.copy_sync_secs
         );
     }
+    let _ = writeln!(
+        s,
+        "  (/cp: seconds over cp -r + sync of the same directory, measured beside it; CPU: CPU seconds over wall seconds, 2 = two cores busy)"
+    );
     s
 }
 
