@@ -11,13 +11,15 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rayon::prelude::*;
 
 use crate::codec::{self, DType, Options, Scratch};
 use crate::format::{self, Segment};
-use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space};
+use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::objects::{
     check_path, object_key, ChunkRecord, Commit, CommitStats, FileManifest, Payload, SegmentRef,
@@ -115,9 +117,6 @@ pub const LARGE_OPAQUE: u64 = 1 << 20;
 /// No chunk is cut larger than this, whatever `Config::chunk_bytes` says.
 pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
 
-/// Raw bytes of chunks waiting to be encoded, flushed at this size.
-const PENDING_BYTES: usize = 64 << 20;
-
 /// A chunk ready to store: id, encoded record, delta depth.
 type Encoded = (ChunkId, Vec<u8>, u16);
 
@@ -127,7 +126,63 @@ struct Job {
     raw: Vec<u8>,
     /// `None` for opaque bytes (zstd).
     dtype: Option<DType>,
-    base: Option<ChunkId>,
+    base: Option<BaseRef>,
+}
+
+/// Where a new chunk's delta base is: the parent's chunk `id`, and, when
+/// the parent's checkpoint directory is still on disk, the file and offset
+/// where its bytes should be (used only if they hash to `id`).
+struct BaseRef {
+    id: ChunkId,
+    file: Option<(Arc<std::fs::File>, u64)>,
+}
+
+/// `Meta/commit-source`: the last commit made by `commit` in this
+/// repository (32-byte id) followed by the canonical path of the directory
+/// it was made from (UTF-8). The next commit on top of it reads its delta
+/// bases from that directory when the bytes there still hash to the
+/// parent's chunk ids, instead of decoding the parent's chains.
+const COMMIT_SOURCE: &[u8] = b"commit-source";
+
+/// The pipeline's queue length (chunks between reader and encoder, and
+/// between encoder and writer) and store batch bytes for a memory budget.
+/// Alive at once: the queued chunks and records, one chunk, base and frame
+/// per encoding thread, and the batch being gathered; the store's
+/// memtables come on top (see `docs/format/store.md`).
+fn pipeline_sizes(budget: u64, chunk_bytes: u64) -> (usize, usize) {
+    let threads = rayon::current_num_threads() as u64;
+    let chunk = chunk_bytes.clamp(64, MAX_CHUNK_BYTES);
+    let free = budget.saturating_sub(3 * threads * chunk);
+    // The reader outruns the encoders, so a short queue keeps them fed.
+    let queue = (free / 8 / chunk).clamp(1, 4) as usize;
+    let batch = (free / 8).clamp(4 << 20, 32 << 20) as usize;
+    (queue, batch)
+}
+
+/// Chunk buffers handed back by the encoder for the reader to fill again,
+/// so a commit does not fault in fresh pages for every chunk.
+#[derive(Default)]
+struct BufPool(Mutex<Vec<Vec<u8>>>);
+
+impl BufPool {
+    /// A buffer of `n` bytes (contents unspecified).
+    fn get(&self, n: usize) -> Vec<u8> {
+        let mut b = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        b.resize(n, 0);
+        b
+    }
+    fn put(&self, b: Vec<u8>) {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // More idle buffers than this are never needed again at once.
+        if pool.len() < 8 {
+            pool.push(b);
+        }
+    }
 }
 
 impl Repository {
@@ -165,12 +220,9 @@ impl Repository {
             metrics.insert(k.clone(), serde_json::Value::Number(v));
         }
 
-        let mut w = Writer {
-            repo: self,
-            pending: Vec::new(),
-            pending_bytes: 0,
-            seen: HashSet::new(),
-            stats: CommitStats::default(),
+        let source = match &parent {
+            Some(p) => self.commit_source(p)?,
+            None => None,
         };
         // The parent's manifests: a tensor's delta base is the tensor of
         // the same name in the file of the same path, else in any file of
@@ -180,48 +232,77 @@ impl Repository {
         for (rel, mid) in parent_tree.iter().flat_map(|t| &t.entries) {
             parent_files.insert(rel.clone(), self.manifest(mid, rel)?);
         }
-        let mut anywhere: HashMap<&str, &SegmentRef> = HashMap::new();
-        for m in parent_files.values() {
-            for seg in &m.segments {
-                if let SegmentRef::Tensor { name, .. } = seg {
-                    anywhere.entry(name.as_str()).or_insert(seg);
-                }
-            }
-        }
+        let parents = ParentFiles::new(&parent_files, source);
+        let budget = self.config.memory_budget;
+        let (queue, batch) = pipeline_sizes(budget, self.config.chunk_bytes);
+        let pool = BufPool::default();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(queue);
+        let (etx, erx) = std::sync::mpsc::sync_channel::<Encoded>(queue);
         let mut entries = Vec::new();
         let mut objects = Batch::new();
         let (mut tensor_bytes, mut large_opaque) = (0u64, Vec::new());
-        for (rel, path) in &files {
-            let manifest = w.file(path, rel, &ctx, parent_files.get(rel), &anywhere)?;
-            let bytes = manifest.encode();
-            let id = ObjectId::digest(&bytes);
-            let key = object_key(KIND_MANIFEST, &id);
-            if !self.store.contains(Space::Objects, &key)? {
-                w.stats.stored_bytes += bytes.len() as u64;
-                objects.put(Space::Objects, &key, bytes);
-            }
-            entries.push((rel.clone(), id));
-            w.stats.files += 1;
-            w.stats.logical_bytes += manifest.len;
-            let tensors: u64 = manifest
-                .segments
-                .iter()
-                .filter(|s| matches!(s, SegmentRef::Tensor { .. }))
-                .map(|s| s.len())
-                .sum();
-            tensor_bytes += tensors;
-            if tensors == 0 && manifest.len >= LARGE_OPAQUE {
-                large_opaque.push((rel.clone(), manifest.len));
-            }
-        }
-        w.flush()?;
+        let (read, encoded, written) = std::thread::scope(|s| {
+            let writer = s.spawn(|| self.write_stream(erx, batch));
+            let encoder = s.spawn(|| self.encode_stream(rx, etx, &pool));
+            let mut w = Writer {
+                repo: self,
+                seen: HashSet::new(),
+                stats: CommitStats::default(),
+                tx: Some(tx),
+                pool: &pool,
+                handles: HashMap::new(),
+            };
+            let read = (|| {
+                for (rel, path) in &files {
+                    let manifest = w.file(path, rel, &ctx, &parents)?;
+                    let bytes = manifest.encode();
+                    let id = ObjectId::digest(&bytes);
+                    let key = object_key(KIND_MANIFEST, &id);
+                    if !self.store.contains(Space::Objects, &key)? {
+                        w.stats.stored_bytes += bytes.len() as u64;
+                        objects.put(Space::Objects, &key, bytes);
+                    }
+                    entries.push((rel.clone(), id));
+                    w.stats.files += 1;
+                    w.stats.logical_bytes += manifest.len;
+                    let tensors: u64 = manifest
+                        .segments
+                        .iter()
+                        .filter(|s| matches!(s, SegmentRef::Tensor { .. }))
+                        .map(|s| s.len())
+                        .sum();
+                    tensor_bytes += tensors;
+                    if tensors == 0 && manifest.len >= LARGE_OPAQUE {
+                        large_opaque.push((rel.clone(), manifest.len));
+                    }
+                }
+                Ok::<_, RepoError>(w.stats)
+            })();
+            // Closing the queue ends the encoder, then the writer, once they
+            // have stored what they got.
+            drop(w.tx.take());
+            let encoded = encoder
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            let written = writer
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (read, encoded, written)
+        });
+        // A stage that stopped because the next one went away reports that
+        // one's error.
+        let written = written?;
+        encoded?;
+        let mut stats = read?;
+        stats.new_chunks += written.new_chunks;
+        stats.stored_bytes += written.stored_bytes;
+        stats.max_depth = stats.max_depth.max(written.max_depth);
         // The chunk batches skipped the WAL: make them durable before the
         // batch that references them moves the branch.
         self.store.flush()?;
         let tree = Tree { entries };
         let tree_bytes = tree.encode();
         let tree_id = ObjectId::digest(&tree_bytes);
-        let mut stats = w.stats;
         if let Some(p) = parent.as_ref().filter(|_| exists) {
             let pc = self.commit_object(p)?;
             if pc.tree == tree_id && pc.step == step {
@@ -233,7 +314,7 @@ impl Repository {
                     stats: pc.stats,
                     already_committed: true,
                     tensor_bytes,
-                    opaque_bytes: w.stats.logical_bytes - tensor_bytes,
+                    opaque_bytes: stats.logical_bytes - tensor_bytes,
                     large_opaque,
                 });
             }
@@ -283,6 +364,14 @@ impl Repository {
                 "commit (new branch)"
             },
         );
+        if let Some(dir) = std::fs::canonicalize(dir)
+            .ok()
+            .and_then(|d| d.to_str().map(str::to_owned))
+        {
+            let mut v = id.as_bytes().to_vec();
+            v.extend_from_slice(dir.as_bytes());
+            objects.put(Space::Meta, COMMIT_SOURCE, v);
+        }
         self.store.write(objects)?;
         self.store.flush()?;
         Ok(CommitReport {
@@ -357,25 +446,103 @@ pub(crate) fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Streams files into chunks and chunks into the store.
+/// The reading stage of a commit: streams files into chunks, hashes them,
+/// and queues the new ones for the encoder stage
+/// ([`Repository::encode_stream`]), which runs beside it.
 struct Writer<'a> {
     repo: &'a Repository,
-    pending: Vec<Job>,
-    pending_bytes: usize,
     /// Chunks of this commit already queued or stored.
     seen: HashSet<ChunkId>,
     stats: CommitStats,
+    /// The queue to the encoder (bounded); `None` once closed.
+    tx: Option<SyncSender<Job>>,
+    pool: &'a BufPool,
+    /// The parent's files opened for delta bases, by path (`None`: absent).
+    handles: HashMap<String, Option<Arc<std::fs::File>>>,
+}
+
+/// What the encoder stage adds to a commit's statistics.
+#[derive(Debug, Default)]
+struct EncodedStats {
+    new_chunks: u64,
+    stored_bytes: u64,
+    max_depth: u16,
+}
+
+/// The parent commit's files, where a new tensor looks for its delta base.
+struct ParentFiles<'a> {
+    /// By path.
+    manifests: &'a HashMap<String, FileManifest>,
+    /// Every tensor of the parent by name (the first file in path order
+    /// that has it), with its file's path and its offset in that file.
+    anywhere: HashMap<&'a str, (&'a SegmentRef, &'a str, u64)>,
+    /// The directory the parent was committed from, if still there.
+    source: Option<PathBuf>,
+}
+
+impl<'a> ParentFiles<'a> {
+    fn new(manifests: &'a HashMap<String, FileManifest>, source: Option<PathBuf>) -> Self {
+        let mut paths: Vec<&String> = manifests.keys().collect();
+        paths.sort();
+        let mut anywhere = HashMap::new();
+        for p in paths {
+            for (name, (seg, at)) in tensor_offsets(&manifests[p]) {
+                anywhere.entry(name).or_insert((seg, p.as_str(), at));
+            }
+        }
+        ParentFiles {
+            manifests,
+            anywhere,
+            source,
+        }
+    }
+}
+
+/// The tensors of a manifest by name, each with its offset in the file.
+fn tensor_offsets(m: &FileManifest) -> HashMap<&str, (&SegmentRef, u64)> {
+    let mut off = 0u64;
+    m.segments
+        .iter()
+        .filter_map(|s| {
+            let at = off;
+            off += s.len();
+            match s {
+                SegmentRef::Tensor { name, .. } => Some((name.as_str(), (s, at))),
+                SegmentRef::Opaque { .. } => None,
+            }
+        })
+        .collect()
 }
 
 impl Writer<'_> {
+    /// The parent's file `rel` in the directory it was committed from,
+    /// opened once, when it is still a file of the parent's length (its
+    /// bytes are checked against the chunk ids before use).
+    fn parent_file(&mut self, parents: &ParentFiles<'_>, rel: &str) -> Option<Arc<std::fs::File>> {
+        if let Some(h) = self.handles.get(rel) {
+            return h.clone();
+        }
+        let h = match (&parents.source, parents.manifests.get(rel)) {
+            (Some(dir), Some(m)) => std::fs::File::open(dir.join(rel))
+                .ok()
+                .filter(|f| {
+                    f.metadata()
+                        .is_ok_and(|md| md.is_file() && md.len() == m.len)
+                })
+                .map(Arc::new),
+            _ => None,
+        };
+        self.handles.insert(rel.to_string(), h.clone());
+        h
+    }
+
     /// Read one file, queue its new chunks, return its manifest.
     fn file(
         &mut self,
         path: &Path,
         rel: &str,
         ctx: &format::DirContext,
-        parent: Option<&FileManifest>,
-        anywhere: &HashMap<&str, &SegmentRef>,
+        parents: &ParentFiles<'_>,
     ) -> Result<FileManifest, RepoError> {
         let io = |source| RepoError::Io {
             path: path.to_path_buf(),
@@ -395,16 +562,11 @@ impl Writer<'_> {
             source,
         })?;
         f.seek(SeekFrom::Start(0)).map_err(io)?;
-        let parent_tensors: HashMap<&str, &SegmentRef> = parent
-            .map(|m| {
-                m.segments
-                    .iter()
-                    .filter_map(|s| match s {
-                        SegmentRef::Tensor { name, .. } => Some((name.as_str(), s)),
-                        _ => None,
-                    })
-                    .collect()
-            })
+        // Each tensor of the parent's file of this path, with its offset.
+        let parent_tensors: HashMap<&str, (&SegmentRef, u64)> = parents
+            .manifests
+            .get(rel)
+            .map(tensor_offsets)
             .unwrap_or_default();
         let mut hasher = blake3::Hasher::new();
         let mut segments = Vec::with_capacity(layout.segments.len());
@@ -419,27 +581,38 @@ impl Writer<'_> {
                 Some(d) => (chunk_bytes / d.width() * d.width()).max(d.width()),
                 None => chunk_bytes,
             };
-            let base_chunks: &[ChunkId] = match seg {
-                Segment::Tensor(t) => match parent_tensors
+            let found = match seg {
+                Segment::Tensor(t) => parent_tensors
                     .get(t.name.as_str())
-                    .or_else(|| anywhere.get(t.name.as_str()))
-                {
-                    Some(SegmentRef::Tensor {
-                        dtype,
-                        shape,
-                        len,
-                        chunks,
-                        ..
-                    }) if *dtype == t.dtype && *shape == t.shape && *len == t.len => chunks,
-                    _ => &[],
-                },
-                Segment::Opaque { .. } => &[],
+                    .map(|&(s, at)| (s, rel, at))
+                    .or_else(|| parents.anywhere.get(t.name.as_str()).copied()),
+                Segment::Opaque { .. } => None,
             };
+            let (base_chunks, base_file): (&[ChunkId], Option<(Arc<std::fs::File>, u64)>) =
+                match (seg, found) {
+                    (
+                        Segment::Tensor(t),
+                        Some((
+                            SegmentRef::Tensor {
+                                dtype,
+                                shape,
+                                len,
+                                chunks,
+                                ..
+                            },
+                            in_file,
+                            at,
+                        )),
+                    ) if *dtype == t.dtype && *shape == t.shape && *len == t.len => {
+                        (chunks, self.parent_file(parents, in_file).map(|f| (f, at)))
+                    }
+                    _ => (&[], None),
+                };
             let mut chunks = Vec::new();
             let mut left = seg_len;
             while left > 0 {
                 let n = left.min(piece as u64) as usize;
-                let mut raw = vec![0u8; n];
+                let mut raw = self.pool.get(n);
                 f.read_exact(&mut raw).map_err(|e| RepoError::BadInput {
                     path: path.to_path_buf(),
                     reason: format!("file changed or could not be read while committing: {e}"),
@@ -452,20 +625,29 @@ impl Writer<'_> {
                 if self.seen.insert(id)
                     && !self.repo.store.contains(Space::Chunks, id.as_bytes())?
                 {
+                    let k = chunks.len() - 1;
                     let base = base_chunks
-                        .get(chunks.len() - 1)
+                        .get(k)
                         .copied()
-                        .filter(|b| *b != id);
-                    self.pending_bytes += n;
-                    self.pending.push(Job {
+                        .filter(|b| *b != id)
+                        .map(|b| BaseRef {
+                            id: b,
+                            file: base_file
+                                .as_ref()
+                                .map(|(f, at)| (f.clone(), at + (k * piece) as u64)),
+                        });
+                    let job = Job {
                         id,
                         raw,
                         dtype,
                         base,
-                    });
-                    if self.pending_bytes >= PENDING_BYTES {
-                        self.flush()?;
+                    };
+                    match &self.tx {
+                        Some(tx) if tx.send(job).is_ok() => {}
+                        _ => return Err(stopped("encoder")),
                     }
+                } else {
+                    self.pool.put(raw);
                 }
             }
             segments.push(match seg {
@@ -495,51 +677,145 @@ impl Writer<'_> {
             segments,
         })
     }
+}
 
-    /// Encode the queued chunks in parallel and write them in one batch.
-    fn flush(&mut self) -> Result<(), RepoError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let repo = self.repo;
-        let max_chain = repo.config.max_chain;
-        let level = repo.config.zstd_level;
-        let jobs = std::mem::take(&mut self.pending);
-        self.pending_bytes = 0;
-        let records: Vec<Result<Encoded, RepoError>> = jobs
-            .into_par_iter()
-            .map_init(Scratch::default, |scratch, job| {
-                // The base must be readable and its chain short enough.
-                let base = match (job.dtype, job.base) {
-                    (Some(_), Some(b)) => match repo.read_base(&b, max_chain, job.raw.len()) {
-                        Ok(base) => base.map(|(raw, depth)| (b, raw, depth)),
-                        Err(e) if e.is_corruption() => None,
-                        Err(e) => return Err(e),
-                    },
+impl Repository {
+    /// The encoder stage of a commit: encodes the new chunks as they come
+    /// (rayon over the queue, one scratch per thread) against their delta
+    /// bases and hands the records to the writer stage; chunk buffers go
+    /// back to `pool`. Ends when the queue closes.
+    fn encode_stream(
+        &self,
+        rx: Receiver<Job>,
+        out: SyncSender<Encoded>,
+        pool: &BufPool,
+    ) -> Result<(), RepoError> {
+        let max_chain = self.config.max_chain;
+        let level = self.config.zstd_level;
+        rx.into_iter()
+            .par_bridge()
+            .try_for_each_init(Scratch::default, |scratch, job| {
+                let mut base_raw = Vec::new();
+                let base = match (job.dtype, &job.base) {
+                    (Some(_), Some(b)) => {
+                        match self.delta_base(b, max_chain, job.raw.len(), pool) {
+                            Ok(Some((raw, depth))) => {
+                                base_raw = raw;
+                                Some((b.id, depth))
+                            }
+                            Ok(None) => None,
+                            // A damaged base: store the chunk whole.
+                            Err(e) if e.is_corruption() => None,
+                            Err(e) => return Err(e),
+                        }
+                    }
                     _ => None,
                 };
                 let rec = encode_record(
                     &job.raw,
                     job.dtype,
-                    base.as_ref().map(|(b, raw, d)| (*b, raw.as_slice(), *d)),
+                    base.map(|(b, d)| (b, base_raw.as_slice(), d)),
                     level,
                     scratch,
                 )?;
-                Ok((job.id, rec.encode(), rec.depth))
+                pool.put(job.raw);
+                if base.is_some() {
+                    pool.put(base_raw);
+                }
+                out.send((job.id, rec.encode(), rec.depth))
+                    .map_err(|_| stopped("writer"))
             })
-            .collect();
+    }
+
+    /// The writer stage of a commit: gathers encoded chunks into unlogged
+    /// store batches of about `batch_bytes` and writes them.
+    fn write_stream(
+        &self,
+        rx: Receiver<Encoded>,
+        batch_bytes: usize,
+    ) -> Result<EncodedStats, RepoError> {
+        let mut stats = EncodedStats::default();
         let mut batch = Batch::new();
         batch.unlogged();
-        for r in records {
-            let (id, bytes, depth) = r?;
-            self.stats.new_chunks += 1;
-            self.stats.stored_bytes += bytes.len() as u64;
-            self.stats.max_depth = self.stats.max_depth.max(depth);
+        let mut held = 0usize;
+        for (id, bytes, depth) in rx {
+            stats.new_chunks += 1;
+            stats.stored_bytes += bytes.len() as u64;
+            stats.max_depth = stats.max_depth.max(depth);
+            held += bytes.len();
             batch.put(Space::Chunks, id.as_bytes(), bytes);
+            if held >= batch_bytes {
+                self.store.write(std::mem::take(&mut batch))?;
+                batch.unlogged();
+                held = 0;
+            }
         }
-        repo.store.write(batch)?;
-        Ok(())
+        if held > 0 {
+            self.store.write(batch)?;
+        }
+        Ok(stats)
     }
+
+    /// A new chunk's delta base: its raw bytes and stored depth, or `None`
+    /// when its chain is `max_chain` deep already or its length is not
+    /// `raw_len`. The bytes come from the parent's file when they are still
+    /// there and hash to the base's id, else from decoding its chain.
+    fn delta_base(
+        &self,
+        b: &BaseRef,
+        max_chain: u16,
+        raw_len: usize,
+        pool: &BufPool,
+    ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
+        let rec = self.chunk_record(&b.id)?;
+        if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
+            return Ok(None);
+        }
+        if let Some((file, off)) = &b.file {
+            let mut buf = pool.get(raw_len);
+            if read_at(file, &mut buf, *off) && ChunkId::digest(&buf) == b.id {
+                return Ok(Some((buf, rec.depth)));
+            }
+            pool.put(buf);
+        }
+        self.decode_record(&b.id, rec, 0, None).map(Some)
+    }
+
+    /// The directory the commit `parent` was made from, if this repository
+    /// recorded it (`Meta/commit-source`) and it is still a directory.
+    fn commit_source(&self, parent: &CommitId) -> Result<Option<PathBuf>, RepoError> {
+        let Some(v) = self.store.get_vec(Space::Meta, COMMIT_SOURCE)? else {
+            return Ok(None);
+        };
+        if v.len() <= 32 || v[..32] != parent.as_bytes()[..] {
+            return Ok(None);
+        }
+        Ok(std::str::from_utf8(&v[32..])
+            .ok()
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir()))
+    }
+}
+
+/// The error a pipeline stage reports when the next stage went away (its
+/// own error is the one the commit returns).
+fn stopped(stage: &str) -> RepoError {
+    RepoError::Corrupt {
+        what: "commit pipeline".into(),
+        reason: format!("the {stage} stopped"),
+    }
+}
+
+/// Fill `buf` from `file` at `off`; false on any error or short read.
+#[cfg(unix)]
+fn read_at(file: &std::fs::File, buf: &mut [u8], off: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, off).is_ok()
+}
+
+#[cfg(not(unix))]
+fn read_at(_: &std::fs::File, _: &mut [u8], _: u64) -> bool {
+    false
 }
 
 #[cfg(unix)]

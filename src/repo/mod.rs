@@ -256,6 +256,15 @@ pub struct Config {
     /// Longest delta chain `gc --compact` leaves.
     #[serde(default = "default_compact_chain")]
     pub compact_chain: u16,
+    /// Bytes of chunk data `commit` and `checkout` keep in memory at once
+    /// (read, queued, being coded, decoded bases); peak memory stays near
+    /// this plus the store's write buffers, whatever the checkpoint size.
+    #[serde(default = "default_memory_budget")]
+    pub memory_budget: u64,
+}
+
+fn default_memory_budget() -> u64 {
+    256 << 20
 }
 
 fn default_compact_chain() -> u16 {
@@ -273,6 +282,7 @@ impl Default for Config {
             chunk_bytes: 4 << 20,
             zstd_level: 9,
             compact_chain: 2,
+            memory_budget: default_memory_budget(),
         }
     }
 }
@@ -611,23 +621,6 @@ impl Repository {
     /// The raw bytes and the stored delta depth of a chunk.
     fn read_chunk_depth(&self, id: &ChunkId, hops: u16) -> Result<(Vec<u8>, u16), RepoError> {
         self.read_chunk_with(id, hops, None)
-    }
-
-    /// A new chunk's delta base: its raw bytes and stored depth, or `None`
-    /// when its recorded chain is `max_chain` deep already or its length
-    /// is not `raw_len` (the new chunk is then stored whole), without
-    /// decoding that chain for nothing.
-    pub(crate) fn read_base(
-        &self,
-        id: &ChunkId,
-        max_chain: u16,
-        raw_len: usize,
-    ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
-        let rec = self.chunk_record(id)?;
-        if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
-            return Ok(None);
-        }
-        self.decode_record(id, rec, 0, None).map(Some)
     }
 
     fn read_chunk_with(
