@@ -124,10 +124,12 @@ fn bench_failure(e: bench::BenchError) -> Failure {
     }
 }
 
-pub fn run(cmd: DebugCommand) -> Result<(), Failure> {
+/// `memory_budget`: the global `--memory-budget` (MiB), for the benchmark
+/// repositories.
+pub fn run(cmd: DebugCommand, memory_budget: Option<u64>) -> Result<(), Failure> {
     match cmd {
         DebugCommand::CodecBench(a) => codec_bench(a),
-        DebugCommand::RepoBench(a) => repo_bench(a),
+        DebugCommand::RepoBench(a) => repo_bench(a, memory_budget),
         DebugCommand::GcBench(a) => gc_bench(a),
         DebugCommand::RemoteBench { dir, json, work } => {
             let r = bench::remote::remote_bench(&dir, work.as_deref()).map_err(bench_failure)?;
@@ -206,7 +208,7 @@ fn gc_bench(a: GcBenchArgs) -> Result<(), Failure> {
     out(&s)
 }
 
-fn repo_bench(a: RepoBenchArgs) -> Result<(), Failure> {
+fn repo_bench(a: RepoBenchArgs, memory_budget: Option<u64>) -> Result<(), Failure> {
     let mut peers = Vec::new();
     for p in &a.peer {
         let text = std::fs::read_to_string(p)
@@ -223,12 +225,15 @@ fn repo_bench(a: RepoBenchArgs) -> Result<(), Failure> {
             peers.push(serde_json::from_str::<PeerSize>(&text).map_err(bad)?);
         }
     }
-    let opts = RepoBenchOptions {
+    let mut opts = RepoBenchOptions {
         work: a.work,
         keep_work: a.keep,
         zstd: !a.no_zstd,
         ..RepoBenchOptions::default()
     };
+    if let Some(mib) = memory_budget {
+        opts.config.memory_budget = mib << 20;
+    }
     let mut report = bench::repo::repo_bench(&a.dir, &opts).map_err(bench_failure)?;
     report.peers = peers;
     if a.json {

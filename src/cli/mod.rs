@@ -121,7 +121,7 @@ pub fn main() -> ExitCode {
         Command::Repo(cmd) => repo::run(cmd, &cli.at),
         Command::Maint(cmd) => maint::run(cmd, &cli.at),
         Command::Remote(cmd) => remote::run(cmd, &cli.at),
-        Command::Debug(cmd) => debug::run(cmd),
+        Command::Debug(cmd) => debug::run(cmd, cli.at.memory_budget),
     };
     match result {
         Ok(()) => ExitCode::from(exit::OK),

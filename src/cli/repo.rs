@@ -26,6 +26,15 @@ pub struct Where {
         value_name = "DIR"
     )]
     pub dir: Option<PathBuf>,
+    /// MiB of chunk data commit and checkout hold in memory at once
+    /// (default: the repository's `memory_budget`, 256 MiB; `init` stores it).
+    #[arg(
+        long = "memory-budget",
+        env = "CKVC_MEMORY_BUDGET",
+        global = true,
+        value_name = "MIB"
+    )]
+    pub memory_budget: Option<u64>,
 }
 
 impl Where {
@@ -33,7 +42,11 @@ impl Where {
         self.dir.clone().unwrap_or_else(|| PathBuf::from("."))
     }
     pub fn open(&self, write: bool) -> Result<Repository, Failure> {
-        Repository::discover(&self.start(), write).map_err(fail)
+        let mut repo = Repository::discover(&self.start(), write).map_err(fail)?;
+        if let Some(mib) = self.memory_budget {
+            repo.set_memory_budget(mib << 20);
+        }
+        Ok(repo)
     }
 }
 
@@ -336,6 +349,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             let mut config = Config::default();
             if let Some(m) = max_chain {
                 config.max_chain = m;
+            }
+            if let Some(mib) = w.memory_budget {
+                config.memory_budget = mib << 20;
             }
             let repo = Repository::init(&dir, config).map_err(fail)?;
             if json {

@@ -4,10 +4,14 @@
 //! against its blake3 id before it is written; every file is checked
 //! against its whole-file hash; files are written under a temporary name
 //! and renamed into place only when whole, so a damaged chunk never leaves
-//! a wrong file behind.
+//! a wrong file behind. Chunks are decoded on all cores in windows bounded
+//! by the memory budget while one thread writes each file sequentially.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender};
+
+use rayon::prelude::*;
 
 use crate::store::{ChunkId, CommitId};
 
@@ -44,8 +48,10 @@ impl Repository {
     /// Write the files of `commit` into `out`.
     ///
     /// Each file is written into a private temporary directory inside `out`
-    /// (so no temporary name can be a committed name), fsynced, and renamed
-    /// into place only when whole and verified. Nothing is ever written
+    /// (so no temporary name can be a committed name) and renamed into place
+    /// only when whole and verified; the files are fsynced together before
+    /// their renames and the directories after them (on an error, the files
+    /// finished before it are installed the same way). Nothing is ever written
     /// through a symbolic link: a link met where the commit has a directory
     /// or a file is replaced (with `force`), and `out` itself may not
     /// contain this repository's data directory.
@@ -99,36 +105,38 @@ impl Repository {
             selected.push((rel, mid));
         }
         let staging = Staging::new(out, tree.entries.iter().map(|(p, _)| p.as_str()))?;
+        let mut files = Vec::with_capacity(selected.len());
         for (n, (rel, mid)) in selected.into_iter().enumerate() {
             let m = self.manifest(mid, rel)?;
-            let dest = out.join(rel);
             make_dirs_no_symlinks(out, rel)?;
-            let tmp = staging.dir.join(n.to_string());
-            let result = (|| {
-                let file = std::fs::File::create_new(&tmp).map_err(io(&tmp))?;
-                let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
-                self.stream_file(
-                    &m,
-                    rel,
-                    commit,
-                    c.step,
-                    |id| self.read_chunk(id),
-                    |_, raw| w.write_all(&raw).map_err(io(&tmp)),
-                )?;
-                let file = w.into_inner().map_err(|e| RepoError::Io {
-                    path: tmp.clone(),
-                    source: e.into_error(),
-                })?;
-                set_mode(&file, m.mode & 0o777).map_err(io(&tmp))?;
-                file.sync_all().map_err(io(&tmp))?;
-                replace_with(&tmp, &dest)
-            })();
-            if let Err(e) = result {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
+            files.push(FileJob {
+                rel,
+                dest: out.join(rel),
+                tmp: staging.dir.join(n.to_string()),
+                m,
+            });
+        }
+        // Decoding (all cores, in windows of chunks in file order) runs
+        // beside writing (one thread, each file sequentially); the files
+        // written and verified before any error are made durable together
+        // and renamed into place, then their directories are synced: one
+        // barrier per checkout instead of one per file.
+        let window = window_bytes(self.config.memory_budget);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(1);
+        let (done, result) = std::thread::scope(|s| {
+            let writer = s.spawn(|| self.write_files(&files, commit, c.step, rx));
+            // Stops early only when the writer did (its error says which
+            // file and chunk).
+            self.decode_windows(&files, window, tx);
+            writer
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        install(&files[..done.len()], done)?;
+        result?;
+        for f in &files {
             report.files += 1;
-            report.bytes += m.len;
+            report.bytes += f.m.len;
         }
         drop(staging);
         if opts.clean {
@@ -137,6 +145,102 @@ impl Repository {
             remove_others(out, "", &keep, &mut report.removed)?;
         }
         Ok(report)
+    }
+
+    /// Decode every chunk of `files` in file order, in windows of about
+    /// `window` bytes decoded in parallel, and send each window to the
+    /// writer. Stops when the writer has gone (its error is the one to
+    /// report).
+    fn decode_windows(
+        &self,
+        files: &[FileJob<'_>],
+        window: u64,
+        tx: SyncSender<Vec<Decoded>>,
+    ) {
+        let mut ids: Vec<ChunkId> = Vec::new();
+        let mut bytes = 0u64;
+        let send = |ids: &mut Vec<ChunkId>| -> bool {
+            let w: Vec<Decoded> = ids
+                .par_iter()
+                .map(|id| (*id, self.read_chunk(id)))
+                .collect();
+            ids.clear();
+            tx.send(w).is_ok()
+        };
+        for f in files {
+            for seg in &f.m.segments {
+                let n = seg.chunks().len().max(1) as u64;
+                // About each chunk's size, to bound the window's memory.
+                let each = seg.len() / n;
+                for id in seg.chunks() {
+                    ids.push(*id);
+                    bytes += each;
+                    if bytes >= window {
+                        if !send(&mut ids) {
+                            return;
+                        }
+                        bytes = 0;
+                    }
+                }
+            }
+        }
+        if !ids.is_empty() {
+            send(&mut ids);
+        }
+    }
+
+    /// Write `files` in order into their temporary files from the decoded
+    /// windows, checking every segment length and whole-file blake3 (the
+    /// chunks were checked when decoded). Returns the files finished (in
+    /// order, still open for their sync) and how it ended.
+    #[allow(clippy::type_complexity)]
+    fn write_files(
+        &self,
+        files: &[FileJob<'_>],
+        commit: &CommitId,
+        step: u64,
+        rx: Receiver<Vec<Decoded>>,
+    ) -> (Vec<std::fs::File>, Result<(), RepoError>) {
+        let mut incoming = rx.into_iter().flatten();
+        let mut done = Vec::with_capacity(files.len());
+        for f in files {
+            let io = |path: &Path| {
+                let path = path.to_path_buf();
+                move |source| RepoError::Io { path, source }
+            };
+            let result = (|| {
+                let file = std::fs::File::create_new(&f.tmp).map_err(io(&f.tmp))?;
+                let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+                self.stream_file(
+                    &f.m,
+                    f.rel,
+                    commit,
+                    step,
+                    |id| match incoming.next() {
+                        Some((got, raw)) if got == *id => raw,
+                        _ => Err(RepoError::Corrupt {
+                            what: "checkout pipeline".into(),
+                            reason: "the decoder stopped".into(),
+                        }),
+                    },
+                    |_, raw| w.write_all(&raw).map_err(io(&f.tmp)),
+                )?;
+                let file = w.into_inner().map_err(|e| RepoError::Io {
+                    path: f.tmp.clone(),
+                    source: e.into_error(),
+                })?;
+                set_mode(&file, f.m.mode & 0o777).map_err(io(&f.tmp))?;
+                Ok(file)
+            })();
+            match result {
+                Ok(file) => done.push(file),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&f.tmp);
+                    return (done, Err(e));
+                }
+            }
+        }
+        (done, Ok(()))
     }
 
     /// Refuses an output directory that holds this repository's own data
@@ -199,6 +303,55 @@ impl Drop for Staging {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// One file of a checkout: where it goes and where it is written first.
+struct FileJob<'a> {
+    rel: &'a str,
+    m: FileManifest,
+    dest: PathBuf,
+    tmp: PathBuf,
+}
+
+/// A chunk as the decoder hands it to the writer.
+type Decoded = (ChunkId, Result<Vec<u8>, RepoError>);
+
+/// Bytes of decoded chunks per window for a memory budget: one window is
+/// decoded while one waits and one is written.
+fn window_bytes(budget: u64) -> u64 {
+    (budget / 4).clamp(8 << 20, 256 << 20)
+}
+
+/// Make the finished files durable (fsynced in parallel), rename each into
+/// place, then sync every directory that received one.
+fn install(files: &[FileJob<'_>], done: Vec<std::fs::File>) -> Result<(), RepoError> {
+    files
+        .par_iter()
+        .zip(done.par_iter())
+        .try_for_each(|(f, file)| {
+            file.sync_all().map_err(|source| RepoError::Io {
+                path: f.tmp.clone(),
+                source,
+            })
+        })?;
+    drop(done);
+    let mut dirs: Vec<&Path> = Vec::new();
+    for f in files {
+        replace_with(&f.tmp, &f.dest)?;
+        let dir = f.dest.parent().expect("a joined relative path has a parent");
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    for d in dirs {
+        std::fs::File::open(d)
+            .and_then(|h| h.sync_all())
+            .map_err(|source| RepoError::Io {
+                path: d.to_path_buf(),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// Creates the directories of `rel` under `out`, one component at a time,

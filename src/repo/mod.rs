@@ -443,6 +443,11 @@ impl Repository {
     pub fn config(&self) -> &Config {
         &self.config
     }
+    /// Use `bytes` as the memory budget of this handle's commits and
+    /// checkouts (the stored setting is unchanged).
+    pub fn set_memory_budget(&mut self, bytes: u64) {
+        self.config.memory_budget = bytes;
+    }
     pub fn store(&self) -> &dyn Store {
         &*self.store
     }
