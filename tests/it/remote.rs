@@ -134,7 +134,7 @@ fn skip(what: &str, how: &str) -> Option<Server> {
         "{what} is not installed and CKVC_REQUIRE_S3=1: {how}"
     );
     eprintln!(
-        "\n\n!!!!!!!!!! SKIPPED: {what} is not installed, so this S3 test did not run.\n!!!!!!!!!! Install it with: {how}\n!!!!!!!!!! (or run scripts/setup.sh; CI sets CKVC_REQUIRE_S3=1 and fails instead)\n"
+        "\n\n!!!!!!!!!! SKIPPED: {what} is not installed, so this S3 test did not run.\n!!!!!!!!!! Install it with: {how}\n!!!!!!!!!! (or run scripts/setup-test.sh; CI sets CKVC_REQUIRE_S3=1 and fails instead)\n"
     );
     None
 }
