@@ -151,12 +151,7 @@ impl Repository {
     /// `window` bytes decoded in parallel, and send each window to the
     /// writer. Stops when the writer has gone (its error is the one to
     /// report).
-    fn decode_windows(
-        &self,
-        files: &[FileJob<'_>],
-        window: u64,
-        tx: SyncSender<Vec<Decoded>>,
-    ) {
+    fn decode_windows(&self, files: &[FileJob<'_>], window: u64, tx: SyncSender<Vec<Decoded>>) {
         let mut ids: Vec<ChunkId> = Vec::new();
         let mut bytes = 0u64;
         let send = |ids: &mut Vec<ChunkId>| -> bool {
@@ -338,7 +333,10 @@ fn install(files: &[FileJob<'_>], done: Vec<std::fs::File>) -> Result<(), RepoEr
     let mut dirs: Vec<&Path> = Vec::new();
     for f in files {
         replace_with(&f.tmp, &f.dest)?;
-        let dir = f.dest.parent().expect("a joined relative path has a parent");
+        let dir = f
+            .dest
+            .parent()
+            .expect("a joined relative path has a parent");
         if !dirs.contains(&dir) {
             dirs.push(dir);
         }

@@ -155,7 +155,8 @@ fn pipeline_sizes(budget: u64, chunk_bytes: u64) -> (usize, usize) {
     let free = budget.saturating_sub(3 * threads * chunk);
     // The reader outruns the encoders, so a short queue keeps them fed.
     let queue = (free / 8 / chunk).clamp(1, 4) as usize;
-    let batch = (free / 8).clamp(4 << 20, 32 << 20) as usize;
+    // Unlogged batches cost little each; small ones keep the copies short.
+    let batch = (free / 16).clamp(4 << 20, 16 << 20) as usize;
     (queue, batch)
 }
 
@@ -179,7 +180,7 @@ impl BufPool {
     fn put(&self, b: Vec<u8>) {
         let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // More idle buffers than this are never needed again at once.
-        if pool.len() < 8 {
+        if pool.len() < 4 {
             pool.push(b);
         }
     }
