@@ -312,9 +312,10 @@ struct FileJob<'a> {
 type Decoded = (ChunkId, Result<Vec<u8>, RepoError>);
 
 /// Bytes of decoded chunks per window for a memory budget: one window is
-/// decoded while one waits and one is written.
+/// decoded (each thread also holding the bases of its chain) while one
+/// waits and one is written.
 fn window_bytes(budget: u64) -> u64 {
-    (budget / 4).clamp(8 << 20, 256 << 20)
+    (budget / 8).clamp(8 << 20, 128 << 20)
 }
 
 /// Make the finished files durable (fsynced in parallel), rename each into
