@@ -14,7 +14,7 @@ use ckvc::remote::{self, Progress, Remote, RemoteError, S3Options};
 use ckvc::repo::Repository;
 
 use super::repo::{fail, human, Where};
-use super::{exit, out, Failure};
+use super::{exit, out, out_json, Failure};
 
 #[derive(Subcommand)]
 pub enum RemoteCommand {
@@ -27,21 +27,34 @@ pub enum RemoteCommand {
         remote: Option<String>,
         /// Branch (default: the current one).
         branch: Option<String>,
+        /// Overwrite the remote branch even when it is not an ancestor of
+        /// the local one (its commits are then no longer on that branch).
         #[arg(long)]
         force: bool,
         /// Close a pack at this many bytes (default 64 MiB).
         #[arg(long, hide = true)]
         pack_size: Option<usize>,
+        /// Print the push report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Download the remote's branches into refs/remotes/<remote>/.
     Fetch {
         /// Remote name (default: origin).
         remote: Option<String>,
+        /// Print the fetch report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Fetch a branch and fast-forward the local one to it.
     Pull {
+        /// Remote name (default: origin).
         remote: Option<String>,
+        /// Branch (default: the current one).
         branch: Option<String>,
+        /// Print the pull report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Create a repository from a remote (as origin).
     Clone {
@@ -57,6 +70,9 @@ pub enum RemoteCommand {
         depth: Option<usize>,
         #[command(flatten)]
         s3: S3Args,
+        /// Print the clone report as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -235,6 +251,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             branch,
             force,
             pack_size,
+            json,
         } => {
             let repo = w.open(true)?;
             let name = name.unwrap_or_else(|| "origin".into());
@@ -249,6 +266,9 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             }
             let t = Instant::now();
             let rep = remote::push(&repo, &name, &*r, &opts, &Bars::new()).map_err(rfail)?;
+            if json {
+                return out_json(&rep);
+            }
             if rep.up_to_date {
                 return out(&format!(
                     "{} at {}: {} is up to date\n",
@@ -279,13 +299,16 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
                 rep.objects_present,
             ))
         }
-        RemoteCommand::Fetch { remote: name } => {
+        RemoteCommand::Fetch { remote: name, json } => {
             let repo = w.open(true)?;
             let name = name.unwrap_or_else(|| "origin".into());
             let (cfg, r) = open_named(&repo, &name)?;
             let t = Instant::now();
             let rep = remote::fetch(&repo, &name, &*r, &Default::default(), &Bars::new())
                 .map_err(rfail)?;
+            if json {
+                return out_json(&rep);
+            }
             let mut s = fetch_summary(&name, &cfg.url, &rep, t);
             if rep.updated.is_empty() {
                 s.push_str("already up to date\n");
@@ -295,6 +318,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
         RemoteCommand::Pull {
             remote: name,
             branch,
+            json,
         } => {
             let repo = w.open(true)?;
             let name = name.unwrap_or_else(|| "origin".into());
@@ -302,6 +326,9 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             let t = Instant::now();
             let rep =
                 remote::pull(&repo, &name, &*r, branch.as_deref(), &Bars::new()).map_err(rfail)?;
+            if json {
+                return out_json(&rep);
+            }
             let mut s = fetch_summary(&name, &cfg.url, &rep.fetch, t);
             if rep.up_to_date {
                 s.push_str(&format!("{} is up to date\n", rep.branch));
@@ -323,6 +350,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             branch,
             depth,
             s3,
+            json,
         } => {
             let opts = remote::CloneOptions {
                 branch,
@@ -332,6 +360,11 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             };
             let t = Instant::now();
             let (repo, rep) = remote::clone(&url, &dir, &opts, &Bars::new()).map_err(rfail)?;
+            if json {
+                let mut v = serde_json::to_value(&rep).expect("clone report serialises");
+                v["repository"] = serde_json::json!(repo.root());
+                return out_json(&v);
+            }
             let mut s = fetch_summary("origin", &url, &rep.fetch, t);
             match (&rep.branch, &rep.head) {
                 (Some(b), Some(h)) => s.push_str(&format!(

@@ -220,7 +220,7 @@ impl Default for PushOptions {
 }
 
 /// What a push did.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct PushReport {
     pub branch: String,
     /// The remote ref before (`None`: created).
@@ -468,7 +468,7 @@ pub struct FetchOptions {
 }
 
 /// One remote branch a fetch moved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RefUpdate {
     pub branch: String,
     pub old: Option<CommitId>,
@@ -476,7 +476,7 @@ pub struct RefUpdate {
 }
 
 /// What a fetch did.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct FetchReport {
     pub updated: Vec<RefUpdate>,
     pub commits: u64,
@@ -1137,7 +1137,7 @@ fn plan_fetch(
 // ---------------------------------------------------------------- pull
 
 /// What a pull did.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct PullReport {
     pub fetch: FetchReport,
     pub branch: String,
@@ -1227,7 +1227,7 @@ pub struct CloneOptions {
 }
 
 /// What a clone did.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CloneReport {
     pub fetch: FetchReport,
     /// The local branch created (`None`: the remote has no branches).

@@ -1226,3 +1226,52 @@ fn status_understands_a_shallow_clone() {
     assert!(out.contains("1 commits reachable"), "{out}");
     ok(super::run_ckvc(&t.join("b"), &["fsck"]));
 }
+
+#[test]
+fn push_fetch_pull_and_clone_print_json_with_json() {
+    let all = steps();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = t.join("remote");
+    let r = remote.to_str().unwrap();
+    let json = |dir: &Path, args: &[&str]| -> serde_json::Value {
+        let out = ok(super::run_ckvc(dir, args));
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+    };
+    ok(super::run_ckvc(t, &["init", "a"]));
+    ok(super::run_ckvc(
+        &t.join("a"),
+        &["commit", all[0].1.to_str().unwrap()],
+    ));
+    ok(super::run_ckvc(
+        &t.join("a"),
+        &["remote", "add", "origin", r],
+    ));
+    let v = json(&t.join("a"), &["push", "--json"]);
+    assert_eq!(
+        (v["branch"].clone(), v["commits"].clone()),
+        ("main".into(), 1.into())
+    );
+    assert!(
+        v["new"].as_str().unwrap().len() == 64 && v["old"].is_null(),
+        "{v}"
+    );
+    let v = json(t, &["clone", r, "b", "--json"]);
+    assert_eq!(v["branch"], "main");
+    assert!(
+        v["fetch"]["commits"].as_u64() == Some(1) && v["repository"].is_string(),
+        "{v}"
+    );
+    ok(super::run_ckvc(
+        &t.join("a"),
+        &["commit", all[1].1.to_str().unwrap()],
+    ));
+    ok(super::run_ckvc(&t.join("a"), &["push"]));
+    let v = json(&t.join("b"), &["fetch", "--json"]);
+    assert_eq!(v["updated"][0]["branch"], "main", "{v}");
+    let v = json(&t.join("b"), &["pull", "--json"]);
+    assert_eq!(
+        (v["up_to_date"].clone(), v["branch"].clone()),
+        (false.into(), "main".into())
+    );
+}
