@@ -1275,3 +1275,33 @@ fn push_fetch_pull_and_clone_print_json_with_json() {
         (false.into(), "main".into())
     );
 }
+
+#[cfg(unix)]
+#[test]
+fn huge_sparse_ref_and_index_files_are_refused_before_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    // 5 GB sparse files: nothing may read them whole.
+    let sparse = |p: &Path| {
+        let f = std::fs::File::create(p).unwrap();
+        f.set_len(5 << 30).unwrap();
+    };
+    sparse(&remote.join("refs/heads/main"));
+    let r = remote.to_str().unwrap();
+    let (code, err, rss, killed) = run_bounded(t, &["clone", r, "b"], Duration::from_secs(60));
+    assert!(!killed, "{err}");
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("more than the 256 allowed"), "{err}");
+    assert!(rss < 256 << 20, "clone peaked at {} MiB", rss >> 20);
+    // The ref back, an index grown to 5 GB instead.
+    std::fs::remove_file(remote.join("refs/heads/main")).unwrap();
+    ok(super::run_ckvc(&t.join("a"), &["push"]));
+    let idx = packs(&remote, "idx").into_iter().next().unwrap();
+    sparse(&idx);
+    let (code, err, rss, killed) = run_bounded(t, &["clone", r, "c"], Duration::from_secs(60));
+    assert!(!killed, "{err}");
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("more than the"), "{err}");
+    assert!(rss < 256 << 20, "clone peaked at {} MiB", rss >> 20);
+}
