@@ -132,7 +132,7 @@ impl Repository {
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p))
         });
-        install(&files[..done.len()], done)?;
+        install(&files[..done])?;
         result?;
         for f in &files {
             report.files += 1;
@@ -186,18 +186,17 @@ impl Repository {
 
     /// Write `files` in order into their temporary files from the decoded
     /// windows, checking every segment length and whole-file blake3 (the
-    /// chunks were checked when decoded). Returns the files finished (in
-    /// order, still open for their sync) and how it ended.
-    #[allow(clippy::type_complexity)]
+    /// chunks were checked when decoded). Returns how many files were
+    /// finished (the first ones, in order) and how it ended.
     fn write_files(
         &self,
         files: &[FileJob<'_>],
         commit: &CommitId,
         step: u64,
         rx: Receiver<Vec<Decoded>>,
-    ) -> (Vec<std::fs::File>, Result<(), RepoError>) {
+    ) -> (usize, Result<(), RepoError>) {
         let mut incoming = rx.into_iter().flatten();
-        let mut done = Vec::with_capacity(files.len());
+        let mut done = 0;
         for f in files {
             let io = |path: &Path| {
                 let path = path.to_path_buf();
@@ -228,7 +227,9 @@ impl Repository {
                 Ok(file)
             })();
             match result {
-                Ok(file) => done.push(file),
+                // Closed now (reopened for the sync): a checkout of
+                // thousands of files must not hold a descriptor each.
+                Ok(_file) => done += 1,
                 Err(e) => {
                     let _ = std::fs::remove_file(&f.tmp);
                     return (done, Err(e));
@@ -320,17 +321,15 @@ fn window_bytes(budget: u64) -> u64 {
 
 /// Make the finished files durable (fsynced in parallel), rename each into
 /// place, then sync every directory that received one.
-fn install(files: &[FileJob<'_>], done: Vec<std::fs::File>) -> Result<(), RepoError> {
-    files
-        .par_iter()
-        .zip(done.par_iter())
-        .try_for_each(|(f, file)| {
-            file.sync_all().map_err(|source| RepoError::Io {
+fn install(files: &[FileJob<'_>]) -> Result<(), RepoError> {
+    files.par_iter().try_for_each(|f| {
+        std::fs::File::open(&f.tmp)
+            .and_then(|file| file.sync_all())
+            .map_err(|source| RepoError::Io {
                 path: f.tmp.clone(),
                 source,
             })
-        })?;
-    drop(done);
+    })?;
     let mut dirs: Vec<&Path> = Vec::new();
     for f in files {
         replace_with(&f.tmp, &f.dest)?;

@@ -654,3 +654,48 @@ fn a_retried_commit_says_already_committed() {
         .unwrap();
     assert!(!r.already_committed);
 }
+
+#[cfg(unix)]
+#[test]
+fn checkout_of_more_files_than_open_descriptors_allowed_succeeds() {
+    use std::os::unix::process::CommandExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    std::fs::create_dir(&root).unwrap();
+    init(&root);
+    let ck = tmp.path().join("step-1");
+    std::fs::create_dir_all(ck.join("shards")).unwrap();
+    for i in 0..600 {
+        std::fs::write(
+            ck.join(format!("shards/part-{i:04}.txt")),
+            format!("shard {i}\n"),
+        )
+        .unwrap();
+    }
+    commit(&root, &ck);
+    // A soft limit of 256 open files, as many systems set 1024.
+    let out = unsafe {
+        Command::new(env!("CARGO_BIN_EXE_ckvc"))
+            .current_dir(&root)
+            .args(["checkout", "1", "-o", "out"])
+            .pre_exec(|| {
+                let lim = libc::rlimit {
+                    rlim_cur: 256,
+                    rlim_max: 256,
+                };
+                // SAFETY: setrlimit with a valid struct, before exec.
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            })
+            .output()
+            .unwrap()
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    same_tree(&ck, &root.join("out"));
+}
