@@ -533,6 +533,48 @@ fn remote_racing_pushers_on_moto() {
     race_pushers(&url, &["--endpoint", &server.endpoint()], &server.env());
 }
 
+/// The pack indexes in a directory remote.
+fn index_files(remote_dir: &Path) -> usize {
+    std::fs::read_dir(remote_dir.join("packs"))
+        .map(|d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".idx"))
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Start `ckvc push` (small packs) in `repo` and SIGKILL it once the
+/// remote holds `indexes` pack indexes, before its ref can move; returns
+/// how many indexes were there when it died.
+fn push_killed_after(repo: &Path, remote_dir: &Path, indexes: usize) -> usize {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ckvc"))
+        .current_dir(repo)
+        .args(["push", "--pack-size", "500000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while index_files(remote_dir) < indexes {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "push made no progress"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "push finished before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SIGKILL: no cleanup runs.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    index_files(remote_dir)
+}
+
 #[test]
 fn remote_push_killed_midway_resumes_without_resending_complete_packs() {
     let all = steps();
@@ -548,40 +590,7 @@ fn remote_push_killed_midway_resumes_without_resending_complete_packs() {
         &a,
         &["remote", "add", "origin", remote_dir.to_str().unwrap()],
     ));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ckvc"))
-        .current_dir(&a)
-        .args(["push", "--pack-size", "500000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let idx_count = || {
-        std::fs::read_dir(remote_dir.join("packs"))
-            .map(|d| {
-                d.filter(|e| {
-                    e.as_ref()
-                        .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".idx"))
-                })
-                .count()
-            })
-            .unwrap_or(0)
-    };
-    let start = Instant::now();
-    while idx_count() < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "push made no progress"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "push finished before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    // SIGKILL: no cleanup runs.
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let done = idx_count();
+    let done = push_killed_after(&a, &remote_dir, 3);
     assert!(
         !remote_dir.join("refs/heads/main").exists(),
         "the ref moved before the push completed"
@@ -899,39 +908,8 @@ fn remote_gc_keeps_the_packs_of_a_push_killed_before_its_ref_moved() {
     }
     // A push whose packs are uploaded but whose ref has not moved (killed,
     // or still running): its packs are young and unreachable.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ckvc"))
-        .current_dir(&a)
-        .args(["push", "--pack-size", "500000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let packs_now = || {
-        std::fs::read_dir(remote_dir.join("packs"))
-            .map(|d| {
-                d.filter(|e| {
-                    e.as_ref()
-                        .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".idx"))
-                })
-                .count()
-            })
-            .unwrap_or(0)
-    };
-    let before = packs_now();
-    let start = Instant::now();
-    while packs_now() < before + 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "push made no progress"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "push finished before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let before = index_files(&remote_dir);
+    push_killed_after(&a, &remote_dir, before + 2);
     let r = remote_gc(&a, "1h", &[]);
     assert_eq!(r["deleted"].as_array().unwrap().len(), 0, "{r}");
     assert!(r["pending_packs"].as_u64().unwrap() >= 2, "{r}");
