@@ -295,24 +295,24 @@ fn repo_table(r: &RepoBenchReport) -> String {
         "speed (logical bytes)", "secs", "MiB/s", "/ cp+sync", "CPU/wall"
     );
     let over = |t: f64| t / r.copy_sync.secs.max(1e-9);
-    let _ = writeln!(
-        s,
-        "  {:<28} {:>9.2} {:>9.1} {:>9.2} {:>9.2}",
-        "ckvc commit (all steps)",
-        r.commit.secs,
-        r.commit.mib_s,
-        over(r.commit.secs),
-        r.commit_cpu_util
-    );
-    let _ = writeln!(
-        s,
-        "  {:<28} {:>9.2} {:>9.1} {:>9.2} {:>9.2}",
-        "ckvc checkout (all steps)",
-        r.checkout.secs,
-        r.checkout.mib_s,
-        over(r.checkout.secs),
-        r.checkout_cpu_util
-    );
+    for (label, t, cpu) in [
+        ("ckvc commit (all steps)", &r.commit, r.commit_cpu_util),
+        (
+            "ckvc checkout (all steps)",
+            &r.checkout,
+            r.checkout_cpu_util,
+        ),
+    ] {
+        let _ = writeln!(
+            s,
+            "  {:<28} {:>9.2} {:>9.1} {:>9.2} {:>9.2}",
+            label,
+            t.secs,
+            t.mib_s,
+            over(t.secs),
+            cpu
+        );
+    }
     let _ = writeln!(
         s,
         "  {:<28} {:>9.2} {:>9.1} {:>9.2}",

@@ -30,6 +30,15 @@ fn init(dir: &Path) {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// A fresh repository at `<tmp>/repo` (checkpoints go beside it in `tmp`).
+fn new_repo() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    std::fs::create_dir(&root).unwrap();
+    init(&root);
+    (tmp, root)
+}
+
 fn commit(dir: &Path, ckpt: &Path) {
     let (code, out, err) = run_ckvc(dir, &["commit", ckpt.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{out}{err}");
@@ -218,10 +227,7 @@ fn nearly_full_disk_is_a_clear_error_for_every_command() {
 
 #[test]
 fn second_writer_always_gets_locked() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let a = small_step(tmp.path(), 0);
     let b = small_step(tmp.path(), 1);
     let mut locked = 0;
@@ -258,10 +264,7 @@ fn second_writer_always_gets_locked() {
 
 #[test]
 fn checkout_never_drops_a_file_named_like_a_temporary() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = small_step(tmp.path(), 0);
     // The old temporary name of model.bf16.safetensors, and names like
     // the new private directory.
@@ -284,10 +287,7 @@ fn checkout_never_drops_a_file_named_like_a_temporary() {
 
 #[test]
 fn fsck_reports_store_damage_with_exit_3_and_goes_on() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     for i in 0..3 {
         commit(&root, &small_step(tmp.path(), i));
     }
@@ -401,10 +401,7 @@ fn readers_beside_gc_never_report_false_corruption() {
 #[test]
 fn checkout_force_never_writes_through_a_symlink() {
     use std::os::unix::fs::symlink;
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = small_step(tmp.path(), 0);
     std::fs::create_dir(ck.join("sub")).unwrap();
     std::fs::write(ck.join("sub/notes.txt"), b"inside").unwrap();
@@ -462,10 +459,7 @@ fn craft_commit_with_path(root: &Path, path: &str) -> CommitId {
 
 #[test]
 fn crafted_tree_cannot_overwrite_the_repository() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     commit(&root, &small_step(tmp.path(), 0));
     let id = craft_commit_with_path(&root, ".ckvc/db/CURRENT");
     let current = std::fs::read(root.join(".ckvc/db/CURRENT")).unwrap();
@@ -511,10 +505,7 @@ fn crafted_tree_cannot_overwrite_the_repository() {
 
 #[test]
 fn ckvc_dir_inside_a_checkpoint_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = small_step(tmp.path(), 0);
     std::fs::create_dir_all(ck.join(".ckvc/db")).unwrap();
     let (code, _, err) = run_ckvc(&root, &["commit", ck.to_str().unwrap()]);
@@ -529,10 +520,7 @@ fn ckvc_dir_inside_a_checkpoint_is_refused() {
 #[test]
 fn setuid_bits_are_not_restored() {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = small_step(tmp.path(), 0);
     let f = ck.join("trainer_state.json");
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6755)).unwrap();
@@ -548,10 +536,7 @@ fn setuid_bits_are_not_restored() {
 
 #[test]
 fn control_characters_in_messages_and_paths_are_escaped() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = small_step(tmp.path(), 0);
     std::fs::write(ck.join("evil\u{1b}[2J.txt"), b"x").unwrap();
     let (code, _, err) = run_ckvc(
@@ -584,10 +569,7 @@ fn control_characters_in_messages_and_paths_are_escaped() {
 
 #[test]
 fn killed_gc_garbage_is_reclaimed_by_the_next_gc() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     for i in 0..3 {
         commit(&root, &small_step(tmp.path(), i));
     }
@@ -628,10 +610,7 @@ fn killed_gc_garbage_is_reclaimed_by_the_next_gc() {
 
 #[test]
 fn a_retried_commit_says_already_committed() {
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = small_step(tmp.path(), 0);
     commit(&root, &ck);
     // The retry of a commit whose report was lost (killed after its last
@@ -659,10 +638,7 @@ fn a_retried_commit_says_already_committed() {
 #[test]
 fn checkout_of_more_files_than_open_descriptors_allowed_succeeds() {
     use std::os::unix::process::CommandExt;
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("repo");
-    std::fs::create_dir(&root).unwrap();
-    init(&root);
+    let (tmp, root) = new_repo();
     let ck = tmp.path().join("step-1");
     std::fs::create_dir_all(ck.join("shards")).unwrap();
     for i in 0..600 {
