@@ -3,8 +3,11 @@
 //! Prints, per stream index, the symbols and payload bytes of each mode:
 //! the decoder's work is in the Huffman and rANS rows.
 
-use ckvc::bench::{load_run, with_bases, BenchOptions};
+#[path = "../src/cli/bench/corpus.rs"]
+#[allow(dead_code)]
+mod corpus;
 use ckvc::codec::{self, FrameInfo, Options, BLOCK_LOG2};
+use corpus::{load_run, with_bases, MIN_ELEMENTS};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -13,7 +16,7 @@ fn main() {
         .map_or("../shared/corpus/gpt-small", |s| s.as_str());
     let dtype = args.get(2).map_or("bf16", |s| s.as_str());
     let delta = args.get(3).is_some_and(|s| s == "delta");
-    let run = load_run(dir.as_ref(), &BenchOptions::default()).expect("corpus loads");
+    let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let o = Options::default();
     // [stream][mode] -> (symbols, bytes)
     let mut stats = vec![[(0u64, 0u64); 6]; 8];

@@ -6,8 +6,11 @@
 
 use std::time::Instant;
 
-use ckvc::bench::{load_run, with_bases, BenchOptions};
+#[path = "../src/cli/bench/corpus.rs"]
+#[allow(dead_code)]
+mod corpus;
 use ckvc::codec::{self, Options, Scratch};
+use corpus::{load_run, with_bases, MIN_ELEMENTS};
 use rayon::prelude::*;
 
 thread_local! {
@@ -23,7 +26,7 @@ fn main() {
     let dtype = args.get(2).map_or("bf16", |s| s.as_str());
     let delta = args.get(3).is_some_and(|s| s == "delta");
     let passes: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(10);
-    let run = load_run(dir.as_ref(), &BenchOptions::default()).expect("corpus loads");
+    let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let concat = std::env::var("CONCAT").is_ok();
     let mut jobs = Vec::new();
     // CHUNK=bytes splits tensors into chunks as a repository does.

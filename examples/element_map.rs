@@ -5,14 +5,17 @@
 //! DELTA), the runs they form, the chunks whose map the encoder chooses,
 //! and the frame bytes with the map never, as chosen (auto) and always.
 
-use ckvc::bench::{load_run, with_bases, BenchOptions};
+#[path = "../src/cli/bench/corpus.rs"]
+#[allow(dead_code)]
+mod corpus;
 use ckvc::codec::{encode, DType, ElementMap, Options};
+use corpus::{load_run, with_bases, MIN_ELEMENTS};
 
 fn main() {
     let dir = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "../shared/corpus/gpt-small".into());
-    let run = load_run(dir.as_ref(), &BenchOptions::default()).expect("the run loads");
+    let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("the run loads");
     let with = |m| Options {
         element_map: m,
         ..Options::default()

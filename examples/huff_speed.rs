@@ -3,15 +3,14 @@
 
 use std::time::Instant;
 
-use ckvc::bench::{load_run, BenchOptions};
+#[path = "../src/cli/bench/corpus.rs"]
+#[allow(dead_code)]
+mod corpus;
 use ckvc::codec::{self, histogram, huffman, layout, rans};
+use corpus::{load_run, MIN_ELEMENTS};
 
 fn main() {
-    let run = load_run(
-        "../shared/corpus/gpt-small".as_ref(),
-        &BenchOptions::default(),
-    )
-    .expect("corpus");
+    let run = load_run("../shared/corpus/gpt-small".as_ref(), MIN_ELEMENTS).expect("corpus");
     let raw: Vec<u8> = run
         .iter()
         .flat_map(|c| c.tensors.iter())

@@ -14,8 +14,8 @@
 
 use std::time::Instant;
 
-use ckvc::bench::Rng;
 use ckvc::store::{Batch, Mode, RocksOptions, RocksStore, Space, Store};
+use ckvc::testing::Rng;
 
 fn disk_write_bytes() -> Option<u64> {
     let io = std::fs::read_to_string("/proc/self/io").ok()?;

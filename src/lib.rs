@@ -14,10 +14,11 @@
 //! | [`store`] | the object database: key spaces, atomic batches, locking (RocksDB behind a trait) |
 //! | [`repo`] | the user's verbs: init, commit, log, checkout, branch, tag, show, diff, status |
 //! | [`remote`] | shared storage: push, fetch, pull, clone to a directory or an S3-compatible bucket |
-//! | [`bench`] | side-by-side measurements of the codec and of the whole repository against their peers |
 //!
-//! The command-line interface lives only in the binary (`src/main.rs`,
-//! `src/cli/`): the library never prints.
+//! The command-line interface and the benchmarks live only in the binary
+//! (`src/main.rs`, `src/cli/`, feature `cli`): the library never prints.
+//! Feature `git` (default) records the training code's git commit in each
+//! commit; feature `testing` exposes the helpers the tests use.
 //!
 //! ```
 //! use ckvc::codec::{decode, encode, DType, Options};
@@ -29,9 +30,10 @@
 //! assert_eq!(decode(&frame, None).unwrap(), weights);
 //! ```
 
-pub mod bench;
 pub mod codec;
 pub mod format;
 pub mod remote;
 pub mod repo;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

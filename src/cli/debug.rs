@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use ckvc::bench::repo::{PeerSize, RepoBenchOptions, RepoBenchReport};
-use ckvc::bench::{self, BenchOptions, Row};
+use super::bench::repo::{PeerSize, RepoBenchOptions, RepoBenchReport};
+use super::bench::{self, BenchOptions, Row};
 
 use super::{out, Failure};
 

@@ -316,7 +316,7 @@ mod tests {
     /// project's generator: the SWAR steps against the bit-by-bit reader.
     #[test]
     fn every_shape_round_trips() {
-        let mut rng = crate::bench::Rng(0x5eed_1234);
+        let mut rng = crate::testing::Rng(0x5eed_1234);
         for bits in 1..8u32 {
             for shift in 0..=8 - bits {
                 let top = 255 - (((1u32 << bits) - 1) << shift);

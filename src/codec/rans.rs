@@ -1038,7 +1038,7 @@ mod tests {
     /// A skewed block (mostly zeros, like a delta's high byte) whose
     /// distribution depends on a context byte, and that context.
     fn skewed_with_context(n: usize, seed: u64) -> (Vec<u8>, Vec<u8>) {
-        let mut r = crate::bench::Rng(seed | 1);
+        let mut r = crate::testing::Rng(seed | 1);
         let mut next = move || r.next_u64();
         let ctx: Vec<u8> = (0..n).map(|_| 100 + (next() % 11) as u8).collect();
         let syms = ctx

@@ -33,7 +33,7 @@ fn all_options() -> [Options; 4] {
 /// 32 random bits at a time from the project's deterministic generator
 /// (a non-zero seed).
 fn random_u32s(seed: u32) -> impl FnMut() -> u32 {
-    let mut r = crate::bench::Rng(seed as u64);
+    let mut r = crate::testing::Rng(seed as u64);
     move || (r.next_u64() >> 32) as u32
 }
 

@@ -1,5 +1,6 @@
 //! Provenance: which training code produced a checkpoint, read from the git
-//! repository around it with git2 (read-only; nothing is run).
+//! repository around it with git2 (read-only; nothing is run). Built with
+//! the `git` feature (default); without it no commit records provenance.
 
 use std::path::Path;
 
@@ -18,7 +19,9 @@ pub struct Provenance {
 
 /// The git state of the repository containing `dir`, or `None` when `dir`
 /// is not inside a git repository (or git2 cannot read it: provenance is
-/// best effort and never fails a commit).
+/// best effort and never fails a commit). Always `None` without the `git`
+/// feature.
+#[cfg(feature = "git")]
 pub fn git_provenance(dir: &Path) -> Option<Provenance> {
     let repo = git2::Repository::discover(dir).ok()?;
     let root = repo
@@ -50,4 +53,10 @@ pub fn git_provenance(dir: &Path) -> Option<Provenance> {
         branch,
         dirty,
     })
+}
+
+/// Without the `git` feature no provenance is read.
+#[cfg(not(feature = "git"))]
+pub fn git_provenance(_dir: &Path) -> Option<Provenance> {
+    None
 }

@@ -2,11 +2,14 @@
 //! FULL and DELTA mode, and the ratios the design promises relative to the
 //! baselines measured on the same bytes (sizes, not times).
 
-use ckvc::bench::{load_run, BenchOptions, Checkpoint};
+#[path = "../../src/cli/bench/corpus.rs"]
+#[allow(dead_code)]
+mod corpus;
 use ckvc::codec::{decode, encode, DType, ElementMap, FrameInfo, Options, FORMAT_VERSION};
+use corpus::{load_run, Checkpoint, MIN_ELEMENTS};
 
 fn run() -> Vec<Checkpoint> {
-    load_run(&super::corpus(), &BenchOptions::default()).expect("the corpus loads")
+    load_run(&super::corpus(), MIN_ELEMENTS).expect("the corpus loads")
 }
 
 #[test]
@@ -154,7 +157,7 @@ fn bert_ft() -> (tempfile::TempDir, Vec<Checkpoint>) {
             std::fs::copy(src.join(ck).join(f), tmp.path().join(ck).join(f)).unwrap();
         }
     }
-    let run = load_run(tmp.path(), &BenchOptions::default()).expect("bert-ft loads");
+    let run = load_run(tmp.path(), MIN_ELEMENTS).expect("bert-ft loads");
     (tmp, run)
 }
 
@@ -219,7 +222,7 @@ fn load_run_walks_nested_checkpoint_layouts() {
         .unwrap();
     }
     std::fs::write(tmp.path().join("latest_checkpointed_iteration.txt"), "20").unwrap();
-    let run = load_run(tmp.path(), &BenchOptions::default()).unwrap();
+    let run = load_run(tmp.path(), MIN_ELEMENTS).unwrap();
     assert_eq!(run.iter().map(|c| c.step).collect::<Vec<_>>(), [10, 20]);
     assert!(run[0]
         .tensors

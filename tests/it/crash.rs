@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ckvc::bench::Rng;
+use ckvc::testing::Rng;
 
 use super::{run_ckvc, same_tree, steps};
 

@@ -1,7 +1,8 @@
-//! The repository benchmark on a 3-checkpoint subset of the corpus: the
-//! report's structure only, never its timings.
+//! The repository benchmark (`ckvc debug repo-bench --json`, a CLI-only
+//! command) on a 3-checkpoint subset of the corpus: the report's structure
+//! only, never its timings.
 
-use ckvc::bench::repo::{repo_bench, RepoBenchOptions};
+use serde_json::Value;
 
 #[test]
 fn repo_bench_on_three_checkpoints_verifies_every_checkout_and_compresses() {
@@ -16,50 +17,66 @@ fn repo_bench_on_three_checkpoints_verifies_every_checkout_and_compresses() {
         }
     }
     let work = tempfile::tempdir().unwrap();
-    let opts = RepoBenchOptions {
-        work: Some(work.path().to_path_buf()),
-        ..RepoBenchOptions::default()
-    };
-    let r = repo_bench(run.path(), &opts).unwrap();
+    let (code, out, err) = super::run_ckvc(
+        run.path(),
+        &[
+            "debug",
+            "repo-bench",
+            run.path().to_str().unwrap(),
+            "--work",
+            work.path().to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let r: Value = serde_json::from_str(&out).expect("one JSON report");
+    let u = |v: &Value| v.as_u64().expect("a count");
+    let steps = r["steps"].as_array().expect("steps");
 
-    assert_eq!(r.checkpoints, 3);
+    assert_eq!(u(&r["checkpoints"]), 3);
     assert_eq!(
-        r.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        steps.iter().map(|s| u(&s["step"])).collect::<Vec<_>>(),
         [0, 60, 120]
     );
-    assert_eq!(r.files, r.steps.iter().map(|s| s.files).sum::<u64>());
     assert_eq!(
-        r.logical_bytes,
-        r.steps.iter().map(|s| s.logical_bytes).sum::<u64>()
+        u(&r["files"]),
+        steps.iter().map(|s| u(&s["files"])).sum::<u64>()
     );
-    assert!(r.disk.total > 0, "the repository takes some space");
+    let logical = u(&r["logical_bytes"]);
+    assert_eq!(
+        logical,
+        steps.iter().map(|s| u(&s["logical_bytes"])).sum::<u64>()
+    );
+    let disk = &r["disk"];
+    assert!(u(&disk["total"]) > 0, "the repository takes some space");
     assert!(
-        r.disk.total < r.logical_bytes,
-        "the repository is smaller than the files: {} of {}",
-        r.disk.total,
-        r.logical_bytes
+        u(&disk["total"]) < logical,
+        "the repository is smaller than the files: {} of {logical}",
+        disk["total"]
     );
-    assert_eq!(r.disk.total, r.disk.blob + r.disk.sst + r.disk.other);
-    let z = r.zstd_files_bytes.expect("zstd runs by default");
-    assert!(z > 0 && z < r.logical_bytes);
-    assert!(r
-        .steps
-        .iter()
-        .all(|s| s.copy_sync_secs > 0.0 && s.commit_secs > 0.0));
-    assert!(r.all_verified && r.steps.iter().all(|s| s.verified));
-    assert!(r.peers.is_empty());
+    assert_eq!(
+        u(&disk["total"]),
+        u(&disk["blob"]) + u(&disk["sst"]) + u(&disk["other"])
+    );
+    let z = u(&r["zstd_files_bytes"]);
+    assert!(z > 0 && z < logical, "zstd runs by default");
+    assert!(steps.iter().all(|s| {
+        s["copy_sync_secs"].as_f64() > Some(0.0) && s["commit_secs"].as_f64() > Some(0.0)
+    }));
+    assert_eq!(r["all_verified"], true);
+    assert!(steps.iter().all(|s| s["verified"] == true));
+    assert_eq!(r["peers"].as_array().map(Vec::len), Some(0));
     if cfg!(target_os = "linux") {
-        assert!(r.peak_rss_commit.is_some() && r.peak_rss_checkout.is_some());
+        assert!(r["peak_rss_commit"].is_u64() && r["peak_rss_checkout"].is_u64());
     }
-    assert!(!r.work_dir.exists(), "the work directory is removed");
+    let work_dir = r["work_dir"].as_str().expect("work_dir");
+    assert!(
+        !std::path::Path::new(work_dir).exists(),
+        "the work directory is removed"
+    );
     assert_eq!(
         std::fs::read_dir(work.path()).unwrap().count(),
         0,
         "nothing is left in --work"
     );
-    // The JSON form reads back (scripts read it).
-    let json = serde_json::to_string(&r).unwrap();
-    let back: ckvc::bench::repo::RepoBenchReport = serde_json::from_str(&json).unwrap();
-    assert_eq!((back.disk, back.logical_bytes), (r.disk, r.logical_bytes));
-    assert_eq!(back.steps.len(), 3);
 }

@@ -17,8 +17,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::BenchError;
-use crate::remote::{self, DirRemote, NoProgress};
-use crate::repo::{CommitOptions, Config, Repository};
+use ckvc::remote::{self, DirRemote, NoProgress};
+use ckvc::repo::{CommitOptions, Config, Repository};
 
 /// One measured transfer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ fn step_dirs(run: &Path) -> Result<Vec<(u64, PathBuf)>, BenchError> {
     for e in std::fs::read_dir(run).map_err(io)? {
         let e = e.map_err(io)?;
         let n = e.file_name().to_string_lossy().into_owned();
-        if let (true, Some(s)) = (e.path().is_dir(), crate::format::step_of_dir_name(&n)) {
+        if let (true, Some(s)) = (e.path().is_dir(), ckvc::format::step_of_dir_name(&n)) {
             v.push((s, e.path()));
         }
     }

@@ -1,13 +1,17 @@
-//! Side-by-side measurements on a real training run: the chunk codec here,
-//! the whole repository (commit, checkout, bytes on disk) in [`repo`].
+//! `ckvc debug *-bench`: side-by-side measurements on a real training run,
+//! compiled only into the binary (they shell out to nothing, but time
+//! `cp -r` + sync, call peers and are no API anyone links against). The
+//! chunk codec here, the whole repository (commit, checkout, bytes on disk)
+//! in [`repo`], gc in [`gc`], remotes in [`remote`]; the run's tensors are
+//! loaded by [`corpus`].
 //!
 //! Owns `ckvc debug codec-bench`: it walks the checkpoint directories of one
-//! run in step order, reads every tensor through [`crate::format`], and
+//! run in step order, reads every tensor through [`ckvc::format`], and
 //! measures on the very same bytes the ckvc codec, plain LMC (the same
 //! code with rotation, rANS and the delta search switched off), zstd -3 and
 //! -19 and bzip2 -9 on byte-grouped bytes, and the order-0 entropy of the
-//! byte-grouped streams per 64 KiB block. The library only returns rows; printing is the
-//! CLI's business.
+//! byte-grouped streams per 64 KiB block. These functions return rows; `cli::debug` prints
+//! them.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,34 +19,14 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::codec::{self, layout, DType, Options, Scratch};
-use crate::format;
+use ckvc::codec::{self, layout, DType, Options, Scratch};
 
+pub mod corpus;
 pub mod gc;
 pub mod remote;
 pub mod repo;
 
-/// A deterministic generator (xorshift64*) for synthetic benchmark inputs
-/// and randomised test schedules: the same seed gives the same bytes
-/// everywhere. Not for anything that needs unpredictability.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits. The seed must not be zero.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Fill `buf` with random bytes.
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            c.copy_from_slice(&self.next_u64().to_le_bytes()[..c.len()]);
-        }
-    }
-}
+pub use corpus::{load_run, with_bases, Checkpoint, LoadError};
 
 /// One line of the benchmark table (also the `--json` schema).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,7 +71,7 @@ impl Default for BenchOptions {
             chunk_bytes: 4 << 20,
             zstd19: true,
             bzip2: true,
-            min_elements: 16,
+            min_elements: corpus::MIN_ELEMENTS,
         }
     }
 }
@@ -101,163 +85,22 @@ pub enum BenchError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("parsing {path}: {source}")]
-    Format {
-        path: PathBuf,
-        source: format::FormatError,
-    },
     #[error("{path}: no checkpoint directories with tensors found")]
     Empty { path: PathBuf },
     #[error("round trip failed for {tensor}: the codec returned different bytes")]
     Mismatch { tensor: String },
     #[error(transparent)]
-    Repo(#[from] crate::repo::RepoError),
+    Load(#[from] LoadError),
     #[error(transparent)]
-    Remote(#[from] crate::remote::RemoteError),
+    Repo(#[from] ckvc::repo::RepoError),
+    #[error(transparent)]
+    Remote(#[from] ckvc::remote::RemoteError),
     #[error("step {step}: checked-out {path} differs from the original at byte {offset}")]
     CheckoutMismatch {
         step: u64,
         path: PathBuf,
         offset: u64,
     },
-}
-
-/// One tensor of one checkpoint.
-#[derive(Debug, Clone)]
-pub struct Tensor {
-    /// `file/name`, the key that matches it across checkpoints.
-    pub key: String,
-    pub dtype: DType,
-    pub group: &'static str,
-    pub data: Vec<u8>,
-}
-
-/// A checkpoint directory of the run with its tensors.
-#[derive(Debug, Clone)]
-pub struct Checkpoint {
-    pub dir: PathBuf,
-    pub step: u64,
-    pub tensors: Vec<Tensor>,
-}
-
-/// How deep below the run directory checkpoint directories are looked
-/// for (`run/iter_0000500`, `run/checkpoints/checkpoint-500`, ...).
-const MAX_RUN_DEPTH: usize = 3;
-
-/// Load the checkpoints of a run directory in step order. A checkpoint
-/// directory is one whose name ends in its step (`step-500`,
-/// `checkpoint-500`, `iter_0000500`), found up to [`MAX_RUN_DEPTH`] levels
-/// down; its files are read at any depth below it (Megatron's
-/// `iter_0000500/mp_rank_00/model_optim_rng.pt`) and keyed by their path
-/// in it. Files that are not tensor formats are skipped; a corrupt tensor
-/// file is an error.
-pub fn load_run(dir: &Path, opts: &BenchOptions) -> Result<Vec<Checkpoint>, BenchError> {
-    let mut dirs = Vec::new();
-    find_checkpoint_dirs(dir, 0, &mut dirs)?;
-    dirs.sort();
-    let mut out = Vec::new();
-    for (step, d) in dirs {
-        let mut files = Vec::new();
-        files_below(&d, &mut files)?;
-        files.sort();
-        let mut tensors = Vec::new();
-        for f in files {
-            let name = f
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let rel = f
-                .strip_prefix(&d)
-                .map(|r| r.to_string_lossy().into_owned())
-                .unwrap_or_else(|_| name.clone());
-            let bytes = std::fs::read(&f).map_err(io_error(&f))?;
-            let layout =
-                format::parse(&name, &mut std::io::Cursor::new(&bytes), bytes.len() as u64)
-                    .map_err(|source| BenchError::Format {
-                        path: f.clone(),
-                        source,
-                    })?;
-            for t in layout.tensors() {
-                if t.len / t.dtype.width() as u64 >= opts.min_elements.max(1) {
-                    let (a, b) = (t.offset as usize, (t.offset + t.len) as usize);
-                    tensors.push(Tensor {
-                        key: format!("{rel}/{}", t.name),
-                        dtype: t.dtype,
-                        group: group_of(&name, &t.name),
-                        data: bytes[a..b].to_vec(),
-                    });
-                }
-            }
-        }
-        if !tensors.is_empty() {
-            out.push(Checkpoint {
-                dir: d,
-                step,
-                tensors,
-            });
-        }
-    }
-    if out.is_empty() {
-        return Err(BenchError::Empty {
-            path: dir.to_path_buf(),
-        });
-    }
-    Ok(out)
-}
-
-fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
-    let path = path.to_path_buf();
-    move |source| BenchError::Io { path, source }
-}
-
-/// "optimizer" for the tensors of an optimizer file (`optimizer.pt`,
-/// `optim_states.pt`); in a file holding model and optimizer together
-/// (Megatron's `model_optim_rng.pt`), for the tensors under its optimizer
-/// key; else "weights".
-fn group_of(file: &str, tensor: &str) -> &'static str {
-    let file = file.to_ascii_lowercase();
-    let optimizer = file.contains("optim")
-        && (!file.contains("model") || tensor.to_ascii_lowercase().contains("optim"));
-    if optimizer {
-        "optimizer"
-    } else {
-        "weights"
-    }
-}
-
-/// Directories below `dir` (to [`MAX_RUN_DEPTH`]) whose name gives a step;
-/// the search does not descend into them.
-fn find_checkpoint_dirs(
-    dir: &Path,
-    depth: usize,
-    out: &mut Vec<(u64, PathBuf)>,
-) -> Result<(), BenchError> {
-    for e in std::fs::read_dir(dir).map_err(io_error(dir))? {
-        let e = e.map_err(io_error(dir))?;
-        if !e.file_type().map_err(io_error(&e.path()))?.is_dir() {
-            continue;
-        }
-        match format::step_of_dir_name(&e.file_name().to_string_lossy()) {
-            Some(step) => out.push((step, e.path())),
-            None if depth + 1 < MAX_RUN_DEPTH => find_checkpoint_dirs(&e.path(), depth + 1, out)?,
-            None => {}
-        }
-    }
-    Ok(())
-}
-
-/// Every file below `dir`, at any depth (symbolic links are not followed).
-fn files_below(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), BenchError> {
-    for e in std::fs::read_dir(dir).map_err(io_error(dir))? {
-        let e = e.map_err(io_error(dir))?;
-        let t = e.file_type().map_err(io_error(&e.path()))?;
-        if t.is_dir() {
-            files_below(&e.path(), out)?;
-        } else if t.is_file() {
-            out.push(e.path());
-        }
-    }
-    Ok(())
 }
 
 /// One unit of work: a chunk and, in DELTA mode, its base.
@@ -270,30 +113,8 @@ struct Job<'a> {
 
 /// Run the whole benchmark on a run directory.
 pub fn codec_bench(dir: &Path, opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
-    let run = load_run(dir, opts)?;
+    let run = load_run(dir, opts.min_elements)?;
     bench_checkpoints(&run, opts)
-}
-
-/// Every tensor of the run with its base: with `delta`, the same tensor
-/// (key, dtype and length) of the previous checkpoint, tensors without one
-/// left out; else no base.
-pub fn with_bases(
-    run: &[Checkpoint],
-    delta: bool,
-) -> impl Iterator<Item = (&Tensor, Option<&[u8]>)> + '_ {
-    run.iter().enumerate().flat_map(move |(i, ck)| {
-        ck.tensors.iter().filter_map(move |t| {
-            if !delta {
-                return Some((t, None));
-            }
-            let prev = &run[i.checked_sub(1)?];
-            let p = prev
-                .tensors
-                .iter()
-                .find(|p| p.key == t.key && p.dtype == t.dtype && p.data.len() == t.data.len())?;
-            Some((t, Some(p.data.as_slice())))
-        })
-    })
 }
 
 /// The benchmark on checkpoints already in memory.
@@ -663,6 +484,8 @@ fn grouped_entropy_bits(j: &Job) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ckvc::testing::Rng;
+    use corpus::Tensor;
 
     /// bzip2 -9 runs on the same grouped bytes as zstd and round trips;
     /// it and zstd -19 are left out when switched off.

@@ -21,8 +21,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::BenchError;
-use crate::format;
-use crate::repo::{CheckoutOptions, CommitOptions, Config, Repository, DOT_DIR};
+use ckvc::format;
+use ckvc::repo::{CheckoutOptions, CommitOptions, Config, Repository, DOT_DIR};
 
 /// Knobs of the repository benchmark.
 #[derive(Debug, Clone)]
@@ -201,18 +201,6 @@ pub struct RepoBenchReport {
     pub work_dir: PathBuf,
 }
 
-impl RepoBenchReport {
-    /// Repository bytes on disk / logical bytes.
-    pub fn disk_ratio(&self) -> f64 {
-        self.disk.total as f64 / self.logical_bytes.max(1) as f64
-    }
-    /// Per-file zstd bytes / logical bytes.
-    pub fn zstd_ratio(&self) -> Option<f64> {
-        self.zstd_files_bytes
-            .map(|b| b as f64 / self.logical_bytes.max(1) as f64)
-    }
-}
-
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BenchError {
     let path = path.to_path_buf();
     move |source| BenchError::Io { path, source }
@@ -361,7 +349,6 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
             verified: false,
         });
     }
-    repo.store().flush().map_err(crate::repo::RepoError::from)?;
     let peak_rss_commit = peak_rss();
     let disk = disk_usage(&repo_root.join(DOT_DIR))?;
 

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::repo::{run_checkpoints, WorkDir};
 use super::BenchError;
-use crate::repo::{
+use ckvc::repo::{
     dir_size, CheckoutOptions, CommitOptions, Config, GcOptions, Repository, DOT_DIR,
 };
 
