@@ -29,6 +29,7 @@ pub enum DebugCommand {
     RemoteBench {
         /// Folder holding the run's checkpoint directories.
         dir: PathBuf,
+        /// Print the report as JSON instead of a table.
         #[arg(long)]
         json: bool,
         /// Create the work directory in DIR (default: the system temporary directory).
@@ -53,6 +54,7 @@ pub struct GcBenchArgs {
     /// Create the work directory in DIR instead of the system temporary directory.
     #[arg(long, value_name = "DIR")]
     work: Option<PathBuf>,
+    /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
 }

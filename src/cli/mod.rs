@@ -140,6 +140,34 @@ pub fn main() -> ExitCode {
 mod tests {
     use super::escape_controls;
 
+    /// Every subcommand, flag and argument of every command has a line of
+    /// help (issue 20: `remote add NAME URL`, `clone DIR` had none).
+    #[test]
+    fn every_command_flag_and_argument_has_help() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let p = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(p.clone());
+                }
+                walk(sub, &p, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "ckvc", &mut missing);
+        assert!(missing.is_empty(), "no help for: {missing:#?}");
+    }
+
     #[test]
     fn escape_sequences_in_output_are_escaped() {
         assert_eq!(escape_controls("plain\ttext\n"), "plain\ttext\n");

@@ -60,6 +60,7 @@ pub enum RemoteCommand {
     Clone {
         /// A directory path, file:///path, or s3://bucket/prefix.
         url: String,
+        /// Directory to create the repository in (must not hold one).
         dir: PathBuf,
         /// Branch to check out (and the only one fetched).
         #[arg(long, short = 'b')]
@@ -89,13 +90,18 @@ pub struct RemoteArgs {
 enum RemoteAction {
     /// Add a remote: a directory path, file:///path, or s3://bucket/prefix.
     Add {
+        /// Name to push and fetch by (e.g. origin).
         name: String,
+        /// A directory path, file:///path, or s3://bucket/prefix.
         url: String,
         #[command(flatten)]
         s3: S3Args,
     },
     /// Remove a remote and its remote-tracking refs.
-    Remove { name: String },
+    Remove {
+        /// The remote to forget (its data on the remote is untouched).
+        name: String,
+    },
 }
 
 /// S3 settings (credentials come from AWS_ACCESS_KEY_ID /
