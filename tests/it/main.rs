@@ -10,6 +10,7 @@ mod gc_fsck;
 mod gc_model;
 mod golden;
 mod hostile;
+mod layers;
 mod remote;
 mod repo_bench;
 mod repo_corpus;
