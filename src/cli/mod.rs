@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod debug;
 mod maint;
+mod progress;
 mod remote;
 mod repo;
 mod watch;

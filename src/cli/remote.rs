@@ -3,16 +3,15 @@
 //! logical vs transferred bytes on stdout.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 
 use ckvc::remote::config::{self, RemoteConfig};
-use ckvc::remote::{self, Progress, Remote, RemoteError, S3Options};
+use ckvc::remote::{self, Remote, RemoteError, S3Options};
 use ckvc::repo::Repository;
 
+use super::progress::Bars;
 use super::repo::{fail, human, Where};
 use super::{exit, out, out_json, Failure};
 
@@ -157,57 +156,6 @@ pub(super) fn rfail(e: RemoteError) -> Failure {
     }
 }
 
-/// Progress bars on stderr: objects on the bar, bytes and rate beside it.
-struct Bars {
-    bar: Mutex<Option<(ProgressBar, u64)>>,
-}
-
-impl Bars {
-    fn new() -> Self {
-        Bars {
-            bar: Mutex::new(None),
-        }
-    }
-}
-
-impl Progress for Bars {
-    fn start(&self, phase: &str, _total_bytes: u64, total_items: u64) {
-        let pb = ProgressBar::new(total_items);
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{prefix:>8} [{bar:30}] {pos}/{len} objects  {msg}  {elapsed}",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        pb.set_prefix(phase.to_string());
-        if let Ok(mut b) = self.bar.lock() {
-            *b = Some((pb, 0));
-        }
-    }
-    fn advance(&self, bytes: u64, items: u64) {
-        if let Ok(mut b) = self.bar.lock() {
-            if let Some((pb, total)) = b.as_mut() {
-                *total += bytes;
-                pb.inc(items);
-                let secs = pb.elapsed().as_secs_f64().max(1e-3);
-                pb.set_message(format!(
-                    "{} ({}/s)",
-                    human(*total),
-                    human((*total as f64 / secs) as u64)
-                ));
-            }
-        }
-    }
-    fn finish(&self) {
-        if let Ok(mut b) = self.bar.lock() {
-            if let Some((pb, _)) = b.take() {
-                pb.finish_and_clear();
-            }
-        }
-    }
-}
-
 pub(super) fn open_named(
     repo: &Repository,
     name: &str,
@@ -271,7 +219,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
                 opts.pack_bytes = p.max(1);
             }
             let t = Instant::now();
-            let rep = remote::push(&repo, &name, &*r, &opts, &Bars::new()).map_err(rfail)?;
+            let rep = remote::push(&repo, &name, &*r, &opts, &Bars::objects()).map_err(rfail)?;
             if json {
                 return out_json(&rep);
             }
@@ -310,7 +258,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             let name = name.unwrap_or_else(|| "origin".into());
             let (cfg, r) = open_named(&repo, &name)?;
             let t = Instant::now();
-            let rep = remote::fetch(&repo, &name, &*r, &Default::default(), &Bars::new())
+            let rep = remote::fetch(&repo, &name, &*r, &Default::default(), &Bars::objects())
                 .map_err(rfail)?;
             if json {
                 return out_json(&rep);
@@ -330,8 +278,8 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             let name = name.unwrap_or_else(|| "origin".into());
             let (cfg, r) = open_named(&repo, &name)?;
             let t = Instant::now();
-            let rep =
-                remote::pull(&repo, &name, &*r, branch.as_deref(), &Bars::new()).map_err(rfail)?;
+            let rep = remote::pull(&repo, &name, &*r, branch.as_deref(), &Bars::objects())
+                .map_err(rfail)?;
             if json {
                 return out_json(&rep);
             }
@@ -365,7 +313,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
                 config: Default::default(),
             };
             let t = Instant::now();
-            let (repo, rep) = remote::clone(&url, &dir, &opts, &Bars::new()).map_err(rfail)?;
+            let (repo, rep) = remote::clone(&url, &dir, &opts, &Bars::objects()).map_err(rfail)?;
             if json {
                 let mut v = serde_json::to_value(&rep).expect("clone report serialises");
                 v["repository"] = serde_json::json!(repo.root());

@@ -12,6 +12,7 @@ use ckvc::repo::{
     RepoError, Repository, RunItem, SegmentShow, ShowReport, Storage, TensorChange,
 };
 
+use super::progress::Bars;
 use super::{exit, out, out_json, out_json_line, Failure};
 
 /// Where the repository is: `-C DIR` / `CKVC_DIR`, else the current directory.
@@ -414,7 +415,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 .map_err(fail)?;
                 return failure.map_or(Ok(()), Err);
             }
-            let r = repo.commit(&checkpoint, &opts).map_err(fail)?;
+            let r = repo
+                .commit_with_progress(&checkpoint, &opts, &Bars::bytes())
+                .map_err(fail)?;
             if json {
                 return out_json(&r);
             }
@@ -519,7 +522,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             let step = repo.commit_object(&id).map_err(fail)?.step;
             let dest = output.unwrap_or_else(|| Path::new(&format!("step-{step}")).to_path_buf());
             let opts = CheckoutOptions { force, only, clean };
-            let r = match repo.checkout(&id, &dest, &opts) {
+            let r = match repo.checkout_with_progress(&id, &dest, &opts, &Bars::bytes()) {
                 Ok(r) => r,
                 Err(e) if e.is_corruption() => {
                     let mut f = fail(e);

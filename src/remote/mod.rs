@@ -325,20 +325,8 @@ pub fn open_url(url: &str, s3: &S3Options) -> Result<Box<dyn Remote>, RemoteErro
     })
 }
 
-/// What a transfer reports while it runs. The library never prints; the
-/// CLI draws progress bars from these calls.
-pub trait Progress: Sync {
-    /// A new phase (`"upload"`, `"download"`, `"verify"`): its totals.
-    fn start(&self, _phase: &str, _total_bytes: u64, _total_items: u64) {}
-    /// Work done since the last call.
-    fn advance(&self, _bytes: u64, _items: u64) {}
-    /// The phase ended.
-    fn finish(&self) {}
-}
-
-/// No progress reporting.
-pub struct NoProgress;
-impl Progress for NoProgress {}
+/// Transfers report progress like the repository's verbs do.
+pub use crate::repo::{NoProgress, Progress};
 
 #[cfg(test)]
 mod tests {

@@ -61,6 +61,19 @@ impl Repository {
         out: &Path,
         opts: &CheckoutOptions,
     ) -> Result<CheckoutReport, RepoError> {
+        self.checkout_with_progress(commit, out, opts, &super::NoProgress)
+    }
+
+    /// [`Repository::checkout`], reporting phase `"checkout"` to
+    /// `progress`: the bytes of each file as they are written, and each
+    /// file when it is whole.
+    pub fn checkout_with_progress(
+        &self,
+        commit: &CommitId,
+        out: &Path,
+        opts: &CheckoutOptions,
+        progress: &dyn super::Progress,
+    ) -> Result<CheckoutReport, RepoError> {
         let c = self.commit_object(commit)?;
         let tree = self.tree(&c.tree)?;
         let io = |path: &Path| {
@@ -122,9 +135,11 @@ impl Repository {
         // and renamed into place, then their directories are synced: one
         // barrier per checkout instead of one per file.
         let window = window_bytes(self.config.memory_budget);
+        let total = files.iter().map(|f| f.m.len).sum();
+        progress.start("checkout", total, files.len() as u64);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(1);
         let (done, result) = std::thread::scope(|s| {
-            let writer = s.spawn(|| self.write_files(&files, commit, c.step, rx));
+            let writer = s.spawn(|| self.write_files(&files, commit, c.step, rx, progress));
             // Stops early only when the writer did (its error says which
             // file and chunk).
             self.decode_windows(&files, window, tx);
@@ -132,6 +147,7 @@ impl Repository {
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p))
         });
+        progress.finish();
         install(&files[..done])?;
         result?;
         for f in &files {
@@ -194,6 +210,7 @@ impl Repository {
         commit: &CommitId,
         step: u64,
         rx: Receiver<Vec<Decoded>>,
+        progress: &dyn super::Progress,
     ) -> (usize, Result<(), RepoError>) {
         let mut incoming = rx.into_iter().flatten();
         let mut done = 0;
@@ -217,7 +234,11 @@ impl Repository {
                             reason: "the decoder stopped".into(),
                         }),
                     },
-                    |_, raw| w.write_all(&raw).map_err(io(&f.tmp)),
+                    |_, raw| {
+                        w.write_all(&raw).map_err(io(&f.tmp))?;
+                        progress.advance(raw.len() as u64, 0);
+                        Ok(())
+                    },
                 )?;
                 let file = w.into_inner().map_err(|e| RepoError::Io {
                     path: f.tmp.clone(),
@@ -229,7 +250,10 @@ impl Repository {
             match result {
                 // Closed now (reopened for the sync): a checkout of
                 // thousands of files must not hold a descriptor each.
-                Ok(_file) => done += 1,
+                Ok(_file) => {
+                    done += 1;
+                    progress.advance(0, 1);
+                }
                 Err(e) => {
                     let _ = std::fs::remove_file(&f.tmp);
                     return (done, Err(e));

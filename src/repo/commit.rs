@@ -189,6 +189,17 @@ impl BufPool {
 impl Repository {
     /// Commit the checkpoint directory `dir`.
     pub fn commit(&self, dir: &Path, opts: &CommitOptions) -> Result<CommitReport, RepoError> {
+        self.commit_with_progress(dir, opts, &super::NoProgress)
+    }
+
+    /// [`Repository::commit`], reporting phase `"commit"` to `progress`:
+    /// the bytes of the files as they are read, and each file when done.
+    pub fn commit_with_progress(
+        &self,
+        dir: &Path,
+        opts: &CommitOptions,
+        progress: &dyn super::Progress,
+    ) -> Result<CommitReport, RepoError> {
         let branch = match &opts.branch {
             Some(b) => b.clone(),
             None => self.current_branch()?,
@@ -239,6 +250,12 @@ impl Repository {
         let pool = BufPool::default();
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(queue);
         let (etx, erx) = std::sync::mpsc::sync_channel::<Encoded>(queue);
+        let total: u64 = files
+            .iter()
+            .filter_map(|(_, p)| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        progress.start("commit", total, files.len() as u64);
         let mut entries = Vec::new();
         let mut objects = Batch::new();
         let (mut tensor_bytes, mut large_opaque) = (0u64, Vec::new());
@@ -252,6 +269,7 @@ impl Repository {
                 tx: Some(tx),
                 pool: &pool,
                 handles: HashMap::new(),
+                progress,
             };
             let read = (|| {
                 for (rel, path) in &files {
@@ -264,6 +282,7 @@ impl Repository {
                         objects.put(Space::Objects, &key, bytes);
                     }
                     entries.push((rel.clone(), id));
+                    w.progress.advance(0, 1);
                     w.stats.files += 1;
                     w.stats.logical_bytes += manifest.len;
                     let tensors: u64 = manifest
@@ -290,6 +309,7 @@ impl Repository {
                 .unwrap_or_else(|p| std::panic::resume_unwind(p));
             (read, encoded, written)
         });
+        progress.finish();
         // A stage that stopped because the next one went away reports that
         // one's error.
         let written = written?;
@@ -460,6 +480,7 @@ struct Writer<'a> {
     pool: &'a BufPool,
     /// The parent's files opened for delta bases, by path (`None`: absent).
     handles: HashMap<String, Option<Arc<std::fs::File>>>,
+    progress: &'a dyn super::Progress,
 }
 
 /// What the encoder stage adds to a commit's statistics.
@@ -619,6 +640,7 @@ impl Writer<'_> {
                     reason: format!("file changed or could not be read while committing: {e}"),
                 })?;
                 hasher.update(&raw);
+                self.progress.advance(n as u64, 0);
                 let id = ChunkId::digest(&raw);
                 chunks.push(id);
                 self.stats.chunks += 1;

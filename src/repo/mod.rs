@@ -30,6 +30,7 @@ mod fsck;
 mod gc;
 mod log;
 pub mod objects;
+mod progress;
 pub mod provenance;
 mod reach;
 mod reflog;
@@ -46,6 +47,7 @@ pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, R
 pub use log::LogEntry;
 pub use objects::RefLogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
+pub use progress::{NoProgress, Progress};
 pub use reach::{ChunkUse, Reachable, WalkOptions};
 pub use show::{FileShow, SegmentShow, ShowReport, Storage, TensorShow};
 pub use status::{dir_size, Status};

@@ -489,3 +489,71 @@ fn a_resharded_step_finds_its_delta_bases_by_tensor_name_in_other_files() {
     // Re-sharding costs (almost) nothing: same deltas, a second header.
     assert!(ratios[1] < ratios[0] * 1.01, "{ratios:?}");
 }
+
+/// A [`Progress`](ckvc::repo::Progress) that sums what it is told.
+#[derive(Default)]
+struct Counted {
+    phases: std::sync::Mutex<Vec<(String, u64, u64)>>,
+    bytes: std::sync::atomic::AtomicU64,
+    items: std::sync::atomic::AtomicU64,
+    finished: std::sync::atomic::AtomicU64,
+}
+
+impl ckvc::repo::Progress for Counted {
+    fn start(&self, phase: &str, total_bytes: u64, total_items: u64) {
+        self.phases
+            .lock()
+            .unwrap()
+            .push((phase.into(), total_bytes, total_items));
+    }
+    fn advance(&self, bytes: u64, items: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.bytes.fetch_add(bytes, Relaxed);
+        self.items.fetch_add(items, Relaxed);
+    }
+    fn finish(&self) {
+        self.finished
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Issue 20: commit and checkout report progress (the CLI draws bars from
+/// it): every byte and file once, against totals announced up front.
+#[test]
+fn commit_and_checkout_report_every_byte_and_file_as_progress() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let (_, dir) = steps().remove(1);
+    let p = Counted::default();
+    let r = repo
+        .commit_with_progress(&dir, &CommitOptions::default(), &p)
+        .unwrap();
+    let (bytes, files) = (r.stats.logical_bytes, r.stats.files);
+    assert_eq!(
+        *p.phases.lock().unwrap(),
+        [("commit".to_string(), bytes, files)]
+    );
+    assert_eq!(
+        (p.bytes.load(Relaxed), p.items.load(Relaxed)),
+        (bytes, files)
+    );
+    assert_eq!(p.finished.load(Relaxed), 1);
+
+    let p = Counted::default();
+    let out = tmp.path().join("out");
+    let c = repo
+        .checkout_with_progress(&r.id, &out, &CheckoutOptions::default(), &p)
+        .unwrap();
+    assert_eq!((c.bytes, c.files), (bytes, files));
+    assert_eq!(
+        *p.phases.lock().unwrap(),
+        [("checkout".to_string(), bytes, files)]
+    );
+    assert_eq!(
+        (p.bytes.load(Relaxed), p.items.load(Relaxed)),
+        (bytes, files)
+    );
+    assert_eq!(p.finished.load(Relaxed), 1);
+    same_tree(&dir, &out);
+}
