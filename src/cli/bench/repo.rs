@@ -142,8 +142,9 @@ impl Clock {
 
 /// User + system CPU seconds of this process so far (every thread).
 fn cpu_secs() -> Option<f64> {
-    // SAFETY: getrusage writes one rusage struct, which we own.
+    // SAFETY: rusage is plain integers, for which all-zero bytes are valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage struct, which we own.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
         return None;
     }
