@@ -64,9 +64,9 @@ pub(crate) const RANS_ALL_SLOTS: usize = RANS_CLASSES << SCALE_BITS;
 
 /// How the wide rANS decoder classifies context bytes: a byte equal to
 /// `values[j]` (the first such `j < nv`) is in class `classes[j]`, any
-/// other byte in class `other`. A class of [`RANS_CLASSES`] or more is
-/// read as the last class (only a caller's bug could pass one; the gather
-/// stays in bounds either way).
+/// other byte in class `other`. Every class must be below
+/// [`RANS_CLASSES`] and `nv` below `RANS_CLASSES` too, or the decoder
+/// kernel declines the block (only a caller's bug could pass such a map).
 pub(crate) struct CtxClasses {
     pub nv: usize,
     pub values: [u8; RANS_CLASSES - 1],
@@ -242,7 +242,8 @@ pub(crate) unsafe fn rans_encode_wide_avx2(
 /// words are left (a group needs at most that) and returns the symbols
 /// decoded and the words' bytes read; the caller goes on from there.
 /// `ctx`, if given, is the context byte of each symbol and its classes;
-/// with fewer context bytes than `out` the kernel decodes nothing.
+/// with fewer context bytes than `out`, or classes out of range, the
+/// kernel decodes nothing.
 ///
 /// # Safety
 /// The CPU must support `avx2` and `popcnt`.
@@ -258,8 +259,12 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
     use std::arch::x86_64::*;
     const M: i32 = 1 << SCALE_BITS;
     let n = out.len();
-    if ctx.is_some_and(|(c, _)| c.len() < n) {
-        return (0, 0);
+    if let Some((c, m)) = ctx {
+        let in_range = |&k: &u8| (k as usize) < RANS_CLASSES;
+        if c.len() < n || m.nv >= RANS_CLASSES || !m.classes.iter().chain([&m.other]).all(in_range)
+        {
+            return (0, 0);
+        }
     }
     let (mut i, mut r) = (0usize, 0usize);
     // SAFETY: the CPU has AVX2 and popcnt (the caller's contract), and
@@ -268,14 +273,14 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
     // symbols `i..i + 32` with `i + 32 <= n <= ctx.len()` (checked above);
     // each register reads 16 bytes of words at `r`, where the loop left 64
     // and each register before took at most 16; a gather index is a class
-    // (clamped below 8) times 4096 plus a 12-bit slot, inside `slots`.
+    // (below 8, checked above) times 4096 plus a 12-bit slot, inside
+    // `slots`.
     unsafe {
         let mut xv: [__m256i; 4] =
             std::array::from_fn(|k| _mm256_loadu_si256(x.as_ptr().add(8 * k).cast()));
         let low12 = _mm256_set1_epi32(M - 1);
         let low8 = _mm256_set1_epi32(0xff);
         let zero = _mm256_setzero_si256();
-        let max_class = _mm256_set1_epi8(RANS_CLASSES as i8 - 1);
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         while i + RANS_WIDE <= n && r + 2 * RANS_WIDE <= data.len() {
             let off: [__m256i; 4] = match ctx {
@@ -289,7 +294,6 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
                         let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
                         cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
                     }
-                    let cls = _mm256_min_epu8(cls, max_class);
                     widen_quarters!(cls).map(|q| _mm256_slli_epi32(q, SCALE_BITS as i32))
                 }
                 None => [zero; 4],
@@ -438,30 +442,36 @@ mod tests {
         assert_eq!(run(&mut words, Some(&classes), &fs).0, plain);
     }
 
-    /// The decoder kernel with fewer context bytes than symbols decodes
-    /// nothing (the scalar loop then reports the caller's mistake).
+    /// The decoder kernel decodes nothing with fewer context bytes than
+    /// symbols or with a class map that would index past the slot tables
+    /// (the scalar loop then goes on, bounds-checked); with a sound map it
+    /// decodes whole groups.
     #[test]
-    fn the_wide_decoder_declines_a_short_context() {
+    fn the_wide_decoder_declines_a_short_context_or_bad_classes() {
         if !avx2() {
             return;
         }
         let slots = vec![0u32; RANS_ALL_SLOTS];
         let slots: &[u32; RANS_ALL_SLOTS] = slots[..].try_into().expect("sized");
-        let classes = CtxClasses {
-            nv: 1,
-            values: [3; RANS_CLASSES - 1],
-            classes: [0; RANS_CLASSES - 1],
-            // A class out of range is read as the last one.
-            other: 200,
-        };
         let data = vec![0u8; 4096];
-        let mut out = vec![0u8; 256];
-        let mut x = [1u32 << 16; RANS_WIDE];
-        let ctx = vec![3u8; 255];
-        // SAFETY: the CPU has AVX2 and popcnt, checked above.
-        let got = unsafe {
-            rans_decode_wide_avx2(&mut x, &data, slots, Some((&ctx, &classes)), &mut out)
+        let run = |ctx: &[u8], nv: usize, classes: [u8; RANS_CLASSES - 1], other: u8| {
+            let map = CtxClasses {
+                nv,
+                values: [3; RANS_CLASSES - 1],
+                classes,
+                other,
+            };
+            let mut out = vec![0u8; 256];
+            let mut x = [1u32 << 16; RANS_WIDE];
+            // SAFETY: the CPU has AVX2 and popcnt, checked above.
+            unsafe { rans_decode_wide_avx2(&mut x, &data, slots, Some((ctx, &map)), &mut out) }.0
         };
-        assert_eq!(got, (0, 0));
+        let ctx = vec![3u8; 256];
+        let sound = [7, 0, 1, 2, 3, 4, 5];
+        assert_eq!(run(&ctx, 7, sound, 6), 256);
+        assert_eq!(run(&ctx[..255], 7, sound, 6), 0);
+        assert_eq!(run(&ctx, 8, sound, 6), 0);
+        assert_eq!(run(&ctx, 7, sound, 8), 0);
+        assert_eq!(run(&ctx, 7, [8, 0, 1, 2, 3, 4, 5], 6), 0);
     }
 }
