@@ -6,7 +6,7 @@ use std::time::Instant;
 #[path = "../src/cli/bench/corpus.rs"]
 #[allow(dead_code)]
 mod corpus;
-use ckvc::codec::{self, histogram, huffman, layout, rans};
+use ckvc::codec::probe;
 use corpus::{load_run, MIN_ELEMENTS};
 
 fn main() {
@@ -17,37 +17,35 @@ fn main() {
         .filter(|t| t.dtype.short_name() == "bf16")
         .flat_map(|t| t.data.iter().copied())
         .collect();
-    let mut s = vec![Vec::new(), Vec::new()];
+    let mut s = [Vec::new(), Vec::new()];
     let t = Instant::now();
     for _ in 0..20 {
-        layout::group(&raw, 2, true, &mut s);
+        probe::group2(&raw, &mut s);
     }
     let g = t.elapsed().as_secs_f64() / 20.0;
     let exp = &s[1];
     let blocks: Vec<&[u8]> = exp.chunks(1 << 16).collect();
     let mut frames = Vec::new();
-    let mut scratch = huffman::EncodeScratch::default();
+    let mut scratch = probe::EncodeScratch::default();
     let mut e = f64::MAX;
     for _ in 0..10 {
         let t = Instant::now();
         frames.clear();
         for b in &blocks {
-            let h = histogram(b);
-            let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
             let mut out = Vec::new();
-            huffman::encode(b, &lens, &mut out, &mut scratch);
+            probe::huffman_encode(b, &mut out, &mut scratch);
             frames.push(out);
         }
         e = e.min(t.elapsed().as_secs_f64());
     }
-    let mut table = huffman::DecodeTable::default();
+    let mut table = probe::DecodeTable::default();
     let mut dst = vec![0u8; 1 << 16];
     // The fastest of 20 passes: noise on a shared machine only slows.
     let mut d = f64::MAX;
     for _ in 0..20 {
         let t = Instant::now();
         for (b, f) in blocks.iter().zip(&frames) {
-            huffman::decode(f, 0, f.len(), &mut dst[..b.len()], &mut table).expect("decodes");
+            probe::huffman_decode(f, &mut dst[..b.len()], &mut table).expect("decodes");
         }
         d = d.min(t.elapsed().as_secs_f64());
     }
@@ -58,7 +56,7 @@ fn main() {
         let t = Instant::now();
         for (b, f) in blocks.iter().zip(&frames) {
             for _ in 0..3 {
-                huffman::decode(f, 0, f.len(), &mut dst[..b.len()], &mut table).expect("decodes");
+                probe::huffman_decode(f, &mut dst[..b.len()], &mut table).expect("decodes");
             }
         }
         d3 = d3.min(t.elapsed().as_secs_f64());
@@ -68,7 +66,7 @@ fn main() {
         .iter()
         .map(|b| {
             let mut o = Vec::new();
-            rans::encode(b, &rans::normalize(&histogram(b)), &mut o);
+            probe::rans_encode(b, &mut o);
             o
         })
         .collect();
@@ -77,8 +75,7 @@ fn main() {
     for _ in 0..10 {
         let t = Instant::now();
         for (b, f) in blocks.iter().zip(&rframes) {
-            rans::decode(f, 0, &mut dst[..b.len()], &mut slots, codec::FORMAT_VERSION)
-                .expect("decodes");
+            probe::rans_decode(f, &mut dst[..b.len()], &mut slots).expect("decodes");
         }
         rd = rd.min(t.elapsed().as_secs_f64());
     }
@@ -91,7 +88,7 @@ fn main() {
     let mut out = vec![0u8; raw.len()];
     let t = Instant::now();
     for _ in 0..20 {
-        layout::ungroup(&[&s[0], &s[1]], 2, true, &mut out);
+        probe::ungroup2([&s[0], &s[1]], &mut out);
     }
     let u = t.elapsed().as_secs_f64() / 20.0;
     let n = exp.len() as f64;

@@ -1,5 +1,8 @@
 //! LSB-first bit reader for the Huffman streams (the writer is the
 //! encoder's four-lane loop in `huffman`).
+//!
+//! Owns: reading bits past a buffer's end as zeros without a branch per
+//! read; the callers check where their streams end.
 
 /// Reads bits LSB-first from `buf[start..end]`. The fast refill may load the
 /// 8 bytes at the cursor even past `end` (they stay inside `buf`); bits past

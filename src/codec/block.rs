@@ -1,8 +1,17 @@
 //! Per-block entropy coding: each 64 KiB block of a stream is stored as the
 //! smallest of raw, constant run, Huffman, rANS and bit-packed.
+//!
+//! Owns: the block mode byte ([`BlockMode`]), the choice of a block's mode
+//! from size estimates (sampled for large blocks), and the dispatch of a
+//! block's encode and decode to the coder of its mode. Must not: code
+//! symbols itself (`huffman`, `rans`, `context`, `packed` do) or compute
+//! statistics (`stats` does); it stands on those, and none of them
+//! imports it.
 
 use std::f64::consts::LN_2;
 
+use super::context::{self, CtxModel};
+use super::stats::{self, entropy_bits, histogram, sampled_histogram, sampled_rest};
 use super::{huffman, packed, rans, DecodeError, Options};
 
 /// How one block is stored. The discriminant is the on-disk mode byte.
@@ -35,141 +44,6 @@ impl BlockMode {
     }
 }
 
-/// Byte histogram. Eight interleaved tables break the store-to-load chains
-/// that a run of one symbol (an exponent stream) would otherwise serialise;
-/// a short input (the delta search's samples) takes one table, since
-/// clearing and summing eight would cost more than counting.
-pub fn histogram(s: &[u8]) -> [u32; 256] {
-    if s.len() < SHORT_HISTOGRAM {
-        let mut h = [0u32; 256];
-        for &b in s {
-            h[b as usize] += 1;
-        }
-        return h;
-    }
-    let mut h = [[0u32; 256]; 8];
-    let mut it = s.chunks_exact(8);
-    for c in &mut it {
-        let v = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-        for (k, t) in h.iter_mut().enumerate() {
-            t[(v >> (8 * k)) as u8 as usize] += 1;
-        }
-    }
-    for &b in it.remainder() {
-        h[0][b as usize] += 1;
-    }
-    let mut out = [0u32; 256];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = h.iter().map(|t| t[i]).sum();
-    }
-    out
-}
-
-/// Inputs shorter than this get a one-table histogram.
-const SHORT_HISTOGRAM: usize = 4096;
-
-/// Histogram of every `step`-th byte: enough to see that a block of
-/// noise (low mantissa bytes) is not worth entropy coding.
-pub(super) fn sampled_histogram(s: &[u8], step: usize) -> [u32; 256] {
-    let mut h = [[0u32; 256]; 4];
-    let mut it = s.chunks_exact(4 * step);
-    for c in &mut it {
-        for (k, t) in h.iter_mut().enumerate() {
-            t[c[k * step] as usize] += 1;
-        }
-    }
-    let mut out = [0u32; 256];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = h.iter().map(|t| t[i]).sum();
-    }
-    out
-}
-
-/// What the 1-in-4 sample counts beyond the 1-in-16 one:
-/// `sampled_histogram(s, 16)` plus this is `sampled_histogram(s, 4)`, so a
-/// block past the noise screen reuses the screen's counts.
-pub(super) fn sampled_rest(s: &[u8]) -> [u32; 256] {
-    let mut h = [[0u32; 256]; 4];
-    let mut it = s.chunks_exact(64);
-    for c in &mut it {
-        for g in c.chunks_exact(16) {
-            h[1][g[4] as usize] += 1;
-            h[2][g[8] as usize] += 1;
-            h[3][g[12] as usize] += 1;
-        }
-    }
-    // The screen takes whole runs of 64, the 1-in-4 sample whole runs of 16.
-    for g in it.remainder().chunks_exact(16) {
-        for (k, t) in h.iter_mut().enumerate() {
-            t[g[4 * k] as usize] += 1;
-        }
-    }
-    let mut out = [0u32; 256];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = h.iter().map(|t| t[i]).sum();
-    }
-    out
-}
-
-/// Order-0 entropy of a histogram, in bits (the whole block, not per symbol):
-/// `n log2 n - sum c log2 c`, the second term from a table (no branch per
-/// bin: `0 log2 0` is 0), summed in four chains.
-pub fn entropy_bits(h: &[u32; 256]) -> f64 {
-    let n: u64 = h.iter().map(|&c| c as u64).sum();
-    if n == 0 {
-        return 0.0;
-    }
-    let t = Log2::get();
-    let mut acc = [0.0f64; 4];
-    for q in h.chunks_exact(4) {
-        for (a, &c) in acc.iter_mut().zip(q) {
-            *a += t.x_of(c);
-        }
-    }
-    let n = n as f64;
-    n * n.log2() - (acc[0] + acc[1] + acc[2] + acc[3])
-}
-
-/// `log2` and `x log2 x` of small integers from tables: the entropy
-/// estimates take one per histogram bin, and `f64::log2` costs tens of
-/// instructions. The tables hold the very values `f64::log2` gives.
-pub(super) struct Log2(&'static [f64], &'static [f64]);
-
-impl Log2 {
-    const SIZE: usize = 4096;
-
-    pub(super) fn get() -> Log2 {
-        static TABLES: std::sync::OnceLock<(Vec<f64>, Vec<f64>)> = std::sync::OnceLock::new();
-        let (l, x) = TABLES.get_or_init(|| {
-            let l: Vec<f64> = (0..Self::SIZE).map(|c| (c as f64).log2()).collect();
-            let x = l
-                .iter()
-                .enumerate()
-                .map(|(c, &v)| if c == 0 { 0.0 } else { c as f64 * v })
-                .collect();
-            (l, x)
-        });
-        Log2(l, x)
-    }
-
-    #[inline(always)]
-    pub(super) fn of(&self, c: u32) -> f64 {
-        match self.0.get(c as usize) {
-            Some(&v) => v,
-            None => (c as f64).log2(),
-        }
-    }
-
-    /// `c log2 c`, 0 for 0.
-    #[inline(always)]
-    pub(super) fn x_of(&self, c: u32) -> f64 {
-        match self.1.get(c as usize) {
-            Some(&v) => v,
-            None => c as f64 * (c as f64).log2(),
-        }
-    }
-}
-
 /// Smallest block worth a rANS table.
 const RANS_MIN_SYMBOLS: usize = 1024;
 /// Smallest block worth context-modelled rANS (up to eight tables).
@@ -184,7 +58,7 @@ pub(super) const RANS_CTX_MIN_SYMBOLS: usize = 4096;
 /// each symbol with the table of its class.
 pub fn encode(
     syms: &[u8],
-    ctx: Option<(&rans::CtxModel, &[u8])>,
+    ctx: Option<(&CtxModel, &[u8])>,
     opts: &Options,
     out: &mut Vec<u8>,
     scratch: &mut huffman::EncodeScratch,
@@ -257,7 +131,7 @@ pub fn encode(
             }
         }
         if let Some((model, classes)) = ctx {
-            let p = rans::ctx_plan(syms, model, classes);
+            let p = context::ctx_plan(syms, model, classes);
             let h = p.hist;
             plan = Some(p);
             (h, 1.0, true, shape)
@@ -317,8 +191,8 @@ pub fn encode(
     // not worth it for small blocks.
     let plain_gain = opts.plain_rans_min_gain as f64;
     if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > plain_gain * huff {
-        let f = rans::normalize(&h);
-        let r = (rans::header_bytes(&f, n) + 4) as f64 + rans::coded_bits(&h, &f) / 8.0 * scale;
+        let f = stats::normalize(&h);
+        let r = (rans::header_bytes(&f, n) + 4) as f64 + stats::coded_bits(&h, &f) / 8.0 * scale;
         if r < huff * (1.0 - plain_gain) {
             best = (r, BlockMode::Rans);
             freqs = Some(f);
@@ -327,7 +201,7 @@ pub fn encode(
     if let Some((model, classes)) = ctx {
         let p = plan
             .take()
-            .unwrap_or_else(|| rans::ctx_plan(syms, model, classes));
+            .unwrap_or_else(|| context::ctx_plan(syms, model, classes));
         if p.bytes < best.0 * (1.0 - opts.rans_min_gain as f64) {
             best = (p.bytes, BlockMode::RansCtx);
             plan = Some(p);
@@ -344,7 +218,7 @@ pub fn encode(
         BlockMode::Rans => rans::encode(syms, &freqs.expect("set with Rans"), out),
         BlockMode::RansCtx => {
             let (model, classes) = ctx.expect("set with RansCtx");
-            rans::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
+            context::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
         }
         BlockMode::Packed => packed::encode(syms, packing.expect("set with Packed"), out),
         _ => huffman::encode(syms, &lens, out, scratch),
@@ -472,7 +346,7 @@ pub fn decode(
         BlockMode::Rans => rans::decode(payload, start as u64, out, &mut tables.rans, version)?,
         BlockMode::RansCtx => {
             let ctx = ctx.ok_or(corrupt("context-coded block outside a delta stream"))?;
-            rans::ctx_decode(payload, start as u64, ctx, out, &mut tables.rans, version)?
+            context::ctx_decode(payload, start as u64, ctx, out, &mut tables.rans, version)?
         }
         BlockMode::Packed if version < 3 => {
             return Err(corrupt("packed block in a frame before format version 3"))

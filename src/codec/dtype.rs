@@ -1,4 +1,8 @@
 //! Element types the codec knows, with their stable on-disk codes.
+//!
+//! Owns: the dtype code byte of a frame and each type's element width and
+//! float-ness; the names checkpoint formats use for them belong to
+//! `format`.
 
 use std::fmt;
 

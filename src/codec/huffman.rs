@@ -7,6 +7,10 @@
 //! The block's `n` symbols are split into four runs of `ceil(n/4)` (the last
 //! shorter), each its own LSB-first bit stream, so the decoder can interleave
 //! four independent dependency chains.
+//!
+//! Owns: code lengths from a histogram, the Huffman block payload, its
+//! encoder and its table-driven decoder. Must not: choose whether a block
+//! is Huffman coded (`block` does).
 
 use super::bits::BitReader;
 use super::DecodeError;

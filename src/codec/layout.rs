@@ -3,7 +3,12 @@
 //! whole-element ordered-integer difference).
 //!
 //! Every optimised routine here has a naive reference in the tests and is
-//! checked against it on lengths that are not multiples of the width.
+//! checked against it on lengths that are not multiples of the width. The
+//! hand-written AVX2 kernel of ungrouping lives with the codec's other
+//! kernels in `simd`; the run-time choice of it stays here.
+//!
+//! Owns: how elements become streams and back, and each stream's delta
+//! against the base (`StreamOp`). Must not: entropy code, or read frames.
 
 use std::mem::MaybeUninit;
 
@@ -286,57 +291,10 @@ fn ungroup4_uninit(s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        done = unsafe { ungroup4_avx2(s, out, rotate) };
+        // SAFETY: the CPU has AVX2, just detected.
+        done = unsafe { super::simd::ungroup4_avx2(s, out, rotate) };
     }
     ungroup4_rest(s.map(|t| &t[done..]), &mut out[4 * done..], rotate);
-}
-
-/// The bulk of [`ungroup4_uninit`]: whole groups of 32 elements; returns
-/// how many elements it wrote.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn ungroup4_avx2(s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool) -> usize {
-    use std::arch::x86_64::*;
-    let n = (out.len() / 4).min(s.iter().map(|t| t.len()).min().unwrap_or(0));
-    let groups = n / 32;
-    // SAFETY (every load and store below): group g reads bytes
-    // [32g, 32g + 32) of each stream, all below n <= its length, and writes
-    // bytes [128g, 128g + 128) of `out`, below 4n <= out.len(); the CPU has
-    // AVX2 (the caller's contract).
-    unsafe {
-        let o = out.as_mut_ptr() as *mut __m256i;
-        for g in 0..groups {
-            let ld = |t: &[u8]| _mm256_loadu_si256(t.as_ptr().add(32 * g) as *const __m256i);
-            let (a, b, c, d) = (ld(s[0]), ld(s[1]), ld(s[2]), ld(s[3]));
-            // Low and high halves of each element as u16, in-lane order:
-            // elements 0-7 and 16-23 in `*_l`, 8-15 and 24-31 in `*_h`.
-            let lo_l = _mm256_unpacklo_epi8(a, b);
-            let lo_h = _mm256_unpackhi_epi8(a, b);
-            let mut hi_l = _mm256_unpacklo_epi8(c, d);
-            let mut hi_h = _mm256_unpackhi_epi8(c, d);
-            if rotate {
-                let unrot =
-                    |v| _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v));
-                hi_l = unrot(hi_l);
-                hi_h = unrot(hi_h);
-            }
-            // Elements 0-3|16-19, 4-7|20-23, 8-11|24-27, 12-15|28-31.
-            let e0 = _mm256_unpacklo_epi16(lo_l, hi_l);
-            let e1 = _mm256_unpackhi_epi16(lo_l, hi_l);
-            let e2 = _mm256_unpacklo_epi16(lo_h, hi_h);
-            let e3 = _mm256_unpackhi_epi16(lo_h, hi_h);
-            let at = o.add(4 * g);
-            _mm256_storeu_si256(at, _mm256_permute2x128_si256::<0x20>(e0, e1));
-            _mm256_storeu_si256(at.add(1), _mm256_permute2x128_si256::<0x20>(e2, e3));
-            _mm256_storeu_si256(at.add(2), _mm256_permute2x128_si256::<0x31>(e0, e1));
-            _mm256_storeu_si256(at.add(3), _mm256_permute2x128_si256::<0x31>(e2, e3));
-        }
-    }
-    32 * groups
 }
 
 #[inline(always)]

@@ -1,10 +1,20 @@
 //! The chunk codec: lossless compression of one chunk of one tensor.
 //!
-//! Owns: sign-bit rotation and byte grouping ([`layout`]), the delta
-//! representations against a base chunk, the element map of zero or
-//! unchanged elements ([`ElementMap`]), and block-adaptive entropy coding
-//! (raw / constant / Huffman / rANS / bit-packed per 64 KiB block of each
-//! stream), framed as specified byte by byte in `docs/format/codec.md`.
+//! Owns: sign-bit rotation and byte grouping, the delta representations
+//! against a base chunk, the element map of zero or unchanged elements
+//! ([`ElementMap`]), and block-adaptive entropy coding (raw / constant /
+//! Huffman / rANS / bit-packed per 64 KiB block of each stream), framed as
+//! specified byte by byte in `docs/format/codec.md`.
+//!
+//! This file holds the public API (encode / decode, [`Options`],
+//! [`Scratch`], [`FrameInfo`], [`DecodeError`]) and the frame: header,
+//! delta search, stream table. Beneath it, private modules, each importing
+//! only those below it: `block` (a block's mode, chosen from estimates)
+//! over the coders `huffman` (with `bits`), `context` (context modelling)
+//! over `rans` (the interleaved coder), and `packed`; `layout` (rotation,
+//! grouping, deltas) and `elements` (the element map) for the frame;
+//! `stats` (histograms, entropy, frequency normalisation) and `simd` (every
+//! `#[target_feature]` kernel) at the bottom; `dtype` for element types.
 //!
 //! Must not: do I/O, compute chunk ids, or know about files, stores or
 //! commits. It is pure: bytes in, bytes out. Parallelism across chunks
@@ -18,45 +28,26 @@
 //! assert_eq!(decode(&frame, Some(&old)).unwrap(), new);
 //! ```
 
-// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
-// portable build is the same source compiled for the baseline target.
-macro_rules! dispatch {
-    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
-        dispatch!($name, $body, ($($arg: $ty),*) -> ());
-    };
-    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
-        fn $name($($arg: $ty),*) -> $ret {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,bmi1,bmi2")]
-                unsafe fn avx2($($arg: $ty),*) -> $ret {
-                    $body($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("bmi2")
-                {
-                    // SAFETY: the CPU supports the features `avx2` was compiled for.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $body($($arg),*)
-        }
-    };
-}
+// Declared first: the other modules use its `dispatch!` macro.
+#[macro_use]
+mod simd;
 
 mod bits;
 mod block;
+mod context;
 mod dtype;
 mod elements;
-pub mod huffman;
-pub mod layout;
+mod huffman;
+mod layout;
 mod packed;
-pub mod rans;
+mod rans;
+mod stats;
 
-pub use block::{entropy_bits, histogram, BlockMode};
+use block::BlockMode;
 pub use dtype::DType;
 pub use elements::ElementMap;
 use layout::StreamOp;
+pub use stats::{entropy_bits, histogram};
 
 /// Frame magic, "CK".
 pub const MAGIC: [u8; 2] = *b"CK";
@@ -410,7 +401,7 @@ fn encode_elements(
             .chunks(1 << BLOCK_LOG2)
             .zip(classes.chunks_mut(1 << BLOCK_LOG2))
         {
-            let m = rans::CtxModel::new(b);
+            let m = context::CtxModel::new(b);
             m.classes_into(b, c);
             models.push(m);
         }
@@ -561,7 +552,7 @@ fn choose_delta(
     let ctx_model = ctx_ok.then(|| {
         let mut ctx = Vec::new();
         layout::context_bytes(&sample_base, w, float, &mut ctx);
-        let model = rans::CtxModel::new(&ctx);
+        let model = context::CtxModel::new(&ctx);
         let mut classes = Vec::new();
         model.classes(&ctx, &mut classes);
         (model, classes)
@@ -798,6 +789,81 @@ pub fn decode_into(
     }
     out.extend_from_slice(tail);
     Ok(())
+}
+
+/// The byte-grouped streams of `raw`'s whole elements of `dtype` (byte
+/// `k` of every element in stream `k`, no sign-bit rotation), each XORed
+/// with the same stream of `base` when given: the representation plain
+/// LMC entropy-codes. For benchmarks that measure general-purpose
+/// compressors and the entropy bound on the bytes this codec starts from.
+/// A trailing partial element of `raw` is left out; a `base` shorter than
+/// `raw` is XORed over its own whole elements only.
+pub fn grouped_streams(raw: &[u8], base: Option<&[u8]>, dtype: DType) -> Vec<Vec<u8>> {
+    let w = dtype.width();
+    let n = raw.len() / w;
+    let mut s = vec![Vec::new(); w];
+    layout::group(&raw[..n * w], w, false, &mut s);
+    for t in &mut s {
+        t.truncate(n);
+    }
+    if let Some(b) = base {
+        let nb = n.min(b.len() / w);
+        let mut bs = vec![Vec::new(); w];
+        layout::group(&b[..nb * w], w, false, &mut bs);
+        for (t, b) in s.iter_mut().zip(&bs) {
+            StreamOp::Xor.apply(&mut t[..nb], &b[..nb]);
+        }
+    }
+    s
+}
+
+/// Not part of the API: block-level entry points for the micro-benchmark
+/// `examples/huff_speed.rs` (Huffman and rANS on single blocks, byte
+/// grouping). Anything here may change or vanish in any release.
+#[doc(hidden)]
+pub mod probe {
+    pub use super::huffman::{DecodeTable, EncodeScratch};
+    use super::{histogram, huffman, rans, DecodeError, FORMAT_VERSION};
+
+    /// Byte grouping of 2-byte elements, rotated (`layout::group`).
+    pub fn group2(raw: &[u8], streams: &mut [Vec<u8>; 2]) {
+        super::layout::group(raw, 2, true, streams)
+    }
+
+    /// Ungrouping of two streams, rotated (`layout::ungroup`).
+    pub fn ungroup2(streams: [&[u8]; 2], out: &mut [u8]) {
+        super::layout::ungroup(&streams, 2, true, out)
+    }
+
+    /// A Huffman block payload of `block` (its code built from its
+    /// histogram), appended to `out`.
+    pub fn huffman_encode(block: &[u8], out: &mut Vec<u8>, scratch: &mut EncodeScratch) {
+        let lens = huffman::code_lengths(&histogram(block), huffman::MAX_BITS);
+        huffman::encode(block, &lens, out, scratch);
+    }
+
+    /// Decode a Huffman block payload into `out` (as long as the block).
+    pub fn huffman_decode(
+        payload: &[u8],
+        out: &mut [u8],
+        table: &mut DecodeTable,
+    ) -> Result<(), DecodeError> {
+        huffman::decode(payload, 0, payload.len(), out, table)
+    }
+
+    /// A plain rANS block payload of `block`, appended to `out`.
+    pub fn rans_encode(block: &[u8], out: &mut Vec<u8>) {
+        rans::encode(block, &super::stats::normalize(&histogram(block)), out);
+    }
+
+    /// Decode a plain rANS block payload into `out` (as long as the block).
+    pub fn rans_decode(
+        payload: &[u8],
+        out: &mut [u8],
+        slots: &mut Vec<u32>,
+    ) -> Result<(), DecodeError> {
+        rans::decode(payload, 0, out, slots, FORMAT_VERSION)
+    }
 }
 
 #[cfg(test)]

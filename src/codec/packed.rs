@@ -1,6 +1,7 @@
-//! Bit-packed blocks (mode 5): every symbol of the block is
-//! `lo + (v << s)` (modulo 256) for a `k`-bit `v` (`k` of 1 to 7, `k + s`
-//! at most 8), and is stored as that `v`, LSB-first, with no table.
+//! Bit-packed blocks (mode 5), their payload and coder: every symbol of
+//! the block is `lo + (v << s)` (modulo 256) for a `k`-bit `v` (`k` of 1
+//! to 7, `k + s` at most 8), and is stored as that `v`, LSB-first, with no
+//! table.
 //!
 //! Where it pays: a stream whose values fill such a set almost evenly. The
 //! top mantissa bits and the sign of a tensor that is never negative

@@ -1,6 +1,7 @@
-//! Interleaved rANS (8 or 32 32-bit states, 12-bit probabilities, 16-bit
-//! renormalisation) for blocks where Huffman's floor of one bit per symbol
-//! wastes space: the mostly-zero streams of late-training deltas.
+//! The interleaved rANS coder (8 or 32 32-bit states, 12-bit
+//! probabilities, 16-bit renormalisation) for blocks where Huffman's floor
+//! of one bit per symbol wastes space: the mostly-zero streams of
+//! late-training deltas.
 //!
 //! Block payload (see docs/format/codec.md): `lo u8, hi u8, one LEB128
 //! frequency per symbol lo..=hi (summing to 4096), the final states (u32
@@ -9,16 +10,27 @@
 //! so the decoder renormalises without a branch. Blocks of 16 Ki symbols
 //! or more in format version 2 have 32 states: four AVX2 registers of
 //! eight, whose table lookups (gathers) overlap.
+//!
+//! Owns: the frequency table encoding, the scalar encode and decode loops
+//! (with one table per class when `context` supplies classes), and the
+//! run-time choice of the AVX2 kernels in [`super::simd`] for 32-state
+//! blocks. Must not: model contexts (that is `context`'s) or estimate
+//! sizes beyond its own header (statistics are `stats`'s).
 
+use super::simd;
+pub(crate) use super::stats::SCALE_BITS;
 use super::DecodeError;
 
-pub const SCALE_BITS: u32 = 12;
 /// Interleaved states of a small block (and of every block of a version 1
 /// frame): symbol `i` is coded by state `i % NARROW`.
 pub const NARROW: usize = 8;
 /// Interleaved states of a block of [`WIDE_MIN_SYMBOLS`] or more in a
 /// version 2 frame.
 pub const WIDE: usize = 32;
+const _: () = assert!(
+    WIDE == simd::RANS_WIDE && ALL_SLOTS == simd::RANS_ALL_SLOTS,
+    "the AVX2 kernels' shapes"
+);
 /// Blocks at least this long have [`WIDE`] states (from format version 2):
 /// the 96 more bytes of states are under 1% of such a block's payload.
 pub const WIDE_MIN_SYMBOLS: usize = 16 * 1024;
@@ -34,64 +46,14 @@ pub fn lanes(n: usize, version: u8) -> usize {
 }
 
 /// States of a block this build writes.
-fn lanes_written(n: usize) -> usize {
+pub(crate) fn lanes_written(n: usize) -> usize {
     lanes(n, super::FORMAT_VERSION)
 }
 const M: u32 = 1 << SCALE_BITS;
 const L: u32 = 1 << 16;
 
-/// Normalise a histogram (at least two symbols present) to frequencies
-/// summing to 4096, every present symbol at least 1.
-pub fn normalize(hist: &[u32; 256]) -> [u32; 256] {
-    let total: u64 = hist.iter().map(|&c| c as u64).sum();
-    let mut f = [0u32; 256];
-    let mut sum: i64 = 0;
-    for s in 0..256 {
-        if hist[s] > 0 {
-            let v = ((hist[s] as u64 * M as u64 + total / 2) / total).max(1) as u32;
-            f[s] = v;
-            sum += v as i64;
-        }
-    }
-    let mut excess = sum - M as i64;
-    while excess != 0 {
-        // Adjust the most probable symbol: the relative change costs least there.
-        let (s, _) = f
-            .iter()
-            .enumerate()
-            .max_by_key(|&(_, &v)| v)
-            .expect("256 entries");
-        if excess > 0 {
-            let take = excess.min(f[s] as i64 - 1);
-            if take == 0 {
-                // Every symbol is at 1 and there are more than 4096 of them:
-                // impossible with 256 symbols.
-                unreachable!("256 symbols always fit 4096 slots");
-            }
-            f[s] -= take as u32;
-            excess -= take;
-        } else {
-            f[s] += (-excess) as u32;
-            excess = 0;
-        }
-    }
-    f
-}
-
-/// Estimated payload bits for `hist` coded with frequencies `f`.
-pub fn coded_bits(hist: &[u32; 256], f: &[u32; 256]) -> f64 {
-    let log2 = super::block::Log2::get();
-    let mut bits = 0.0;
-    for s in 0..256 {
-        if hist[s] > 0 {
-            bits += hist[s] as f64 * (SCALE_BITS as f64 - log2.of(f[s]));
-        }
-    }
-    bits
-}
-
 /// Bytes of the frequency table.
-fn table_bytes(f: &[u32; 256]) -> usize {
+pub(crate) fn table_bytes(f: &[u32; 256]) -> usize {
     let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
     let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
     2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>()
@@ -111,7 +73,7 @@ fn varint_len(v: u32) -> usize {
 }
 
 #[derive(Clone, Copy, Default)]
-struct EncSym {
+pub(crate) struct EncSym {
     x_max: u32,
     /// `4096 - freq`: the new state is `x + (x / freq) * cmpl + start`.
     cmpl: u32,
@@ -146,7 +108,7 @@ impl EncSym {
     }
 }
 
-fn write_freqs(f: &[u32; 256], out: &mut Vec<u8>) {
+pub(crate) fn write_freqs(f: &[u32; 256], out: &mut Vec<u8>) {
     let lo = f.iter().position(|&v| v > 0).expect("symbols present");
     let hi = 255
         - f.iter()
@@ -165,7 +127,7 @@ fn write_freqs(f: &[u32; 256], out: &mut Vec<u8>) {
     }
 }
 
-fn enc_table(f: &[u32; 256]) -> [EncSym; 256] {
+pub(crate) fn enc_table(f: &[u32; 256]) -> [EncSym; 256] {
     let mut enc = [EncSym::default(); 256];
     let mut start = 0;
     for s in 0..256 {
@@ -189,9 +151,9 @@ fn encode_core<const LANES: usize>(
     out: &mut Vec<u8>,
 ) {
     let n = syms.len();
-    // At most one word per symbol, and room for the AVX2 kernel's last
-    // store of eight.
-    let mut words = vec![0u16; n + 8];
+    // At most one word per symbol (the AVX2 kernel checks that its stores
+    // of eight stay inside).
+    let mut words = vec![0u16; n];
     let mut k = 0usize;
     let mut x = [L; LANES];
     macro_rules! step {
@@ -209,19 +171,26 @@ fn encode_core<const LANES: usize>(
         let c = classes.map_or(0, |c| c[i] as usize);
         step!(i % LANES, &enc[c][syms[i] as usize]);
     }
-    // The AVX2 kernel takes every whole group, or none.
-    let kernel = LANES == WIDE && avx2_kernels();
+    // The AVX2 kernel takes every whole group, or none (then the scalar
+    // loop below takes them).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut groups = full / LANES;
     #[cfg(target_arch = "x86_64")]
-    if kernel {
+    if LANES == WIDE && avx2_kernels() {
         let fs: Vec<u32> = enc
             .iter()
             .flat_map(|t| t.iter().map(|e| (e.x_max >> 20) | e.start << 16))
             .collect();
         let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
-        // SAFETY: the CPU has the features the kernel was compiled for.
-        k = unsafe { encode_wide_avx2(x, &syms[..full], classes, &fs, &mut words, k) };
+        // SAFETY: `avx2_kernels` found the CPU features the kernel was
+        // compiled for.
+        let done =
+            unsafe { simd::rans_encode_wide_avx2(x, &syms[..full], classes, &fs, &mut words, k) };
+        if let Some(done) = done {
+            k = done;
+            groups = 0;
+        }
     }
-    let groups = if kernel { 0 } else { full / LANES };
     for g in (0..groups).rev() {
         let at = g * LANES;
         let s: &[u8; LANES] = syms[at..at + LANES].try_into().expect("a group");
@@ -242,121 +211,6 @@ fn encode_core<const LANES: usize>(
     }
 }
 
-/// `COMPRESS[m]`: the lanes of mask `m` from the highest down, then the
-/// rest (unused): the order in which the encoder's lanes of one register
-/// write their renormalisation words.
-#[cfg(target_arch = "x86_64")]
-static COMPRESS: [[u32; 8]; 256] = {
-    let mut t = [[0u32; 8]; 256];
-    let mut m = 0;
-    while m < 256 {
-        let mut at = 0;
-        let mut j = 8;
-        while j > 0 {
-            j -= 1;
-            if m & (1 << j) != 0 {
-                t[m][at] = j as u32;
-                at += 1;
-            }
-        }
-        m += 1;
-    }
-    t
-};
-
-/// The 32 bytes of `v` as four registers of eight u32, in order.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn widen_quarters(v: std::arch::x86_64::__m256i) -> [std::arch::x86_64::__m256i; 4] {
-    use std::arch::x86_64::*;
-    let lo = _mm256_castsi256_si128(v);
-    let hi = _mm256_extracti128_si256(v, 1);
-    [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)].map(|q| _mm256_cvtepu8_epi32(q))
-}
-
-/// The group loop of [`encode_core`] with [`WIDE`] states in four AVX2
-/// registers, for every whole group of `syms` from the last: per register
-/// one gather of `fs` (`freq | start << 16` per `class << 8 | symbol`),
-/// the words of the lanes that renormalise compressed in descending lane
-/// order (the scalar loop's order), and the quotient `x / freq` by a
-/// double-precision division, which is exact here: `x < 2^32` and
-/// `freq < 2^12` are exact doubles, and a quotient's distance below the
-/// next integer (at least `1 / freq`, relative `2^-32`) is far above the
-/// division's rounding (relative `2^-53`). Returns the words written
-/// (`k` on entry plus this kernel's).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,popcnt")]
-unsafe fn encode_wide_avx2(
-    x: &mut [u32; WIDE],
-    syms: &[u8],
-    classes: Option<&[u8]>,
-    fs: &[u32],
-    words: &mut [u16],
-    mut k: usize,
-) -> usize {
-    use std::arch::x86_64::*;
-    let mut xv: [__m256i; 4] =
-        std::array::from_fn(|r| _mm256_loadu_si256(x.as_ptr().add(8 * r).cast()));
-    // A class past the last table takes the last (only a caller's bug
-    // could pass one; the gather stays in bounds either way).
-    let last = _mm256_set1_epi32((fs.len() / 256).max(1) as i32 - 1);
-    let low16 = _mm256_set1_epi32(0xffff);
-    let m_scale = _mm256_set1_epi32(M as i32);
-    let sign = _mm256_set1_epi32(i32::MIN);
-    let two31 = _mm256_set1_pd(2_147_483_648.0);
-    for g in (0..syms.len() / WIDE).rev() {
-        let at = g * WIDE;
-        let sk = widen_quarters(_mm256_loadu_si256(syms.as_ptr().add(at).cast()));
-        let ck = match classes {
-            Some(c) => {
-                // `classes` is at least as long as `syms` (the caller's slice).
-                let cv = _mm256_loadu_si256(c[at..at + WIDE].as_ptr().cast());
-                widen_quarters(cv).map(|q| _mm256_min_epu32(q, last))
-            }
-            None => [_mm256_setzero_si256(); 4],
-        };
-        for r in (0..4).rev() {
-            let idx = _mm256_or_si256(_mm256_slli_epi32(ck[r], 8), sk[r]);
-            let e = _mm256_i32gather_epi32::<4>(fs.as_ptr().cast(), idx);
-            let freq = _mm256_and_si256(e, low16);
-            let start = _mm256_srli_epi32(e, 16);
-            let v = xv[r];
-            // x >= freq << 20, unsigned.
-            let x_max = _mm256_slli_epi32(freq, 20);
-            let need = _mm256_cmpeq_epi32(_mm256_max_epu32(v, x_max), v);
-            let mask = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-            let w = _mm256_permutevar8x32_epi32(
-                _mm256_and_si256(v, low16),
-                _mm256_loadu_si256(COMPRESS[mask & 255].as_ptr().cast()),
-            );
-            let w = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-            // k + 8 <= words.len(): k counts words of symbols already coded
-            // (fewer than syms.len()), and words has 8 to spare.
-            debug_assert!(k + 8 <= words.len());
-            _mm_storeu_si128(words.as_mut_ptr().add(k).cast(), w);
-            k += mask.count_ones() as usize;
-            let v = _mm256_blendv_epi8(v, _mm256_srli_epi32(v, 16), need);
-            // q = v / freq in doubles: v as unsigned (flip the sign bit,
-            // convert as signed, add 2^31 back).
-            let vs = _mm256_xor_si256(v, sign);
-            let f_lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(freq));
-            let f_hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(freq, 1));
-            let v_lo = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(vs)), two31);
-            let v_hi = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(vs, 1)), two31);
-            let q_lo = _mm256_cvttpd_epi32(_mm256_div_pd(v_lo, f_lo));
-            let q_hi = _mm256_cvttpd_epi32(_mm256_div_pd(v_hi, f_hi));
-            let q = _mm256_set_m128i(q_hi, q_lo);
-            // x = v + q * (4096 - freq) + start
-            let cmpl = _mm256_sub_epi32(m_scale, freq);
-            xv[r] = _mm256_add_epi32(_mm256_add_epi32(v, _mm256_mullo_epi32(q, cmpl)), start);
-        }
-    }
-    for (r, v) in xv.iter().enumerate() {
-        _mm256_storeu_si256(x.as_mut_ptr().add(8 * r).cast(), *v);
-    }
-    k
-}
-
 /// Append the rANS payload of `syms` with normalised frequencies `f`.
 pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
     write_freqs(f, out);
@@ -364,7 +218,12 @@ pub fn encode(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
 }
 
 /// [`encode_core`] with the states a block of this length has.
-fn encode_lanes(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out: &mut Vec<u8>) {
+pub(crate) fn encode_lanes(
+    syms: &[u8],
+    enc: &[[EncSym; 256]],
+    classes: Option<&[u8]>,
+    out: &mut Vec<u8>,
+) {
     if lanes_written(syms.len()) == WIDE {
         encode_core::<WIDE>(syms, enc, classes, out)
     } else {
@@ -374,7 +233,7 @@ fn encode_lanes(syms: &[u8], enc: &[[EncSym; 256]], classes: Option<&[u8]>, out:
 
 /// Read a frequency table; returns the slot table entries
 /// (`symbol | freq << 8 | start << 20` per 12-bit slot).
-fn read_freqs(
+pub(crate) fn read_freqs(
     payload: &[u8],
     p: &mut usize,
     offset: u64,
@@ -413,18 +272,15 @@ fn read_freqs(
 }
 
 /// Slot tables of every class, back to back: `class << 12 | slot`.
-const ALL_SLOTS: usize = MAX_CLASSES << SCALE_BITS;
+pub(crate) const ALL_SLOTS: usize = MAX_CLASSES << SCALE_BITS;
 
-/// The class of each context byte, as a decoder reads it from a block: a
-/// byte equal to `values[j]` (the first such `j`) is in class `classes[j]`,
-/// any other byte in class `other`. `coff` is the same map as slot table
-/// offsets (class times 4096), for the scalar decoder.
-struct ClassMap {
-    nv: usize,
-    values: [u8; MAX_CLASSES - 1],
-    classes: [u8; MAX_CLASSES - 1],
-    other: u8,
-    coff: [u32; 256],
+/// The class of each context byte, as a decoder reads it from a block:
+/// `lookup` for the AVX2 kernel (compares with the block's context
+/// values), and `coff`, the same map as slot table offsets (class times
+/// 4096) per byte value, for the scalar decoder.
+pub(crate) struct ClassMap {
+    pub lookup: simd::CtxClasses,
+    pub coff: [u32; 256],
 }
 
 /// Decode with `LANES` states and the words at `payload[p..]`. Symbol `i`
@@ -457,8 +313,10 @@ fn decode_core<const LANES: usize>(
     #[cfg(target_arch = "x86_64")]
     if LANES == WIDE && avx2_kernels() {
         let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
-        // SAFETY: the CPU has the features the kernel was compiled for.
-        (i, r) = unsafe { decode_wide_avx2(x, data, slots, ctx, out) };
+        let ctx = ctx.map(|(c, m)| (c, &m.lookup));
+        // SAFETY: `avx2_kernels` found the CPU features the kernel was
+        // compiled for.
+        (i, r) = unsafe { simd::rans_decode_wide_avx2(x, data, slots, ctx, out) };
     }
     // One decode step of state `$x` with slot table offset `$off`: slot
     // lookup, state update, then at most one renormalisation word (x >= 16
@@ -535,105 +393,6 @@ fn decode_core<const LANES: usize>(
     Ok(())
 }
 
-/// `EXPAND[m][j]`: the index of the renormalisation word that lane `j` of
-/// eight takes when the lanes in mask `m` take one each, in lane order
-/// (the number of lanes of `m` below `j`).
-#[cfg(target_arch = "x86_64")]
-static EXPAND: [[u32; 8]; 256] = {
-    let mut t = [[0u32; 8]; 256];
-    let mut m = 0;
-    while m < 256 {
-        let mut j = 0;
-        while j < 8 {
-            t[m][j] = (m & ((1 << j) - 1)).count_ones();
-            j += 1;
-        }
-        m += 1;
-    }
-    t
-};
-
-/// The fast path of [`decode_core`] with [`WIDE`] states, in four AVX2
-/// registers: per group of 32 symbols, four gathers of eight slots (each
-/// register's chain is independent, so their latencies overlap), then each
-/// register's renormalisation words, expanded to the lanes that need them
-/// with one permutation. Decodes whole groups while 64 bytes of words are
-/// left (a group needs at most that) and returns the symbols decoded and
-/// the words' bytes read; the caller goes on from there.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,popcnt")]
-unsafe fn decode_wide_avx2(
-    x: &mut [u32; WIDE],
-    data: &[u8],
-    slots: &[u32; ALL_SLOTS],
-    ctx: Option<(&[u8], &ClassMap)>,
-    out: &mut [u8],
-) -> (usize, usize) {
-    use std::arch::x86_64::*;
-    let mut xv: [__m256i; 4] =
-        std::array::from_fn(|k| _mm256_loadu_si256(x.as_ptr().add(8 * k).cast()));
-    let low12 = _mm256_set1_epi32(M as i32 - 1);
-    let low8 = _mm256_set1_epi32(0xff);
-    let zero = _mm256_setzero_si256();
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let n = out.len();
-    let (mut i, mut r) = (0usize, 0usize);
-    while i + WIDE <= n && r + 2 * WIDE <= data.len() {
-        let off: [__m256i; 4] = match ctx {
-            Some((c, m)) => {
-                // The class of each of the 32 context bytes: compare with
-                // each value, last to first, so the first match wins.
-                let cv = _mm256_loadu_si256(c.as_ptr().add(i).cast());
-                let mut cls = _mm256_set1_epi8(m.other as i8);
-                for j in (0..m.nv).rev() {
-                    let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
-                    cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
-                }
-                widen_quarters(cls).map(|q| _mm256_slli_epi32(q, SCALE_BITS as i32))
-            }
-            None => [zero; 4],
-        };
-        let mut e = [zero; 4];
-        for k in 0..4 {
-            let slot = _mm256_and_si256(xv[k], low12);
-            // A class is below 8 and a slot below 4096: in bounds.
-            let ek =
-                _mm256_i32gather_epi32::<4>(slots.as_ptr().cast(), _mm256_or_si256(slot, off[k]));
-            e[k] = ek;
-            let freq = _mm256_and_si256(_mm256_srli_epi32(ek, 8), low12);
-            let start = _mm256_srli_epi32(ek, 20);
-            let v = _mm256_add_epi32(
-                _mm256_mullo_epi32(freq, _mm256_srli_epi32(xv[k], SCALE_BITS as i32)),
-                _mm256_sub_epi32(slot, start),
-            );
-            let need = _mm256_cmpeq_epi32(_mm256_srli_epi32(v, 16), zero);
-            let mask = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
-            // r + 16 <= data.len(): the loop left 64 bytes, and each
-            // register before this one took at most 16.
-            let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(data.as_ptr().add(r).cast()));
-            let words = _mm256_permutevar8x32_epi32(
-                words,
-                _mm256_loadu_si256(EXPAND[mask & 255].as_ptr().cast()),
-            );
-            let renorm = _mm256_or_si256(_mm256_slli_epi32(v, 16), words);
-            xv[k] = _mm256_blendv_epi8(v, renorm, need);
-            r += 2 * mask.count_ones() as usize;
-        }
-        // Byte 0 of each entry is its symbol: pack 4 x 8 entries to 32
-        // bytes (the packs work per 128-bit half; the permutation puts
-        // the halves' quarters back in lane order).
-        let a = _mm256_packus_epi32(_mm256_and_si256(e[0], low8), _mm256_and_si256(e[1], low8));
-        let b = _mm256_packus_epi32(_mm256_and_si256(e[2], low8), _mm256_and_si256(e[3], low8));
-        let syms = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
-        _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), syms);
-        i += WIDE;
-    }
-    for (k, v) in xv.iter().enumerate() {
-        _mm256_storeu_si256(x.as_mut_ptr().add(8 * k).cast(), *v);
-    }
-    (i, r)
-}
-
 /// Decode `out.len()` symbols from `payload`.
 /// `slots` is reusable scratch: grown as needed, never cleared (every slot a
 /// decode can reach is written by the block's own tables first).
@@ -673,7 +432,7 @@ fn avx2_kernels() -> bool {
 
 /// [`decode_core`] with the states a block of this length has in a frame
 /// of format `version`.
-fn decode_lanes(
+pub(crate) fn decode_lanes(
     payload: &[u8],
     p: usize,
     offset: u64,
@@ -689,7 +448,7 @@ fn decode_lanes(
     }
 }
 
-fn grow(v: &mut Vec<u32>, n: usize) {
+pub(crate) fn grow(v: &mut Vec<u32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0);
     }
@@ -698,267 +457,11 @@ fn grow(v: &mut Vec<u32>, n: usize) {
 /// Context classes at most: seven context values of their own plus one
 /// class for every other value.
 pub const MAX_CLASSES: usize = 8;
-
-/// A context-modelled rANS plan for one block: symbol `i` is coded with the
-/// table of the class of `ctx[i]` (the base chunk's byte at the same place:
-/// for an exponent-change stream, the old exponent).
-pub struct CtxPlan {
-    freqs: Vec<Option<[u32; 256]>>,
-    /// Estimated payload bytes.
-    pub bytes: f64,
-    /// The block's histogram (the classes' summed).
-    pub hist: [u32; 256],
-}
-
-/// Normalise a class histogram; a class with one symbol lends one slot to
-/// a neighbour, since a frequency of 4096 does not fit the slot format.
-fn normalize_class(h: &[u32; 256]) -> Option<[u32; 256]> {
-    let present = h.iter().filter(|&&c| c > 0).count();
-    match present {
-        0 => None,
-        1 => {
-            let s = h.iter().position(|&c| c > 0).expect("one present");
-            let mut f = [0u32; 256];
-            f[s] = M - 1;
-            f[(s + 1) & 255] = 1;
-            Some(f)
-        }
-        _ => Some(normalize(h)),
-    }
-}
-
-/// `out[i]` = the `j < nv` with `values[j] == ctx[i]` (the values are
-/// distinct), else `nv`: seven compares and selects per byte, which the
-/// compiler vectorises (a table lookup per byte does not).
-#[inline(always)]
-fn classes_body(values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]) {
-    for (o, &c) in out.iter_mut().zip(ctx) {
-        let mut k = nv;
-        for (j, &v) in values.iter().enumerate() {
-            if (j as u8) < nv && c == v {
-                k = j as u8;
-            }
-        }
-        *o = k;
-    }
-}
-
-dispatch!(classes_of, classes_body, (values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]));
-
-/// The classes of a context stream: its most frequent values get a class
-/// each, every other value shares the last. One model serves every stream
-/// of a block (they share the context), as does its class of each symbol.
-pub struct CtxModel {
-    /// Context values with a class of their own (classes 0..k-1); all other
-    /// values fall in class `k`.
-    values: Vec<u8>,
-}
-
-impl CtxModel {
-    pub fn new(ctx: &[u8]) -> CtxModel {
-        let ch = super::histogram(ctx);
-        let mut order: Vec<usize> = (0..256).filter(|&v| ch[v] > 0).collect();
-        order.sort_by_key(|&v| std::cmp::Reverse(ch[v]));
-        let values: Vec<u8> = order
-            .iter()
-            .take(MAX_CLASSES - 1)
-            .map(|&v| v as u8)
-            .collect();
-        CtxModel { values }
-    }
-
-    /// The class of each context byte, into `out` (cleared first).
-    pub fn classes(&self, ctx: &[u8], out: &mut Vec<u8>) {
-        out.clear();
-        out.resize(ctx.len(), 0);
-        self.classes_into(ctx, out);
-    }
-
-    /// The class of each context byte of `ctx` into `out` (as long).
-    pub fn classes_into(&self, ctx: &[u8], out: &mut [u8]) {
-        let mut values = [0u8; MAX_CLASSES - 1];
-        values[..self.values.len()].copy_from_slice(&self.values);
-        classes_of(&values, self.values.len() as u8, ctx, out);
-    }
-
-    /// One histogram per class (the first `values.len() + 1` are used);
-    /// `classes` from [`CtxModel::classes`]. A long input is counted in
-    /// four interleaved sets, so that a run of one symbol in one class (a
-    /// stream of unchanged bytes) is four chains of increments, not one.
-    fn class_histograms(&self, syms: &[u8], classes: &[u8]) -> [[u32; 256]; MAX_CLASSES] {
-        let n = syms.len().min(classes.len());
-        let (syms, classes) = (&syms[..n], &classes[..n]);
-        let mut h = [[0u32; 256]; MAX_CLASSES];
-        let cls = |c: u8| c as usize % MAX_CLASSES;
-        if n < 16 * 1024 {
-            for (&s, &c) in syms.iter().zip(classes) {
-                h[cls(c)][s as usize] += 1;
-            }
-            return h;
-        }
-        let mut hs = [[[0u32; 256]; MAX_CLASSES]; 3];
-        let mut quads = syms.chunks_exact(4).zip(classes.chunks_exact(4));
-        for (s, c) in &mut quads {
-            h[cls(c[0])][s[0] as usize] += 1;
-            hs[0][cls(c[1])][s[1] as usize] += 1;
-            hs[1][cls(c[2])][s[2] as usize] += 1;
-            hs[2][cls(c[3])][s[3] as usize] += 1;
-        }
-        for (&s, &c) in syms[n / 4 * 4..].iter().zip(&classes[n / 4 * 4..]) {
-            h[cls(c)][s as usize] += 1;
-        }
-        for t in &hs {
-            for (a, b) in h.iter_mut().zip(t) {
-                for (p, q) in a.iter_mut().zip(b) {
-                    *p += q;
-                }
-            }
-        }
-        h
-    }
-
-    /// Estimated bits of `syms` coded with this model: per-class order-0
-    /// entropy plus the tables.
-    pub fn cost_bits(&self, syms: &[u8], classes: &[u8]) -> f64 {
-        let hist = self.class_histograms(syms, classes);
-        let states = 4 * lanes_written(syms.len());
-        let mut bits = 8.0 * (1 + self.values.len() + states + 4) as f64;
-        for h in &hist[..self.values.len() + 1] {
-            let present = h.iter().filter(|&&c| c > 0).count();
-            bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
-            bits += super::entropy_bits(h);
-        }
-        bits
-    }
-}
-
-/// Plan context coding of `syms` under `model`, `classes` being the class
-/// of each symbol's context.
-pub fn ctx_plan(syms: &[u8], model: &CtxModel, classes: &[u8]) -> CtxPlan {
-    let hist = model.class_histograms(syms, classes);
-    let mut bytes = (1 + model.values.len() + 4 * lanes_written(syms.len()) + 4) as f64;
-    let freqs: Vec<Option<[u32; 256]>> = hist[..model.values.len() + 1]
-        .iter()
-        .map(|h| {
-            let f = normalize_class(h);
-            bytes += 1.0;
-            if let Some(f) = &f {
-                bytes += table_bytes(f) as f64 + coded_bits(h, f) / 8.0;
-            }
-            f
-        })
-        .collect();
-    let mut all = [0u32; 256];
-    for h in &hist {
-        for (a, &c) in all.iter_mut().zip(h) {
-            *a += c;
-        }
-    }
-    CtxPlan {
-        freqs,
-        bytes,
-        hist: all,
-    }
-}
-
-/// Append the context-modelled payload: `k-1` as u8, the `k-1` context
-/// values, per class a presence byte and (if present) its frequency table,
-/// then the states and bytes as in plain rANS.
-pub fn ctx_encode(
-    syms: &[u8],
-    model: &CtxModel,
-    classes: &[u8],
-    plan: &CtxPlan,
-    out: &mut Vec<u8>,
-) {
-    out.push(model.values.len() as u8);
-    out.extend_from_slice(&model.values);
-    let mut enc = Vec::with_capacity(plan.freqs.len());
-    for f in &plan.freqs {
-        match f {
-            Some(f) => {
-                out.push(1);
-                write_freqs(f, out);
-                enc.push(enc_table(f));
-            }
-            None => {
-                out.push(0);
-                enc.push([EncSym::default(); 256]);
-            }
-        }
-    }
-    encode_lanes(syms, &enc, Some(&classes[..syms.len()]), out);
-}
-
-/// Decode a context-modelled block; `ctx` is the base's same block.
-pub fn ctx_decode(
-    payload: &[u8],
-    offset: u64,
-    ctx: &[u8],
-    out: &mut [u8],
-    slots: &mut Vec<u32>,
-    version: u8,
-) -> Result<(), DecodeError> {
-    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
-    if ctx.len() != out.len() {
-        return Err(corrupt("context block length differs"));
-    }
-    let nv = *payload
-        .first()
-        .ok_or(corrupt("rans context header truncated"))? as usize;
-    if nv >= MAX_CLASSES {
-        return Err(corrupt("too many rans context classes"));
-    }
-    let values = payload
-        .get(1..1 + nv)
-        .ok_or(corrupt("rans context header truncated"))?;
-    let mut p = 1 + nv;
-    grow(slots, ALL_SLOTS);
-    let mut present = [false; MAX_CLASSES];
-    for (c, pr) in present.iter_mut().enumerate().take(nv + 1) {
-        let flag = *payload
-            .get(p)
-            .ok_or(corrupt("rans context table truncated"))?;
-        p += 1;
-        match flag {
-            0 => {}
-            1 => {
-                *pr = true;
-                let tbl = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
-                read_freqs(payload, &mut p, offset, tbl)?;
-            }
-            _ => return Err(corrupt("bad rans class flag")),
-        }
-    }
-    // A context whose class has no table only occurs in a corrupt frame:
-    // point it at a class that has one, so decoding stays in bounds and the
-    // final-state check (and the caller's blake3) reports the damage.
-    let fallback = present
-        .iter()
-        .position(|&p| p)
-        .ok_or(corrupt("rans context block without tables"))? as u8;
-    let table = |c: usize| if present[c] { c as u8 } else { fallback };
-    let mut map = ClassMap {
-        nv,
-        values: [0; MAX_CLASSES - 1],
-        classes: [0; MAX_CLASSES - 1],
-        other: table(nv),
-        coff: [0; 256],
-    };
-    let offset_of = |class: u8| (class as u32) << SCALE_BITS;
-    map.coff = [offset_of(map.other); 256];
-    // The first of equal values wins (an encoder never repeats one).
-    for (c, &v) in values.iter().enumerate().rev() {
-        map.values[c] = v;
-        map.classes[c] = table(c);
-        map.coff[v as usize] = offset_of(table(c));
-    }
-    decode_lanes(payload, p, offset, slots, Some((ctx, &map)), out, version)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::context::{ctx_decode, ctx_encode, ctx_plan, CtxModel};
+    use crate::codec::stats::normalize;
     use proptest::prelude::*;
 
     fn round_trip(syms: &[u8]) -> usize {
@@ -1146,21 +649,6 @@ mod tests {
             s[0] = 0;
             s[1] = 255;
             round_trip(&s);
-        }
-
-        /// The vectorised class of each context byte is the model's table's.
-        #[test]
-        fn classes_match_the_table(ctx in proptest::collection::vec(any::<u8>(), 0..2000), spread in 1u8..=255) {
-            let ctx: Vec<u8> = ctx.iter().map(|&c| c % spread).collect();
-            let model = CtxModel::new(&ctx);
-            let mut got = Vec::new();
-            model.classes(&ctx, &mut got);
-            let nv = model.values.len();
-            let want: Vec<u8> = ctx
-                .iter()
-                .map(|c| model.values.iter().position(|v| v == c).unwrap_or(nv) as u8)
-                .collect();
-            prop_assert_eq!(got, want);
         }
 
         /// The AVX2 encoder writes the scalar encoder's very bytes, context

@@ -1,4 +1,6 @@
-//! Whole-codec tests: round trips, known answers, corrupt frames.
+//! Whole-codec tests: round trips, known answers (the golden frames that
+//! pin the on-disk bytes), corrupt frames. Each module's own tests sit
+//! beside it.
 
 use super::*;
 use proptest::prelude::*;
@@ -188,13 +190,13 @@ fn the_fine_sample_reuses_the_noise_screen() {
     let syms: Vec<u8> = (0..70_000).map(|_| (next() % 97) as u8).collect();
     for n in (0..300).chain([16_383, 16_384, 16_400, 65_536, 69_999]) {
         let s = &syms[..n];
-        let mut sum = block::sampled_histogram(s, block::COARSE_STEP);
-        for (a, b) in sum.iter_mut().zip(block::sampled_rest(s)) {
+        let mut sum = stats::sampled_histogram(s, block::COARSE_STEP);
+        for (a, b) in sum.iter_mut().zip(stats::sampled_rest(s)) {
             *a += b;
         }
         assert_eq!(
             sum,
-            block::sampled_histogram(s, block::SAMPLE_STEP),
+            stats::sampled_histogram(s, block::SAMPLE_STEP),
             "n {n}"
         );
     }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use ckvc::codec::{self, layout, DType, Options, Scratch};
+use ckvc::codec::{self, DType, Options, Scratch};
 
 pub mod corpus;
 pub mod gc;
@@ -458,15 +458,7 @@ fn bzip2_decompress(frame: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
 fn grouped_input(j: &Job) -> Vec<Vec<u8>> {
     let w = j.dtype.width();
     let n = j.raw.len() / w;
-    let mut s = vec![Vec::new(); w];
-    layout::group(&j.raw[..n * w], w, false, &mut s);
-    if let Some(b) = j.base {
-        let mut bs = vec![Vec::new(); w];
-        layout::group(&b[..n * w], w, false, &mut bs);
-        for k in 0..w {
-            layout::StreamOp::Xor.apply(&mut s[k], &bs[k]);
-        }
-    }
+    let mut s = codec::grouped_streams(j.raw, j.base, j.dtype);
     s[0].extend_from_slice(&j.raw[n * w..]);
     s
 }

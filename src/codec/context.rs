@@ -1,0 +1,303 @@
+//! Context modelling for rANS: the classes of a delta block's context (the
+//! base's byte at the same place, for an exponent-change stream the old
+//! exponent), one frequency table per class, and the context-coded block
+//! payload (`BlockMode::RansCtx`) built on the interleaved coder in
+//! [`super::rans`].
+//!
+//! Owns: choosing the context values that get a class ([`CtxModel`]),
+//! classifying context bytes, planning and sizing a context-coded block
+//! ([`ctx_plan`]), and the payload's class header (context values and a
+//! presence flag and table per class). Must not: code symbols itself (the
+//! coder in `rans` does, with one table per class), or choose between
+//! block modes (that is `block`'s).
+
+use super::rans::{
+    decode_lanes, enc_table, encode_lanes, grow, lanes_written, read_freqs, table_bytes,
+    write_freqs, ClassMap, EncSym, ALL_SLOTS, MAX_CLASSES,
+};
+use super::simd::CtxClasses;
+use super::stats::{coded_bits, entropy_bits, histogram, normalize, SCALE_BITS};
+use super::DecodeError;
+
+const M: u32 = 1 << SCALE_BITS;
+
+/// A context-modelled rANS plan for one block: symbol `i` is coded with the
+/// table of the class of `ctx[i]` (the base chunk's byte at the same place:
+/// for an exponent-change stream, the old exponent).
+pub struct CtxPlan {
+    freqs: Vec<Option<[u32; 256]>>,
+    /// Estimated payload bytes.
+    pub bytes: f64,
+    /// The block's histogram (the classes' summed).
+    pub hist: [u32; 256],
+}
+
+/// Normalise a class histogram; a class with one symbol lends one slot to
+/// a neighbour, since a frequency of 4096 does not fit the slot format.
+fn normalize_class(h: &[u32; 256]) -> Option<[u32; 256]> {
+    let present = h.iter().filter(|&&c| c > 0).count();
+    match present {
+        0 => None,
+        1 => {
+            let s = h.iter().position(|&c| c > 0).expect("one present");
+            let mut f = [0u32; 256];
+            f[s] = M - 1;
+            f[(s + 1) & 255] = 1;
+            Some(f)
+        }
+        _ => Some(normalize(h)),
+    }
+}
+
+/// `out[i]` = the `j < nv` with `values[j] == ctx[i]` (the values are
+/// distinct), else `nv`: seven compares and selects per byte, which the
+/// compiler vectorises (a table lookup per byte does not).
+#[inline(always)]
+fn classes_body(values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]) {
+    for (o, &c) in out.iter_mut().zip(ctx) {
+        let mut k = nv;
+        for (j, &v) in values.iter().enumerate() {
+            if (j as u8) < nv && c == v {
+                k = j as u8;
+            }
+        }
+        *o = k;
+    }
+}
+
+dispatch!(classes_of, classes_body, (values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]));
+
+/// The classes of a context stream: its most frequent values get a class
+/// each, every other value shares the last. One model serves every stream
+/// of a block (they share the context), as does its class of each symbol.
+pub struct CtxModel {
+    /// Context values with a class of their own (classes 0..k-1); all other
+    /// values fall in class `k`.
+    values: Vec<u8>,
+}
+
+impl CtxModel {
+    pub fn new(ctx: &[u8]) -> CtxModel {
+        let ch = histogram(ctx);
+        let mut order: Vec<usize> = (0..256).filter(|&v| ch[v] > 0).collect();
+        order.sort_by_key(|&v| std::cmp::Reverse(ch[v]));
+        let values: Vec<u8> = order
+            .iter()
+            .take(MAX_CLASSES - 1)
+            .map(|&v| v as u8)
+            .collect();
+        CtxModel { values }
+    }
+
+    /// The class of each context byte, into `out` (cleared first).
+    pub fn classes(&self, ctx: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.resize(ctx.len(), 0);
+        self.classes_into(ctx, out);
+    }
+
+    /// The class of each context byte of `ctx` into `out` (as long).
+    pub fn classes_into(&self, ctx: &[u8], out: &mut [u8]) {
+        let mut values = [0u8; MAX_CLASSES - 1];
+        values[..self.values.len()].copy_from_slice(&self.values);
+        classes_of(&values, self.values.len() as u8, ctx, out);
+    }
+
+    /// One histogram per class (the first `values.len() + 1` are used);
+    /// `classes` from [`CtxModel::classes`]. A long input is counted in
+    /// four interleaved sets, so that a run of one symbol in one class (a
+    /// stream of unchanged bytes) is four chains of increments, not one.
+    fn class_histograms(&self, syms: &[u8], classes: &[u8]) -> [[u32; 256]; MAX_CLASSES] {
+        let n = syms.len().min(classes.len());
+        let (syms, classes) = (&syms[..n], &classes[..n]);
+        let mut h = [[0u32; 256]; MAX_CLASSES];
+        let cls = |c: u8| c as usize % MAX_CLASSES;
+        if n < 16 * 1024 {
+            for (&s, &c) in syms.iter().zip(classes) {
+                h[cls(c)][s as usize] += 1;
+            }
+            return h;
+        }
+        let mut hs = [[[0u32; 256]; MAX_CLASSES]; 3];
+        let mut quads = syms.chunks_exact(4).zip(classes.chunks_exact(4));
+        for (s, c) in &mut quads {
+            h[cls(c[0])][s[0] as usize] += 1;
+            hs[0][cls(c[1])][s[1] as usize] += 1;
+            hs[1][cls(c[2])][s[2] as usize] += 1;
+            hs[2][cls(c[3])][s[3] as usize] += 1;
+        }
+        for (&s, &c) in syms[n / 4 * 4..].iter().zip(&classes[n / 4 * 4..]) {
+            h[cls(c)][s as usize] += 1;
+        }
+        for t in &hs {
+            for (a, b) in h.iter_mut().zip(t) {
+                for (p, q) in a.iter_mut().zip(b) {
+                    *p += q;
+                }
+            }
+        }
+        h
+    }
+
+    /// Estimated bits of `syms` coded with this model: per-class order-0
+    /// entropy plus the tables.
+    pub fn cost_bits(&self, syms: &[u8], classes: &[u8]) -> f64 {
+        let hist = self.class_histograms(syms, classes);
+        let states = 4 * lanes_written(syms.len());
+        let mut bits = 8.0 * (1 + self.values.len() + states + 4) as f64;
+        for h in &hist[..self.values.len() + 1] {
+            let present = h.iter().filter(|&&c| c > 0).count();
+            bits += 8.0 * (1 + if present > 0 { 2 + present } else { 0 }) as f64;
+            bits += entropy_bits(h);
+        }
+        bits
+    }
+}
+
+/// Plan context coding of `syms` under `model`, `classes` being the class
+/// of each symbol's context.
+pub fn ctx_plan(syms: &[u8], model: &CtxModel, classes: &[u8]) -> CtxPlan {
+    let hist = model.class_histograms(syms, classes);
+    let mut bytes = (1 + model.values.len() + 4 * lanes_written(syms.len()) + 4) as f64;
+    let freqs: Vec<Option<[u32; 256]>> = hist[..model.values.len() + 1]
+        .iter()
+        .map(|h| {
+            let f = normalize_class(h);
+            bytes += 1.0;
+            if let Some(f) = &f {
+                bytes += table_bytes(f) as f64 + coded_bits(h, f) / 8.0;
+            }
+            f
+        })
+        .collect();
+    let mut all = [0u32; 256];
+    for h in &hist {
+        for (a, &c) in all.iter_mut().zip(h) {
+            *a += c;
+        }
+    }
+    CtxPlan {
+        freqs,
+        bytes,
+        hist: all,
+    }
+}
+
+/// Append the context-modelled payload: `k-1` as u8, the `k-1` context
+/// values, per class a presence byte and (if present) its frequency table,
+/// then the states and bytes as in plain rANS.
+pub fn ctx_encode(
+    syms: &[u8],
+    model: &CtxModel,
+    classes: &[u8],
+    plan: &CtxPlan,
+    out: &mut Vec<u8>,
+) {
+    out.push(model.values.len() as u8);
+    out.extend_from_slice(&model.values);
+    let mut enc = Vec::with_capacity(plan.freqs.len());
+    for f in &plan.freqs {
+        match f {
+            Some(f) => {
+                out.push(1);
+                write_freqs(f, out);
+                enc.push(enc_table(f));
+            }
+            None => {
+                out.push(0);
+                enc.push([EncSym::default(); 256]);
+            }
+        }
+    }
+    encode_lanes(syms, &enc, Some(&classes[..syms.len()]), out);
+}
+
+/// Decode a context-modelled block; `ctx` is the base's same block.
+pub fn ctx_decode(
+    payload: &[u8],
+    offset: u64,
+    ctx: &[u8],
+    out: &mut [u8],
+    slots: &mut Vec<u32>,
+    version: u8,
+) -> Result<(), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
+    if ctx.len() != out.len() {
+        return Err(corrupt("context block length differs"));
+    }
+    let nv = *payload
+        .first()
+        .ok_or(corrupt("rans context header truncated"))? as usize;
+    if nv >= MAX_CLASSES {
+        return Err(corrupt("too many rans context classes"));
+    }
+    let values = payload
+        .get(1..1 + nv)
+        .ok_or(corrupt("rans context header truncated"))?;
+    let mut p = 1 + nv;
+    grow(slots, ALL_SLOTS);
+    let mut present = [false; MAX_CLASSES];
+    for (c, pr) in present.iter_mut().enumerate().take(nv + 1) {
+        let flag = *payload
+            .get(p)
+            .ok_or(corrupt("rans context table truncated"))?;
+        p += 1;
+        match flag {
+            0 => {}
+            1 => {
+                *pr = true;
+                let tbl = &mut slots[c << SCALE_BITS..(c + 1) << SCALE_BITS];
+                read_freqs(payload, &mut p, offset, tbl)?;
+            }
+            _ => return Err(corrupt("bad rans class flag")),
+        }
+    }
+    // A context whose class has no table only occurs in a corrupt frame:
+    // point it at a class that has one, so decoding stays in bounds and the
+    // final-state check (and the caller's blake3) reports the damage.
+    let fallback = present
+        .iter()
+        .position(|&p| p)
+        .ok_or(corrupt("rans context block without tables"))? as u8;
+    let table = |c: usize| if present[c] { c as u8 } else { fallback };
+    let offset_of = |class: u8| (class as u32) << SCALE_BITS;
+    let mut map = ClassMap {
+        lookup: CtxClasses {
+            nv,
+            values: [0; MAX_CLASSES - 1],
+            classes: [0; MAX_CLASSES - 1],
+            other: table(nv),
+        },
+        coff: [offset_of(table(nv)); 256],
+    };
+    // The first of equal values wins (an encoder never repeats one).
+    for (c, &v) in values.iter().enumerate().rev() {
+        map.lookup.values[c] = v;
+        map.lookup.classes[c] = table(c);
+        map.coff[v as usize] = offset_of(table(c));
+    }
+    decode_lanes(payload, p, offset, slots, Some((ctx, &map)), out, version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The vectorised class of each context byte is the model's table's.
+        #[test]
+        fn classes_match_the_table(ctx in proptest::collection::vec(any::<u8>(), 0..2000), spread in 1u8..=255) {
+            let ctx: Vec<u8> = ctx.iter().map(|&c| c % spread).collect();
+            let model = CtxModel::new(&ctx);
+            let mut got = Vec::new();
+            model.classes(&ctx, &mut got);
+            let nv = model.values.len();
+            let want: Vec<u8> = ctx
+                .iter()
+                .map(|c| model.values.iter().position(|v| v == c).unwrap_or(nv) as u8)
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! Every `#[target_feature]` kernel of the codec, in one place: the
+//! [`dispatch!`] macro (an AVX2 build of a portable loop, chosen at run
+//! time), the three hand-written AVX2 kernels of 32-state rANS (encode and
+//! decode of whole groups) and of byte ungrouping (four streams into 4-byte
+//! elements).
+//!
+//! Owns: the unsafe code that runs with CPU features enabled, and the
+//! argument checks that keep every raw load, store and gather of those
+//! kernels in bounds whatever the caller passes. Each kernel's only safety
+//! precondition is that the CPU has the features it was compiled for; the
+//! callers (`rans`, `layout`) detect them at run time and keep the scalar
+//! loop that does the same work everywhere else, and the tests beside those
+//! callers compare the two on the same inputs.
+//!
+//! Must not: know the frame format beyond the shapes its kernels take (the
+//! rANS state count and slot tables, checked against `rans` at compile time
+//! there). A leaf apart from [`super::stats`]'s probability scale.
+
+use super::stats::SCALE_BITS;
+
+/// Runtime dispatch to an AVX2 build of a kernel when the CPU has it; the
+/// portable build is the same source compiled for the baseline target.
+/// `dispatch!(name, body, (args) -> ret)` defines `fn name(args) -> ret`
+/// calling `body` (a safe `#[inline(always)]` fn, so it is compiled into
+/// both builds).
+macro_rules! dispatch {
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
+        dispatch!($name, $body, ($($arg: $ty),*) -> ());
+    };
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*) -> $ret:ty) => {
+        fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// The body compiled with AVX2, BMI1 and BMI2.
+                ///
+                /// # Safety
+                /// The CPU must support `avx2`, `bmi1` and `bmi2`. The body
+                /// itself is safe code.
+                #[target_feature(enable = "avx2,bmi1,bmi2")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("bmi1")
+                    && std::arch::is_x86_feature_detected!("bmi2")
+                {
+                    // SAFETY: the CPU supports the features `avx2` was
+                    // compiled for, just detected.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+/// States of a wide rANS block, as the kernels hold them: four registers of
+/// eight u32.
+pub(crate) const RANS_WIDE: usize = 32;
+/// Slot tables a wide rANS decode indexes: up to eight classes of
+/// `2^SCALE_BITS` slots (`class << 12 | slot`).
+pub(crate) const RANS_CLASSES: usize = 8;
+pub(crate) const RANS_ALL_SLOTS: usize = RANS_CLASSES << SCALE_BITS;
+
+/// How the wide rANS decoder classifies context bytes: a byte equal to
+/// `values[j]` (the first such `j < nv`) is in class `classes[j]`, any
+/// other byte in class `other`. Every class must be below
+/// [`RANS_CLASSES`] and `nv` below `RANS_CLASSES` too, or the decoder
+/// kernel declines the block (only a caller's bug could pass such a map).
+pub(crate) struct CtxClasses {
+    pub nv: usize,
+    pub values: [u8; RANS_CLASSES - 1],
+    pub classes: [u8; RANS_CLASSES - 1],
+    pub other: u8,
+}
+
+/// `COMPRESS[m]`: the lanes of mask `m` from the highest down, then the
+/// rest (unused): the order in which the encoder's lanes of one register
+/// write their renormalisation words.
+#[cfg(target_arch = "x86_64")]
+static COMPRESS: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut at = 0;
+        let mut j = 8;
+        while j > 0 {
+            j -= 1;
+            if m & (1 << j) != 0 {
+                t[m][at] = j as u32;
+                at += 1;
+            }
+        }
+        m += 1;
+    }
+    t
+};
+
+/// `EXPAND[m][j]`: the index of the renormalisation word that lane `j` of
+/// eight takes when the lanes in mask `m` take one each, in lane order
+/// (the number of lanes of `m` below `j`).
+#[cfg(target_arch = "x86_64")]
+static EXPAND: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut j = 0;
+        while j < 8 {
+            t[m][j] = (m & ((1 << j) - 1)).count_ones();
+            j += 1;
+        }
+        m += 1;
+    }
+    t
+};
+
+/// The 32 bytes of the `__m256i` `$v` as four registers of eight u32, in
+/// order. A macro, not a function: it expands inside the kernels' own
+/// AVX2 context.
+#[cfg(target_arch = "x86_64")]
+macro_rules! widen_quarters {
+    ($v:expr) => {{
+        let v: __m256i = $v;
+        let lo = _mm256_castsi256_si128(v);
+        let hi = _mm256_extracti128_si256(v, 1);
+        [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)].map(|q| _mm256_cvtepu8_epi32(q))
+    }};
+}
+
+/// The group loop of `rans::encode_core` with [`RANS_WIDE`] states in four
+/// AVX2 registers, for every whole group of `syms` from the last: per
+/// register one gather of `fs` (`freq | start << 16` per
+/// `class << 8 | symbol`), the words of the lanes that renormalise
+/// compressed in descending lane order (the scalar loop's order), and the
+/// quotient `x / freq` by a double-precision division, which is exact
+/// here: `x < 2^32` and `freq < 2^12` are exact doubles, and a quotient's
+/// distance below the next integer (at least `1 / freq`, relative
+/// `2^-32`) is far above the division's rounding (relative `2^-53`).
+///
+/// `words[k..]` receives the words; returns the words written in all (`k`
+/// on entry plus this kernel's), or `None`, having touched nothing, when
+/// the arguments leave it no room: `words` shorter than `k` plus one word
+/// per symbol, `classes` shorter than `syms`, or `fs` without a whole
+/// table. The caller then takes the scalar loop.
+///
+/// # Safety
+/// The CPU must support `avx2` and `popcnt`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+pub(crate) unsafe fn rans_encode_wide_avx2(
+    x: &mut [u32; RANS_WIDE],
+    syms: &[u8],
+    classes: Option<&[u8]>,
+    fs: &[u32],
+    words: &mut [u16],
+    mut k: usize,
+) -> Option<usize> {
+    use std::arch::x86_64::*;
+    const M: i32 = 1 << SCALE_BITS;
+    // Each symbol writes at most one word, so with this room every store
+    // of eight below stays inside `words` (see the store).
+    let room = k.checked_add(syms.len())? <= words.len();
+    if !room || fs.len() < 256 || classes.is_some_and(|c| c.len() < syms.len()) {
+        return None;
+    }
+    // SAFETY: the CPU has AVX2 and popcnt (the caller's contract), and
+    // every pointer access is in bounds: `x` is 32 u32, loaded and stored
+    // as four registers of eight; a group's 32 symbols (and classes) start
+    // at `at = 32 g` with `at + 32 <= syms.len() <= classes.len()`; each
+    // gather index is `class << 8 | symbol` with the class clamped to
+    // `last`, so below `(last + 1) * 256 <= fs.len()`; the stores of eight
+    // words are bounded at the store.
+    unsafe {
+        let mut xv: [__m256i; 4] =
+            std::array::from_fn(|r| _mm256_loadu_si256(x.as_ptr().add(8 * r).cast()));
+        // A class past the last table takes the last.
+        let last = _mm256_set1_epi32((fs.len() / 256) as i32 - 1);
+        let low16 = _mm256_set1_epi32(0xffff);
+        let m_scale = _mm256_set1_epi32(M);
+        let sign = _mm256_set1_epi32(i32::MIN);
+        let two31 = _mm256_set1_pd(2_147_483_648.0);
+        for g in (0..syms.len() / RANS_WIDE).rev() {
+            let at = g * RANS_WIDE;
+            let sk = widen_quarters!(_mm256_loadu_si256(syms.as_ptr().add(at).cast()));
+            let ck = match classes {
+                Some(c) => {
+                    let cv = _mm256_loadu_si256(c.as_ptr().add(at).cast());
+                    widen_quarters!(cv).map(|q| _mm256_min_epu32(q, last))
+                }
+                None => [_mm256_setzero_si256(); 4],
+            };
+            for r in (0..4).rev() {
+                let idx = _mm256_or_si256(_mm256_slli_epi32(ck[r], 8), sk[r]);
+                let e = _mm256_i32gather_epi32::<4>(fs.as_ptr().cast(), idx);
+                let freq = _mm256_and_si256(e, low16);
+                let start = _mm256_srli_epi32(e, 16);
+                let v = xv[r];
+                // x >= freq << 20, unsigned.
+                let x_max = _mm256_slli_epi32(freq, 20);
+                let need = _mm256_cmpeq_epi32(_mm256_max_epu32(v, x_max), v);
+                let mask = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+                let w = _mm256_permutevar8x32_epi32(
+                    _mm256_and_si256(v, low16),
+                    _mm256_loadu_si256(COMPRESS[mask & 255].as_ptr().cast()),
+                );
+                let w = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                // In bounds: `k` grew by at most one per symbol this kernel
+                // coded, and the eight of this register are not among them
+                // yet, so `k + 8 <=` (`k` on entry) `+ syms.len() <=
+                // words.len()`, checked on entry.
+                _mm_storeu_si128(words.as_mut_ptr().add(k).cast(), w);
+                k += mask.count_ones() as usize;
+                let v = _mm256_blendv_epi8(v, _mm256_srli_epi32(v, 16), need);
+                // q = v / freq in doubles: v as unsigned (flip the sign bit,
+                // convert as signed, add 2^31 back).
+                let vs = _mm256_xor_si256(v, sign);
+                let f_lo = _mm256_cvtepi32_pd(_mm256_castsi256_si128(freq));
+                let f_hi = _mm256_cvtepi32_pd(_mm256_extracti128_si256(freq, 1));
+                let v_lo = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(vs)), two31);
+                let v_hi =
+                    _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(vs, 1)), two31);
+                let q_lo = _mm256_cvttpd_epi32(_mm256_div_pd(v_lo, f_lo));
+                let q_hi = _mm256_cvttpd_epi32(_mm256_div_pd(v_hi, f_hi));
+                let q = _mm256_set_m128i(q_hi, q_lo);
+                // x = v + q * (4096 - freq) + start
+                let cmpl = _mm256_sub_epi32(m_scale, freq);
+                xv[r] = _mm256_add_epi32(_mm256_add_epi32(v, _mm256_mullo_epi32(q, cmpl)), start);
+            }
+        }
+        for (r, v) in xv.iter().enumerate() {
+            _mm256_storeu_si256(x.as_mut_ptr().add(8 * r).cast(), *v);
+        }
+    }
+    Some(k)
+}
+
+/// The fast path of `rans::decode_core` with [`RANS_WIDE`] states, in four
+/// AVX2 registers: per group of 32 symbols, four gathers of eight slots
+/// (each register's chain is independent, so their latencies overlap),
+/// then each register's renormalisation words, expanded to the lanes that
+/// need them with one permutation. Decodes whole groups while 64 bytes of
+/// words are left (a group needs at most that) and returns the symbols
+/// decoded and the words' bytes read; the caller goes on from there.
+/// `ctx`, if given, is the context byte of each symbol and its classes;
+/// with fewer context bytes than `out`, or classes out of range, the
+/// kernel decodes nothing.
+///
+/// # Safety
+/// The CPU must support `avx2` and `popcnt`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,popcnt")]
+pub(crate) unsafe fn rans_decode_wide_avx2(
+    x: &mut [u32; RANS_WIDE],
+    data: &[u8],
+    slots: &[u32; RANS_ALL_SLOTS],
+    ctx: Option<(&[u8], &CtxClasses)>,
+    out: &mut [u8],
+) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    const M: i32 = 1 << SCALE_BITS;
+    let n = out.len();
+    if let Some((c, m)) = ctx {
+        let in_range = |&k: &u8| (k as usize) < RANS_CLASSES;
+        if c.len() < n || m.nv >= RANS_CLASSES || !m.classes.iter().chain([&m.other]).all(in_range)
+        {
+            return (0, 0);
+        }
+    }
+    let (mut i, mut r) = (0usize, 0usize);
+    // SAFETY: the CPU has AVX2 and popcnt (the caller's contract), and
+    // every pointer access is in bounds: `x` is 32 u32, loaded and stored
+    // as four registers of eight; a group reads context bytes and writes
+    // symbols `i..i + 32` with `i + 32 <= n <= ctx.len()` (checked above);
+    // each register reads 16 bytes of words at `r`, where the loop left 64
+    // and each register before took at most 16; a gather index is a class
+    // (below 8, checked above) times 4096 plus a 12-bit slot, inside
+    // `slots`.
+    unsafe {
+        let mut xv: [__m256i; 4] =
+            std::array::from_fn(|k| _mm256_loadu_si256(x.as_ptr().add(8 * k).cast()));
+        let low12 = _mm256_set1_epi32(M - 1);
+        let low8 = _mm256_set1_epi32(0xff);
+        let zero = _mm256_setzero_si256();
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        while i + RANS_WIDE <= n && r + 2 * RANS_WIDE <= data.len() {
+            let off: [__m256i; 4] = match ctx {
+                Some((c, m)) => {
+                    // The class of each of the 32 context bytes: compare
+                    // with each value, last to first, so the first match
+                    // wins.
+                    let cv = _mm256_loadu_si256(c.as_ptr().add(i).cast());
+                    let mut cls = _mm256_set1_epi8(m.other as i8);
+                    for j in (0..m.nv).rev() {
+                        let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
+                        cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
+                    }
+                    widen_quarters!(cls).map(|q| _mm256_slli_epi32(q, SCALE_BITS as i32))
+                }
+                None => [zero; 4],
+            };
+            let mut e = [zero; 4];
+            for k in 0..4 {
+                let slot = _mm256_and_si256(xv[k], low12);
+                let ek = _mm256_i32gather_epi32::<4>(
+                    slots.as_ptr().cast(),
+                    _mm256_or_si256(slot, off[k]),
+                );
+                e[k] = ek;
+                let freq = _mm256_and_si256(_mm256_srli_epi32(ek, 8), low12);
+                let start = _mm256_srli_epi32(ek, 20);
+                let v = _mm256_add_epi32(
+                    _mm256_mullo_epi32(freq, _mm256_srli_epi32(xv[k], SCALE_BITS as i32)),
+                    _mm256_sub_epi32(slot, start),
+                );
+                let need = _mm256_cmpeq_epi32(_mm256_srli_epi32(v, 16), zero);
+                let mask = _mm256_movemask_ps(_mm256_castsi256_ps(need)) as usize;
+                let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(data.as_ptr().add(r).cast()));
+                let words = _mm256_permutevar8x32_epi32(
+                    words,
+                    _mm256_loadu_si256(EXPAND[mask & 255].as_ptr().cast()),
+                );
+                let renorm = _mm256_or_si256(_mm256_slli_epi32(v, 16), words);
+                xv[k] = _mm256_blendv_epi8(v, renorm, need);
+                r += 2 * mask.count_ones() as usize;
+            }
+            // Byte 0 of each entry is its symbol: pack 4 x 8 entries to 32
+            // bytes (the packs work per 128-bit half; the permutation puts
+            // the halves' quarters back in lane order).
+            let a = _mm256_packus_epi32(_mm256_and_si256(e[0], low8), _mm256_and_si256(e[1], low8));
+            let b = _mm256_packus_epi32(_mm256_and_si256(e[2], low8), _mm256_and_si256(e[3], low8));
+            let syms = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
+            _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), syms);
+            i += RANS_WIDE;
+        }
+        for (k, v) in xv.iter().enumerate() {
+            _mm256_storeu_si256(x.as_mut_ptr().add(8 * k).cast(), *v);
+        }
+    }
+    (i, r)
+}
+
+/// The bulk of `layout::ungroup4_uninit`: four streams into 4-byte
+/// elements, whole groups of 32 elements by byte and word unpacks (undoing
+/// the sign-bit rotation with `rotate`); returns how many elements it
+/// wrote, `out[..4 * that]`. Stops at the shortest stream or at
+/// `out.len() / 4`, whichever comes first.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn ungroup4_avx2(
+    s: [&[u8]; 4],
+    out: &mut [std::mem::MaybeUninit<u8>],
+    rotate: bool,
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = (out.len() / 4).min(s.iter().map(|t| t.len()).min().unwrap_or(0));
+    let groups = n / 32;
+    // SAFETY: for every load and store below, group g reads bytes
+    // [32g, 32g + 32) of each stream, all below n <= its length, and writes
+    // bytes [128g, 128g + 128) of `out`, below 4n <= out.len(); the CPU has
+    // AVX2 (the caller's contract).
+    unsafe {
+        let o = out.as_mut_ptr() as *mut __m256i;
+        for g in 0..groups {
+            let ld = |t: &[u8]| _mm256_loadu_si256(t.as_ptr().add(32 * g) as *const __m256i);
+            let (a, b, c, d) = (ld(s[0]), ld(s[1]), ld(s[2]), ld(s[3]));
+            // Low and high halves of each element as u16, in-lane order:
+            // elements 0-7 and 16-23 in `*_l`, 8-15 and 24-31 in `*_h`.
+            let lo_l = _mm256_unpacklo_epi8(a, b);
+            let lo_h = _mm256_unpackhi_epi8(a, b);
+            let mut hi_l = _mm256_unpacklo_epi8(c, d);
+            let mut hi_h = _mm256_unpackhi_epi8(c, d);
+            if rotate {
+                let unrot =
+                    |v| _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v));
+                hi_l = unrot(hi_l);
+                hi_h = unrot(hi_h);
+            }
+            // Elements 0-3|16-19, 4-7|20-23, 8-11|24-27, 12-15|28-31.
+            let e0 = _mm256_unpacklo_epi16(lo_l, hi_l);
+            let e1 = _mm256_unpackhi_epi16(lo_l, hi_l);
+            let e2 = _mm256_unpacklo_epi16(lo_h, hi_h);
+            let e3 = _mm256_unpackhi_epi16(lo_h, hi_h);
+            let at = o.add(4 * g);
+            _mm256_storeu_si256(at, _mm256_permute2x128_si256::<0x20>(e0, e1));
+            _mm256_storeu_si256(at.add(1), _mm256_permute2x128_si256::<0x20>(e2, e3));
+            _mm256_storeu_si256(at.add(2), _mm256_permute2x128_si256::<0x31>(e0, e1));
+            _mm256_storeu_si256(at.add(3), _mm256_permute2x128_si256::<0x31>(e2, e3));
+        }
+    }
+    32 * groups
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    fn avx2() -> bool {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("popcnt")
+    }
+
+    /// A flat table (every symbol frequency 16) in the encoder kernel's
+    /// `freq | start << 16` form.
+    fn flat_fs() -> Vec<u32> {
+        (0..256u32).map(|s| 16 | (16 * s) << 16).collect()
+    }
+
+    /// The check that replaced a `debug_assert!`: an encoder kernel given
+    /// too little room for its words (or too few classes, or no whole
+    /// table) declines, touching nothing, instead of storing past the end.
+    #[test]
+    fn the_wide_encoder_declines_arguments_that_leave_it_no_room() {
+        if !avx2() {
+            return;
+        }
+        let syms: Vec<u8> = (0..4 * RANS_WIDE as u32)
+            .map(|i| (i * 37 % 251) as u8)
+            .collect();
+        let classes = vec![0u8; syms.len()];
+        let fs = flat_fs();
+        let k = 5;
+        let start = [1u32 << 16; RANS_WIDE];
+        let run = |words: &mut [u16], classes: Option<&[u8]>, fs: &[u32]| {
+            let mut x = start;
+            // SAFETY: the CPU has AVX2 and popcnt, checked above.
+            let got = unsafe { rans_encode_wide_avx2(&mut x, &syms, classes, fs, words, k) };
+            (got, x)
+        };
+        // One word short of one per symbol: declined, states as they were.
+        let mut short = vec![0xabcd_u16; k + syms.len() - 1];
+        assert_eq!(run(&mut short, None, &fs), (None, start));
+        assert!(short.iter().all(|&w| w == 0xabcd));
+        let mut words = vec![0u16; k + syms.len()];
+        assert_eq!(run(&mut words, Some(&classes[1..]), &fs).0, None);
+        assert_eq!(run(&mut words, None, &fs[..255]).0, None);
+        assert_eq!(run(&mut words, None, &[]).0, None);
+        // Exactly one word per symbol is enough, with classes or without.
+        let (plain, _) = run(&mut words, None, &fs);
+        assert!(plain.is_some_and(|end| end >= k && end <= words.len()));
+        assert_eq!(run(&mut words, Some(&classes), &fs).0, plain);
+    }
+
+    /// The decoder kernel decodes nothing with fewer context bytes than
+    /// symbols or with a class map that would index past the slot tables
+    /// (the scalar loop then goes on, bounds-checked); with a sound map it
+    /// decodes whole groups.
+    #[test]
+    fn the_wide_decoder_declines_a_short_context_or_bad_classes() {
+        if !avx2() {
+            return;
+        }
+        let slots = vec![0u32; RANS_ALL_SLOTS];
+        let slots: &[u32; RANS_ALL_SLOTS] = slots[..].try_into().expect("sized");
+        let data = vec![0u8; 4096];
+        let run = |ctx: &[u8], nv: usize, classes: [u8; RANS_CLASSES - 1], other: u8| {
+            let map = CtxClasses {
+                nv,
+                values: [3; RANS_CLASSES - 1],
+                classes,
+                other,
+            };
+            let mut out = vec![0u8; 256];
+            let mut x = [1u32 << 16; RANS_WIDE];
+            // SAFETY: the CPU has AVX2 and popcnt, checked above.
+            unsafe { rans_decode_wide_avx2(&mut x, &data, slots, Some((ctx, &map)), &mut out) }.0
+        };
+        let ctx = vec![3u8; 256];
+        let sound = [7, 0, 1, 2, 3, 4, 5];
+        assert_eq!(run(&ctx, 7, sound, 6), 256);
+        assert_eq!(run(&ctx[..255], 7, sound, 6), 0);
+        assert_eq!(run(&ctx, 8, sound, 6), 0);
+        assert_eq!(run(&ctx, 7, sound, 8), 0);
+        assert_eq!(run(&ctx, 7, [8, 0, 1, 2, 3, 4, 5], 6), 0);
+    }
+}
