@@ -87,3 +87,18 @@ def test_delta_against_the_previous_save(repo):
     c2 = repo.save({"w": w2}, step=2)
     assert c2.stored_bytes < c1.stored_bytes / 4, (c1.stored_bytes, c2.stored_bytes)
     assert torch.equal(repo.load(2)["w"], w2) and torch.equal(repo.load(1)["w"], w)
+
+
+def test_another_writer_holding_the_lock_is_a_locked_error(repo):
+    import fcntl
+
+    repo.save({"a": np.zeros(4)}, step=1)
+    # what a running `ckvc commit` holds: the writer's flock on .ckvc/db.lock
+    with open(os.path.join(repo.path, ".ckvc", "db.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        f = repo.save({"a": np.ones(4)}, step=2, blocking=False)
+        with pytest.raises(ckvc.LockedError):
+            f.result(timeout=60)
+        assert repo.steps() == [1]  # readers read beside the writer
+        assert repo.load(1)["a"].sum() == 0
+    assert repo.save({"a": np.ones(4)}, step=2).step == 2

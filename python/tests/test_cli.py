@@ -61,3 +61,26 @@ def test_corrupt_error_carries_its_fields(repo, tmp_path):
         repo.load("no-such-branch")
     assert e.value.rev == "no-such-branch"
     assert issubclass(ckvc.CorruptError, ckvc.CkvcError)
+
+
+def test_damaged_chunk_is_a_corrupt_error_with_its_place(repo):
+    import glob
+    import os
+
+    rng = np.random.default_rng(0)
+    c = repo.save({"w": rng.standard_normal(1 << 20).astype(np.float32)}, step=1)
+    blobs = glob.glob(os.path.join(repo.path, ".ckvc", "db", "*.blob"))
+    assert blobs, "chunk data is in RocksDB blob files"
+    blob = max(blobs, key=os.path.getsize)
+    n = os.path.getsize(blob)
+    with open(blob, "r+b") as f:
+        f.seek(n // 2)
+        b = f.read(16)
+        f.seek(n // 2)
+        f.write(bytes(x ^ 0xFF for x in b))
+    with pytest.raises(ckvc.CorruptError) as e:
+        repo.load(1)
+    err = e.value
+    assert isinstance(err, ckvc.CkvcError)
+    assert err.commit == c.id and err.file == "tensors.safetensors" and err.tensor == "w"
+    assert "tensor w" in err.what and err.reason
