@@ -30,29 +30,33 @@ except ImportError:  # pragma: no cover - exercised only without torch
     _TORCH = False
 
 
+# torch dtype name -> safetensors dtype, for the dtypes safetensors has; any
+# other torch dtype is stored as U8 bytes.
+_TORCH_NAMES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+}
+
+
 def _torch_dtypes() -> Dict[Any, str]:
-    """torch dtype -> safetensors dtype, for the dtypes safetensors has."""
+    """torch dtype -> safetensors dtype, for the dtypes this torch has."""
     if not _TORCH:
         return {}
-    names = {
-        "float64": "F64",
-        "float32": "F32",
-        "float16": "F16",
-        "bfloat16": "BF16",
-        "int64": "I64",
-        "int32": "I32",
-        "int16": "I16",
-        "int8": "I8",
-        "uint8": "U8",
-        "bool": "BOOL",
-        "float8_e4m3fn": "F8_E4M3",
-        "float8_e5m2": "F8_E5M2",
-        "uint16": "U16",
-        "uint32": "U32",
-        "uint64": "U64",
-    }
     out = {}
-    for attr, st in names.items():
+    for attr, st in _TORCH_NAMES.items():
         dt = getattr(torch, attr, None)
         if dt is not None:
             out[dt] = st
@@ -427,7 +431,7 @@ def alloc(nbytes: int, kind: str, dtype: str, shape, st_dtype: str):
     if kind in ("numpy", "numpy_scalar"):
         ndt = np.dtype(dtype)
     elif kind == "torch":
-        ndt = np.dtype(_ST_TO_NUMPY.get(_TORCH_TO_ST_NAME.get(dtype, "U8"), "|u1"))
+        ndt = np.dtype(_ST_TO_NUMPY.get(_TORCH_NAMES.get(dtype, "U8"), "|u1"))
     else:
         ndt = np.dtype(_ST_TO_NUMPY.get(st_dtype, "|u1"))
 
@@ -441,21 +445,3 @@ def alloc(nbytes: int, kind: str, dtype: str, shape, st_dtype: str):
 
     return raw, finish
 
-
-_TORCH_TO_ST_NAME = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-}
