@@ -111,6 +111,39 @@ pub struct CommitReport {
     pub large_opaque: Vec<(String, u64)>,
 }
 
+/// Where a commit goes: the branch, whether it exists yet, and the parent
+/// (the branch head, or for a new branch the head it is forked from).
+pub(super) struct CommitTarget {
+    branch: String,
+    exists: bool,
+    parent: Option<CommitId>,
+}
+
+/// Where the bytes of one file being committed come from.
+pub(super) enum Source<'a> {
+    /// A file on disk, opened when its turn comes.
+    Path(PathBuf),
+    /// Bytes in memory (mode 0o644).
+    Bytes(&'a [u8]),
+}
+
+/// Adds `extra` metrics (`--metric`) to `metrics`, over what is there;
+/// a value that is not a finite number is an error naming `at`.
+pub(super) fn add_metrics(
+    metrics: &mut serde_json::Map<String, serde_json::Value>,
+    extra: &[(String, f64)],
+    at: &Path,
+) -> Result<(), RepoError> {
+    for (k, v) in extra {
+        let v = serde_json::Number::from_f64(*v).ok_or_else(|| RepoError::BadInput {
+            path: at.to_path_buf(),
+            reason: format!("metric {k}={v} is not a finite number"),
+        })?;
+        metrics.insert(k.clone(), serde_json::Value::Number(v));
+    }
+    Ok(())
+}
+
 /// An opaque file this large is named in [`CommitReport::large_opaque`].
 pub const LARGE_OPAQUE: u64 = 1 << 20;
 
@@ -200,6 +233,33 @@ impl Repository {
         opts: &CommitOptions,
         progress: &dyn super::Progress,
     ) -> Result<CommitReport, RepoError> {
+        let target = self.commit_target(opts)?;
+        let files = list_files(dir)?;
+        let ctx = format::DirContext::read(files.iter().map(|(r, p)| (r.as_str(), p.as_path())));
+        let (step, step_source) = match opts.step {
+            Some(s) => (s, StepSource::Given),
+            None => detect_step(dir)?,
+        };
+        let mut metrics = trainer_metrics(dir);
+        add_metrics(&mut metrics, &opts.metrics, dir)?;
+        let files: Vec<(String, Source<'_>)> = files
+            .into_iter()
+            .map(|(rel, path)| (rel, Source::Path(path)))
+            .collect();
+        self.commit_sources(
+            target,
+            &files,
+            &ctx,
+            (step, step_source),
+            metrics,
+            opts,
+            Some(dir),
+            progress,
+        )
+    }
+
+    /// The branch a commit goes on, whether it exists, and its parent.
+    pub(super) fn commit_target(&self, opts: &CommitOptions) -> Result<CommitTarget, RepoError> {
         let branch = match &opts.branch {
             Some(b) => b.clone(),
             None => self.current_branch()?,
@@ -213,25 +273,40 @@ impl Repository {
             (false, true) => self.branch_head(&self.current_branch()?)?,
             (false, false) => return Err(RepoError::NoSuchBranch { name: branch }),
         };
+        Ok(CommitTarget {
+            branch,
+            exists,
+            parent,
+        })
+    }
+
+    /// The commit pipeline over `files` (sorted, checked relative paths):
+    /// reads, chunks, encodes against the parent's tensors, stores, then
+    /// writes the objects and moves the branch in one batch. `dir` is the
+    /// checkpoint directory the files came from, recorded as
+    /// `Meta/commit-source` for the next commit's delta bases (`None` for
+    /// files from memory).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn commit_sources(
+        &self,
+        target: CommitTarget,
+        files: &[(String, Source<'_>)],
+        ctx: &format::DirContext,
+        (step, step_source): (u64, StepSource),
+        metrics: serde_json::Map<String, serde_json::Value>,
+        opts: &CommitOptions,
+        dir: Option<&Path>,
+        progress: &dyn super::Progress,
+    ) -> Result<CommitReport, RepoError> {
+        let CommitTarget {
+            branch,
+            exists,
+            parent,
+        } = target;
         let parent_tree = match &parent {
             Some(p) => Some(self.tree(&self.commit_object(p)?.tree)?),
             None => None,
         };
-        let files = list_files(dir)?;
-        let ctx = format::DirContext::read(files.iter().map(|(r, p)| (r.as_str(), p.as_path())));
-        let (step, step_source) = match opts.step {
-            Some(s) => (s, StepSource::Given),
-            None => detect_step(dir)?,
-        };
-        let mut metrics = trainer_metrics(dir);
-        for (k, v) in &opts.metrics {
-            let v = serde_json::Number::from_f64(*v).ok_or_else(|| RepoError::BadInput {
-                path: dir.to_path_buf(),
-                reason: format!("metric {k}={v} is not a finite number"),
-            })?;
-            metrics.insert(k.clone(), serde_json::Value::Number(v));
-        }
-
         let source = match &parent {
             Some(p) => self.commit_source(p)?,
             None => None,
@@ -252,8 +327,10 @@ impl Repository {
         let (etx, erx) = std::sync::mpsc::sync_channel::<Encoded>(queue);
         let total: u64 = files
             .iter()
-            .filter_map(|(_, p)| std::fs::metadata(p).ok())
-            .map(|m| m.len())
+            .map(|(_, src)| match src {
+                Source::Path(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
+                Source::Bytes(b) => b.len() as u64,
+            })
             .sum();
         progress.start("commit", total, files.len() as u64);
         let mut entries = Vec::new();
@@ -272,8 +349,28 @@ impl Repository {
                 progress,
             };
             let read = (|| {
-                for (rel, path) in &files {
-                    let manifest = w.file(path, rel, &ctx, &parents)?;
+                for (rel, src) in files {
+                    let manifest = match src {
+                        Source::Path(path) => {
+                            let io = |source| RepoError::Io {
+                                path: path.clone(),
+                                source,
+                            };
+                            let mut f = std::fs::File::open(path).map_err(io)?;
+                            let meta = f.metadata().map_err(io)?;
+                            let mode = file_mode(&meta);
+                            w.file(&mut f, meta.len(), mode, path, rel, ctx, &parents)?
+                        }
+                        Source::Bytes(b) => w.file(
+                            &mut std::io::Cursor::new(*b),
+                            b.len() as u64,
+                            0o644,
+                            Path::new(rel),
+                            rel,
+                            ctx,
+                            &parents,
+                        )?,
+                    };
                     let bytes = manifest.encode();
                     let id = ObjectId::digest(&bytes);
                     let key = object_key(KIND_MANIFEST, &id);
@@ -385,8 +482,8 @@ impl Repository {
                 "commit (new branch)"
             },
         );
-        if let Some(dir) = std::fs::canonicalize(dir)
-            .ok()
+        if let Some(dir) = dir
+            .and_then(|d| std::fs::canonicalize(d).ok())
             .and_then(|d| d.to_str().map(str::to_owned))
         {
             let mut v = id.as_bytes().to_vec();
@@ -558,9 +655,15 @@ impl Writer<'_> {
         h
     }
 
-    /// Read one file, queue its new chunks, return its manifest.
-    fn file(
+    /// Read one file (`len` bytes from `f`, Unix permission bits `mode`;
+    /// `path` names it in errors), queue its new chunks, return its
+    /// manifest.
+    #[allow(clippy::too_many_arguments)]
+    fn file<R: Read + Seek>(
         &mut self,
+        f: &mut R,
+        len: u64,
+        mode: u32,
         path: &Path,
         rel: &str,
         ctx: &format::DirContext,
@@ -570,15 +673,10 @@ impl Writer<'_> {
             path: path.to_path_buf(),
             source,
         };
-        let mut f = std::fs::File::open(path).map_err(io)?;
-        let meta = f.metadata().map_err(io)?;
-        let len = meta.len();
-        let layout = ctx
-            .parse(rel, &mut f, len)
-            .map_err(|source| RepoError::Format {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let layout = ctx.parse(rel, f, len).map_err(|source| RepoError::Format {
+            path: path.to_path_buf(),
+            source,
+        })?;
         layout.validate().map_err(|source| RepoError::Format {
             path: path.to_path_buf(),
             source,
@@ -696,7 +794,7 @@ impl Writer<'_> {
             kind: layout.kind,
             len,
             hash: *hasher.finalize().as_bytes(),
-            mode: file_mode(&meta),
+            mode,
             segments,
         })
     }

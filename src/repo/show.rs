@@ -133,6 +133,26 @@ impl Repository {
     /// The metadata, files, tensors and storage of `commit`.
     pub fn show(&self, commit: &CommitId) -> Result<ShowReport, RepoError> {
         let c = self.commit_object(commit)?;
+        let files = self.file_shows(&c, true)?;
+        Ok(ShowReport {
+            id: *commit,
+            commit: c,
+            files,
+        })
+    }
+
+    /// The files of `commit` with their tensors (name, dtype, shape, bytes)
+    /// in tree order, as [`Repository::show`] lists them but without
+    /// reading a chunk record: every [`Storage`] is left empty
+    /// (`Storage::default()`), so this costs one read per manifest.
+    pub fn list_files(&self, commit: &CommitId) -> Result<Vec<FileShow>, RepoError> {
+        let c = self.commit_object(commit)?;
+        self.file_shows(&c, false)
+    }
+
+    /// Every file of commit `c`; with `storage`, each segment's chunk
+    /// records are read for its [`Storage`].
+    fn file_shows(&self, c: &Commit, storage: bool) -> Result<Vec<FileShow>, RepoError> {
         let tree = self.tree(&c.tree)?;
         // Chunks recur (zero-filled tensors, identical opaque headers):
         // read each record once.
@@ -142,7 +162,11 @@ impl Repository {
             let m = self.manifest(mid, path)?;
             let mut segments = Vec::with_capacity(m.segments.len());
             for seg in &m.segments {
-                let storage = self.storage_of(seg.chunks(), &mut seen, path)?;
+                let storage = if storage {
+                    self.storage_of(seg.chunks(), &mut seen, path)?
+                } else {
+                    Storage::default()
+                };
                 segments.push(match seg {
                     SegmentRef::Tensor {
                         name,
@@ -172,11 +196,7 @@ impl Repository {
                 segments,
             });
         }
-        Ok(ShowReport {
-            id: *commit,
-            commit: c,
-            files,
-        })
+        Ok(files)
     }
 
     fn storage_of(

@@ -370,9 +370,7 @@ fn prune(
             continue; // not committed: never deleted
         };
         if !verified.contains(&f.dir) {
-            // The commit must hold exactly these files, and each must read
-            // back whole from the store.
-            if !same_files(&repo, id, &f.dir)? || !repo.verify_commit(id)?.is_clean() {
+            if !repo.holds_dir(id, &f.dir)? {
                 continue;
             }
             verified.insert(f.dir.clone());
@@ -392,6 +390,17 @@ fn prune(
         }
     }
     Ok(ControlFlow::Continue(()))
+}
+
+impl Repository {
+    /// True when deleting the checkpoint directory `dir` loses nothing:
+    /// commit `id` holds exactly its files (paths, lengths and whole-file
+    /// blake3) and every file of the commit reads back whole from the
+    /// store (each chunk decoded and verified). What `watch`'s
+    /// `prune_local` checks before it deletes a directory.
+    pub fn holds_dir(&self, id: &CommitId, dir: &Path) -> Result<bool, RepoError> {
+        Ok(same_files(self, id, dir)? && self.verify_commit(id)?.is_clean())
+    }
 }
 
 /// True when commit `id` holds the files of `dir` with their lengths and

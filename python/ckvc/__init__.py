@@ -1,0 +1,414 @@
+"""ckvc from Python: save, load and resume training checkpoints in a ckvc
+repository, from inside the training loop.
+
+The same repository the ``ckvc`` command line uses; the work is done by the
+Rust library (the native module ``ckvc._ckvc``), with the GIL released.
+
+>>> import ckvc
+>>> repo = ckvc.Repository.init("run1")
+>>> f = repo.save({"model": model.state_dict(), "optim": opt.state_dict()}, step=100, blocking=False)
+>>> # ... training goes on; the state saved is the one at the call ...
+>>> repo.wait()
+>>> state = repo.load(100)
+
+A Python-saved commit holds two files, ``state.json`` (the structure) and
+``tensors.safetensors`` (the tensors); see ``docs/format/python-state.md``.
+Nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _ckvc, _state
+from ._ckvc import (
+    AlreadyExistsError,
+    CkvcError,
+    CorruptError,
+    InvalidInputError,
+    LockedError,
+    NotFoundError,
+    StepOrderError,
+    StorageFullError,
+)
+
+__all__ = [
+    "Repository",
+    "Commit",
+    "SaveFuture",
+    "Checkpoint",
+    "CkvcError",
+    "CorruptError",
+    "LockedError",
+    "NotFoundError",
+    "StepOrderError",
+    "AlreadyExistsError",
+    "InvalidInputError",
+    "StorageFullError",
+]
+
+Rev = Union[int, str]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A commit: ``id`` (64 hex digits), ``step``, ``message``, ``metrics``,
+    ``logical_bytes`` (the checkpoint's size), ``stored_bytes`` (what it
+    added to the repository), ``time`` (seconds since the epoch),
+    ``branch``."""
+
+    id: str
+    step: int
+    message: str = ""
+    metrics: Dict[str, Any] = field(default_factory=dict)
+    logical_bytes: int = 0
+    stored_bytes: int = 0
+    time: int = 0
+    branch: str = ""
+
+    @staticmethod
+    def _from(d: Dict[str, Any]) -> "Commit":
+        return Commit(
+            id=d["id"],
+            step=int(d["step"]),
+            message=d["message"],
+            metrics=json.loads(d["metrics_json"]),
+            logical_bytes=int(d["logical_bytes"]),
+            stored_bytes=int(d["stored_bytes"]),
+            time=int(d["time"]),
+            branch=d["branch"],
+        )
+
+
+class SaveFuture:
+    """A save running in the background (from ``save(blocking=False)``)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._commit: Optional[Commit] = None
+        self._error: Optional[BaseException] = None
+        self._observed = False
+
+    def _finish(self, commit: Optional[Commit], error: Optional[BaseException]) -> None:
+        self._commit, self._error = commit, error
+        self._event.set()
+
+    def done(self) -> bool:
+        """True once the save is durable or has failed."""
+        return self._event.is_set()
+
+    def result(self, timeout: Optional[float] = None) -> Commit:
+        """Wait until the save is durable and return its ``Commit``; raise
+        its error if it failed (``TimeoutError`` after ``timeout`` s)."""
+        if not self._event.wait(timeout):
+            raise TimeoutError("the save is still running")
+        self._observed = True
+        if self._error is not None:
+            raise self._error
+        assert self._commit is not None
+        return self._commit
+
+
+def _rev(rev: Rev) -> str:
+    if isinstance(rev, bool):
+        raise TypeError("a revision is a step (int) or a name (str)")
+    if isinstance(rev, int):
+        if rev < 0:
+            raise ValueError("a step is not negative")
+        return str(rev)
+    if isinstance(rev, str):
+        return rev
+    raise TypeError("a revision is a step (int) or a name (str)")
+
+
+_live: "weakref.WeakSet[Repository]" = weakref.WeakSet()
+
+
+def _wait_all_at_exit() -> None:
+    errors = []
+    for repo in list(_live):
+        try:
+            repo.wait()
+        except BaseException as e:  # noqa: BLE001 - reported, never lost
+            errors.append(e)
+    if errors:
+        import sys
+
+        for e in errors:
+            print(f"ckvc: a background save failed: {type(e).__name__}: {e}", file=sys.stderr)
+        raise errors[0]
+
+
+atexit.register(_wait_all_at_exit)
+
+
+class Repository:
+    """A ckvc repository (the directory holding ``.ckvc``).
+
+    ``Repository(path)`` opens an existing one, ``Repository.init(path)``
+    creates one. No lock is held between calls: the command line may
+    commit while this object exists; each save takes the write lock only
+    while it commits.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], branch: Optional[str] = None) -> None:
+        self.path = os.fspath(path)
+        self.branch = branch
+        _ckvc.Reader(self.path)  # raises NotFoundError if not a repository
+        self._lock = threading.Lock()
+        self._inflight: Optional[Tuple[threading.Thread, SaveFuture]] = None
+        self._unobserved: List[SaveFuture] = []
+        self._staging = _state.Staging()
+        _live.add(self)
+
+    @classmethod
+    def init(cls, path: Union[str, os.PathLike]) -> "Repository":
+        """Create a repository in ``path`` (like ``ckvc init``) and open it."""
+        p = os.fspath(path)
+        os.makedirs(p, exist_ok=True)
+        _ckvc.init(p)
+        return cls(p)
+
+    def _reader(self) -> "_ckvc.Reader":
+        return _ckvc.Reader(self.path)
+
+    # ------------------------------------------------------------ saving
+
+    def save(
+        self,
+        state: Any,
+        step: int,
+        message: str = "",
+        metrics: Optional[Dict[str, float]] = None,
+        blocking: bool = True,
+    ) -> Union[Commit, SaveFuture]:
+        """Commit ``state`` at ``step`` on the current branch.
+
+        ``state`` is what training code has: nested dicts (str or int
+        keys), lists, tuples, torch tensors (any dtype, views, shared
+        storage), numpy arrays, and numbers, str, bytes, bool, None. The
+        tensors are copied into one reused host staging buffer laid out as
+        the safetensors file, so the state stored is the one at the call.
+
+        ``blocking=True`` returns the ``Commit`` once it is durable.
+        ``blocking=False`` returns a ``SaveFuture`` as soon as the tensors
+        are staged; the commit runs in a background thread (the GIL
+        released), and training may change the tensors meanwhile. At most
+        one save is in flight: a new save first waits for the previous one.
+        Errors surface on ``result()`` and ``wait()`` (and at interpreter
+        exit), never silently.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise TypeError("step must be a non-negative int")
+        mets = []
+        for k, v in (metrics or {}).items():
+            mets.append((str(k), float(v)))
+        with self._lock:
+            self._wait_inflight()
+            p = _state.plan(state)
+            tensors = self._staging.stage(p)
+            fut = SaveFuture()
+            files = [(_state.STATE_FILE, p.state_json), (_state.TENSORS_FILE, tensors)]
+            now_msg = message
+
+            def work() -> None:
+                try:
+                    d = _ckvc.commit_buffers(self.path, files, step, now_msg, mets, self.branch)
+                    fut._finish(self._commit(d["id"]), None)
+                except BaseException as e:  # noqa: BLE001 - handed to the future
+                    fut._finish(None, e)
+
+            t = threading.Thread(target=work, name=f"ckvc-save-{step}", daemon=True)
+            self._inflight = (t, fut)
+            self._unobserved.append(fut)
+            t.start()
+        if blocking:
+            return fut.result()
+        return fut
+
+    def _wait_inflight(self) -> None:
+        if self._inflight is not None:
+            t, _ = self._inflight
+            t.join()
+            self._inflight = None
+
+    def wait(self) -> None:
+        """Wait until every save in flight is durable; raise the first error
+        of a background save whose ``result()`` nobody took."""
+        with self._lock:
+            self._wait_inflight()
+            pending, self._unobserved = self._unobserved, []
+        for f in pending:
+            if not f._observed and f._error is not None:
+                f._observed = True
+                raise f._error
+
+    # ----------------------------------------------------------- loading
+
+    def _resolve(self, r: "_ckvc.Reader", rev: Rev) -> str:
+        return r.resolve(_rev(rev))
+
+    def load(self, rev: Rev) -> Any:
+        """The state saved at ``rev`` (a step on the current branch, a
+        branch, a tag, or a commit id prefix).
+
+        For a commit made by ``save``: the same structure and types (int
+        keys stay int, tuples stay tuples, tied tensors come back as one
+        object); tensors saved from torch come back as CPU torch tensors
+        when torch is installed, numpy arrays otherwise (a dtype numpy
+        lacks, like bfloat16, as its raw bits). For any other commit (e.g.
+        a directory committed by the command line): ``{path: {tensor name:
+        tensor}}`` for files holding tensors and ``{path: bytes}`` for the
+        others (torch tensors when torch is installed).
+        """
+        with self.open(rev) as ck:
+            return ck._load_all()
+
+    def open(self, rev: Rev) -> "Checkpoint":
+        """A lazy view of one commit (use as a context manager): ``keys()``
+        and ``get_tensor(key)`` decode only the tensor asked for."""
+        return Checkpoint(self, rev)
+
+    def steps(self) -> List[int]:
+        """The steps on the current branch, ascending."""
+        return list(self._reader().steps(self.branch))
+
+    def log(self, rev: Optional[Rev] = None, limit: Optional[int] = None) -> List[Commit]:
+        """The commits of the current branch (or from ``rev``), newest first."""
+        r = self._reader()
+        if rev is not None:
+            start: Optional[str] = _rev(rev)
+        elif self.branch is not None:
+            if not _has_branch_head(r, self.branch):
+                return []
+            start = self.branch
+        else:
+            start = None  # the current branch; no commits: []
+        return [Commit._from(d) for d in r.log(start, limit)]
+
+    def commit_dir(self, path: Union[str, os.PathLike], step: Optional[int] = None, message: str = "") -> Commit:
+        """Commit a checkpoint directory, as ``ckvc commit DIR`` does (the
+        step from ``step``, else ``trainer_state.json``, else the directory
+        name; metrics from ``trainer_state.json``)."""
+        d = _ckvc.commit_dir(self.path, os.fspath(path), step, message, self.branch)
+        return self._commit(d["id"])
+
+    def checkout(self, rev: Rev, out_dir: Union[str, os.PathLike], force: bool = False) -> Commit:
+        """Write the files of ``rev`` into ``out_dir``, byte for byte, as
+        ``ckvc checkout REV -o OUT`` does; returns its ``Commit``."""
+        r = self._reader()
+        cid = self._resolve(r, rev)
+        r.checkout(cid, os.fspath(out_dir), force)
+        return Commit._from(r.commit(cid))
+
+    def _commit(self, cid: str) -> Commit:
+        return Commit._from(self._reader().commit(cid))
+
+    def __repr__(self) -> str:
+        return f"ckvc.Repository({self.path!r})"
+
+
+def _has_branch_head(r: "_ckvc.Reader", branch: str) -> bool:
+    try:
+        r.resolve(branch)
+        return True
+    except NotFoundError:
+        return False
+
+
+class Checkpoint:
+    """One commit opened for reading (``Repository.open``). Like
+    safetensors' ``safe_open``: nothing is decoded until ``get_tensor``.
+
+    Keys: for a commit made by ``save``, the tensor keys (the path in the
+    state joined with dots, e.g. ``model.fc.weight``,
+    ``optim.state.0.exp_avg``). For other commits, each tensor's name,
+    or ``path:name`` where several files hold that name.
+    """
+
+    def __init__(self, repo: Repository, rev: Rev) -> None:
+        self._repo = repo
+        self._r = repo._reader()
+        self.id = repo._resolve(self._r, rev)
+        self._files = {p: (kind, n, ts) for p, kind, n, ts in self._r.list_files(self.id)}
+        self._doc: Optional[_state.StateDoc] = None
+        self._st: Dict[str, Tuple[str, List[int], int]] = {}
+        if _state.STATE_FILE in self._files and _state.TENSORS_FILE in self._files:
+            self._doc = _state.StateDoc(self._r.read_file(self.id, _state.STATE_FILE))
+            for name, dt, shape, nbytes in self._files[_state.TENSORS_FILE][2]:
+                self._st[name] = (dt, shape, nbytes)
+            self._index = {k: (_state.TENSORS_FILE, k) for k in self._doc.tensors}
+        else:
+            count: Dict[str, int] = {}
+            for _, (_, _, ts) in self._files.items():
+                for name, *_ in ts:
+                    count[name] = count.get(name, 0) + 1
+            self._index = {}
+            for p, (_, _, ts) in sorted(self._files.items()):
+                for name, *_ in ts:
+                    self._index[name if count[name] == 1 else f"{p}:{name}"] = (p, name)
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._r = None  # type: ignore[assignment]
+
+    @property
+    def commit(self) -> Commit:
+        """This commit's metadata."""
+        return Commit._from(self._r.commit(self.id))
+
+    def keys(self) -> List[str]:
+        """The tensor keys, in order."""
+        return list(self._index)
+
+    def files(self) -> List[str]:
+        """The commit's file paths."""
+        return list(self._files)
+
+    def get_tensor(self, key: str) -> Any:
+        """Decode one tensor (only its chunks are read, each verified)."""
+        if key not in self._index:
+            raise KeyError(key)
+        path, name = self._index[key]
+        if self._doc is not None:
+            return self._read_state_tensor(name, self._doc.tensors[name])
+        return self._read_plain(path, name)
+
+    def _read_plain(self, path: str, name: str) -> Any:
+        for tname, dt, shape, nbytes in self._files[path][2]:
+            if tname == name:
+                raw, finish = _state.alloc(nbytes, "any", dt, shape, dt)
+                self._r.read_tensor_into(self.id, path, name, raw)
+                return finish()
+        raise KeyError(name)
+
+    def _read_state_tensor(self, key: str, node: Dict[str, Any]) -> Any:
+        if key not in self._st:
+            raise CorruptError(f"{_state.TENSORS_FILE} of commit {self.id[:12]} has no tensor {key!r}")
+        st_dtype, _, nbytes = self._st[key]
+        raw, finish = _state.alloc(nbytes, node["kind"], node["dtype"], node["shape"], st_dtype)
+        self._r.read_tensor_into(self.id, _state.TENSORS_FILE, key, raw)
+        return finish()
+
+    def read_file(self, path: str) -> bytes:
+        """One whole file of the commit (verified)."""
+        return self._r.read_file(self.id, path)
+
+    def _load_all(self) -> Any:
+        if self._doc is not None:
+            return _state.build(self._doc.root, self._read_state_tensor, {})
+        out: Dict[str, Any] = {}
+        for p, (_, _, ts) in self._files.items():
+            if ts:
+                out[p] = {name: self._read_plain(p, name) for name, *_ in ts}
+            else:
+                out[p] = self._r.read_file(self.id, p)
+        return out

@@ -1,0 +1,96 @@
+"""Type stubs of the native module ``ckvc._ckvc`` (Rust, PyO3).
+
+Writers open the repository for one call (the write lock is never held
+between calls); ``Reader`` opens it read-only. Library errors are raised as
+the exceptions below, with the library's fields as attributes.
+"""
+
+from os import PathLike
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+_Path = Union[str, PathLike[str]]
+_Buffer = Any  # any C-contiguous object with the buffer protocol (bytes, bytearray, numpy, memoryview)
+
+class CkvcError(Exception):
+    """Base class of every ckvc error."""
+
+class CorruptError(CkvcError):
+    """Stored data is damaged or missing."""
+
+    what: str
+    reason: str
+    commit: Optional[str]
+    file: Optional[str]
+    tensor: Optional[str]
+
+class LockedError(CkvcError):
+    """Another process holds the write lock (or rewrites the repository); retry."""
+
+class NotFoundError(CkvcError):
+    """No such revision, branch or tag, or not a repository."""
+
+class StepOrderError(CkvcError):
+    """The step is not after the branch head's."""
+
+    branch: str
+    step: int
+    head_step: int
+
+class AlreadyExistsError(CkvcError):
+    """A repository, branch or tag exists, or the output directory is not empty."""
+
+class InvalidInputError(CkvcError):
+    """Input the library refuses (bad path, name, metric, checkpoint file, no such file/tensor)."""
+
+class StorageFullError(CkvcError):
+    """Too little free space to write safely; nothing was changed."""
+
+def init(path: _Path) -> None:
+    """Create a repository in ``path`` (like ``ckvc init``)."""
+
+def commit_buffers(
+    path: _Path,
+    files: Sequence[Tuple[str, _Buffer]],
+    step: int,
+    message: str = "",
+    metrics: Sequence[Tuple[str, float]] = (),
+    branch: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Commit in-memory files at ``step`` (the GIL released; the buffers must
+    stay alive and unmodified during the call). Returns the commit report:
+    id, step, branch, already_committed, logical_bytes, stored_bytes, files,
+    new_chunks, max_depth."""
+
+def commit_dir(
+    path: _Path,
+    dir: _Path,
+    step: Optional[int] = None,
+    message: str = "",
+    branch: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Commit a checkpoint directory (``ckvc commit DIR``); the same report."""
+
+class Reader:
+    """A read-only view of the repository at ``path``, as of opening."""
+
+    def __init__(self, path: _Path) -> None: ...
+    def resolve(self, rev: str) -> str:
+        """The 64-hex-digit commit id a revision names."""
+    def current_branch(self) -> str: ...
+    def commit(self, id: str) -> Dict[str, Any]:
+        """id, step, branch, message, metrics_json, time, parents,
+        logical_bytes, stored_bytes, files, max_depth."""
+    def log(self, rev: Optional[str] = None, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+        """Commits newest first (dicts as ``commit``)."""
+    def list_files(self, id: str) -> List[Tuple[str, str, int, List[Tuple[str, str, List[int], int]]]]:
+        """``[(path, kind, length, [(tensor, safetensors dtype, shape, bytes)])]``."""
+    def read_file(self, id: str, file: str) -> bytes:
+        """A whole file, every chunk and the file verified."""
+    def read_tensor_into(self, id: str, file: str, tensor: str, out: _Buffer) -> None:
+        """Decode one tensor into ``out`` (writable, C-contiguous, exactly its length)."""
+    def checkout(self, id: str, out: _Path, force: bool = False) -> Tuple[int, int]:
+        """Write the commit's files into ``out``; ``(files, bytes)``."""
+    def steps(self, branch: Optional[str] = None) -> List[int]:
+        """Steps on the branch, ascending."""
+    def holds_dir(self, id: str, dir: _Path) -> bool:
+        """True when the commit holds exactly ``dir``'s files and all read back whole."""

@@ -1,0 +1,447 @@
+"""A training state as two files: ``state.json`` and ``tensors.safetensors``.
+
+The structure (nested dicts, lists, tuples, scalars) is stored as JSON data,
+the tensors in a real safetensors file; nothing is ever pickled. The layout
+is specified in ``docs/format/python-state.md``; this module is the only
+code that writes or reads it.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+STATE_FILE = "state.json"
+TENSORS_FILE = "tensors.safetensors"
+FORMAT = "ckvc-python-state"
+VERSION = 1
+
+try:  # torch is optional
+    import torch
+
+    _TORCH = True
+except ImportError:  # pragma: no cover - exercised only without torch
+    torch = None  # type: ignore[assignment]
+    _TORCH = False
+
+
+# torch dtype name -> safetensors dtype, for the dtypes safetensors has; any
+# other torch dtype is stored as U8 bytes.
+_TORCH_NAMES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+}
+
+
+def _torch_dtypes() -> Dict[Any, str]:
+    """torch dtype -> safetensors dtype, for the dtypes this torch has."""
+    if not _TORCH:
+        return {}
+    out = {}
+    for attr, st in _TORCH_NAMES.items():
+        dt = getattr(torch, attr, None)
+        if dt is not None:
+            out[dt] = st
+    return out
+
+
+_TORCH_TO_ST = _torch_dtypes()
+
+# numpy dtype kind+size -> safetensors dtype (native byte order only).
+_NUMPY_TO_ST = {
+    "f8": "F64",
+    "f4": "F32",
+    "f2": "F16",
+    "i8": "I64",
+    "i4": "I32",
+    "i2": "I16",
+    "i1": "I8",
+    "u8": "U64",
+    "u4": "U32",
+    "u2": "U16",
+    "u1": "U8",
+    "b1": "BOOL",
+}
+
+
+def torch_dtype(name: str):
+    """The torch dtype called ``name`` (``"bfloat16"``); TypeError if unknown."""
+    dt = getattr(torch, name, None) if _TORCH else None
+    if not (_TORCH and isinstance(dt, torch.dtype)):
+        raise TypeError(f"torch has no dtype {name!r}")
+    return dt
+
+
+class Leaf:
+    """One tensor to store: its key, kind, dtype names, shape and bytes."""
+
+    __slots__ = ("key", "kind", "obj", "dtype", "st_dtype", "shape", "nbytes", "offset", "align")
+
+    def __init__(self, key, kind, obj, dtype, st_dtype, shape, nbytes, align=1):
+        self.key = key
+        self.kind = kind  # "torch" | "numpy"
+        self.obj = obj  # the tensor / array (a 0-d array for numpy scalars)
+        self.dtype = dtype  # torch: "bfloat16"; numpy: dtype.str ("<f4")
+        self.st_dtype = st_dtype  # safetensors dtype of the stored bytes
+        self.shape = shape
+        self.nbytes = nbytes
+        self.offset = 0
+        self.align = min(max(int(align), 1), 8)  # element size, for the layout order
+
+
+def _float_node(x: float) -> Dict[str, Any]:
+    if math.isfinite(x):
+        return {"type": "float", "value": x}
+    return {"type": "float", "value": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
+
+
+def _float_value(v) -> float:
+    return float(v)  # float("nan"), float("inf"), float("-inf") and numbers
+
+
+class Flattener:
+    """Walks a state, producing its JSON tree and the tensor leaves."""
+
+    def __init__(self) -> None:
+        self.leaves: List[Leaf] = []
+        self.used: set = set()
+        # identity of a tensor view -> its leaf (tied weights stored once)
+        self.by_view: Dict[Tuple, Leaf] = {}
+        self.by_id: Dict[int, Leaf] = {}
+
+    def key_for(self, path: List[str]) -> str:
+        key = ".".join(path) if path else "tensor"
+        if key not in self.used:
+            self.used.add(key)
+            return key
+        n = 1
+        while f"{key}#{n}" in self.used:
+            n += 1
+        key = f"{key}#{n}"
+        self.used.add(key)
+        return key
+
+    def tensor(self, x, path: List[str]) -> Dict[str, Any]:
+        leaf = self.by_id.get(id(x))
+        if leaf is None:
+            if _TORCH and isinstance(x, torch.Tensor):
+                leaf = self._torch_leaf(x, path)
+            else:
+                leaf = self._numpy_leaf(x, path)
+            self.by_id[id(x)] = leaf
+        node = {
+            "type": "tensor",
+            "key": leaf.key,
+            "kind": leaf.kind,
+            "dtype": leaf.dtype,
+            "shape": list(leaf.shape),
+        }
+        if isinstance(x, np.generic):
+            node["kind"] = "numpy_scalar"
+        return node
+
+    def _torch_leaf(self, t, path):
+        if t.is_sparse or getattr(t, "is_quantized", False) or t.layout != torch.strided:
+            raise TypeError(f"{'.'.join(path)}: only dense (strided) tensors can be saved, not {t.layout}")
+        if t.device.type == "meta":
+            raise TypeError(f"{'.'.join(path)}: a tensor on the meta device holds no data")
+        try:
+            storage = t.untyped_storage()
+            view = ("torch", storage.data_ptr(), storage.device.type, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        except Exception:  # pragma: no cover - tensor subclasses without storage
+            view = None
+        if view is not None and t.numel() > 0 and view in self.by_view:
+            return self.by_view[view]
+        dt = t.dtype
+        name = str(dt).replace("torch.", "")
+        st = _TORCH_TO_ST.get(dt)
+        nbytes = t.numel() * t.element_size()
+        shape = tuple(t.shape)
+        if st is None:  # complex, fp8 fnuz variants, ...: stored as raw bytes
+            st = "U8"
+        leaf = Leaf(self.key_for(path), "torch", t, name, st, shape, nbytes, t.element_size())
+        if view is not None and t.numel() > 0:
+            self.by_view[view] = leaf
+        self.leaves.append(leaf)
+        return leaf
+
+    def _numpy_leaf(self, a, path):
+        if isinstance(a, np.generic):
+            a = np.asarray(a)
+        if a.dtype.hasobject or a.dtype.fields is not None:
+            raise TypeError(f"{'.'.join(path)}: numpy arrays of dtype {a.dtype} cannot be saved (objects or records)")
+        view = None
+        if a.size > 0:
+            view = ("numpy", a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+            if view in self.by_view:
+                return self.by_view[view]
+        native = a.dtype.newbyteorder("=") if a.dtype.byteorder not in ("=", "|") else a.dtype
+        key = f"{a.dtype.kind}{a.dtype.itemsize}"
+        st = _NUMPY_TO_ST.get(key) if native == a.dtype else None
+        if st is None:
+            st = "U8"
+        leaf = Leaf(self.key_for(path), "numpy", a, a.dtype.str, st, tuple(a.shape), a.nbytes, a.dtype.itemsize)
+        if view is not None:
+            self.by_view[view] = leaf
+        self.leaves.append(leaf)
+        return leaf
+
+    def node(self, x, path: List[str]) -> Dict[str, Any]:
+        if x is None:
+            return {"type": "none"}
+        if isinstance(x, bool):
+            return {"type": "bool", "value": x}
+        if isinstance(x, int):
+            return {"type": "int", "value": int(x)}
+        if isinstance(x, float):
+            return _float_node(float(x))
+        if isinstance(x, str):
+            return {"type": "str", "value": x}
+        if isinstance(x, (bytes, bytearray)):
+            return {"type": "bytes", "value": base64.b64encode(bytes(x)).decode("ascii")}
+        if (_TORCH and isinstance(x, torch.Tensor)) or isinstance(x, (np.ndarray, np.generic)):
+            return self.tensor(x, path)
+        if _TORCH and isinstance(x, torch.dtype):
+            return {"type": "torch_dtype", "value": str(x).replace("torch.", "")}
+        if isinstance(x, dict):
+            items = []
+            for k, v in x.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise TypeError(f"{'.'.join(path) or 'state'}: dict keys must be str or int, not {type(k).__name__}")
+                kn = {"type": "str", "value": k} if isinstance(k, str) else {"type": "int", "value": int(k)}
+                items.append([kn, self.node(v, path + [str(k)])])
+            node = {"type": "dict", "items": items}
+            if isinstance(x, collections.OrderedDict):
+                node["ordered"] = True
+            return node
+        if isinstance(x, tuple):
+            return {"type": "tuple", "items": [self.node(v, path + [str(i)]) for i, v in enumerate(x)]}
+        if isinstance(x, list):
+            return {"type": "list", "items": [self.node(v, path + [str(i)]) for i, v in enumerate(x)]}
+        raise TypeError(
+            f"{'.'.join(path) or 'state'}: cannot save a {type(x).__module__}.{type(x).__qualname__} "
+            "(only dicts, lists, tuples, tensors, numpy arrays, numbers, str, bytes, bool and None)"
+        )
+
+
+class Plan:
+    """A flattened state: ``state.json`` bytes and the safetensors layout."""
+
+    def __init__(self, state_json: bytes, header: bytes, leaves: List[Leaf], data_len: int):
+        self.state_json = state_json
+        self.header = header  # 8-byte length + padded JSON
+        self.leaves = leaves
+        self.data_len = data_len
+
+    @property
+    def file_len(self) -> int:
+        return len(self.header) + self.data_len
+
+
+def plan(state: Any) -> Plan:
+    """Flatten ``state`` and lay its tensors out as a safetensors file."""
+    fl = Flattener()
+    root = fl.node(state, [])
+    # Widest elements first: every tensor starts aligned to its width.
+    order = sorted(range(len(fl.leaves)), key=lambda i: -fl.leaves[i].align)
+    header: Dict[str, Any] = {"__metadata__": {"format": FORMAT, "version": str(VERSION)}}
+    off = 0
+    leaves = []
+    for i in order:
+        leaf = fl.leaves[i]
+        leaf.offset = off
+        shape = list(leaf.shape) if leaf.st_dtype != "U8" or _is_u8(leaf) else [leaf.nbytes]
+        header[leaf.key] = {"dtype": leaf.st_dtype, "shape": shape, "data_offsets": [off, off + leaf.nbytes]}
+        off += leaf.nbytes
+        leaves.append(leaf)
+    hjson = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    hjson += b" " * (-(len(hjson)) % 8)
+    head = len(hjson).to_bytes(8, "little") + hjson
+    doc = {"format": FORMAT, "version": VERSION, "tensors_file": TENSORS_FILE, "root": root}
+    state_json = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return Plan(state_json, head, leaves, off)
+
+
+def _is_u8(leaf: Leaf) -> bool:
+    """True when a U8-stored leaf really is uint8 (so keeps its shape)."""
+    return leaf.dtype in ("uint8", "|u1")
+
+
+class Staging:
+    """One reused host buffer holding the tensors file being saved."""
+
+    def __init__(self) -> None:
+        self.buf: Optional[np.ndarray] = None
+
+    def stage(self, p: Plan) -> memoryview:
+        """Copy the header and every tensor of ``p`` into the buffer; the
+        returned view is the whole ``tensors.safetensors`` file."""
+        n = p.file_len
+        if self.buf is None or self.buf.nbytes < n:
+            self.buf = None  # free the old one before allocating the new
+            self.buf = np.empty(max(n, 1), dtype=np.uint8)
+        buf = self.buf
+        h = len(p.header)
+        buf[:h] = np.frombuffer(p.header, dtype=np.uint8)
+        tbuf = None
+        for leaf in p.leaves:
+            if leaf.nbytes == 0:
+                continue
+            start = h + leaf.offset
+            dst = buf[start : start + leaf.nbytes]
+            if leaf.kind == "torch":
+                if tbuf is None:
+                    tbuf = torch.from_numpy(buf)
+                t = leaf.obj.detach()
+                d = tbuf[start : start + leaf.nbytes]
+                try:
+                    d.view(t.dtype).view(t.shape).copy_(t)
+                except (RuntimeError, TypeError):
+                    # dtypes whose views torch refuses: copy their bytes
+                    src = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                    d.copy_(src)
+            else:
+                a = leaf.obj
+                if a.dtype.kind == "b" or leaf.st_dtype == "U8" and not _is_u8(leaf):
+                    np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+                else:
+                    np.copyto(dst.view(a.dtype).reshape(a.shape), a)
+        return memoryview(buf)[: p.file_len]
+
+
+# ---------------------------------------------------------------- loading
+
+
+class StateDoc:
+    """A parsed ``state.json``: the tree and its tensor nodes by key."""
+
+    def __init__(self, raw: bytes):
+        try:
+            doc = json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"state.json is not JSON: {e}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError("state.json is not a ckvc Python state")
+        v = doc.get("version")
+        if not isinstance(v, int) or v > VERSION:
+            raise ValueError(f"state.json version {v!r} is newer than this ckvc reads ({VERSION})")
+        self.root = doc.get("root")
+        self.tensors_file = doc.get("tensors_file", TENSORS_FILE)
+        self.tensors: Dict[str, Dict[str, Any]] = {}
+        self._collect(self.root)
+
+    def _collect(self, n) -> None:
+        if not isinstance(n, dict):
+            raise ValueError("state.json: a node is not an object")
+        t = n.get("type")
+        if t == "tensor":
+            self.tensors.setdefault(n["key"], n)
+        elif t in ("list", "tuple"):
+            for c in n["items"]:
+                self._collect(c)
+        elif t == "dict":
+            for _, c in n["items"]:
+                self._collect(c)
+
+
+def build(node, get_tensor: Callable[[str, Dict[str, Any]], Any], cache: Dict[str, Any]):
+    """The value of a ``state.json`` node; tensors from ``get_tensor``,
+    each key once (so tied tensors come back as one object)."""
+    t = node["type"]
+    if t == "none":
+        return None
+    if t in ("bool", "int", "str"):
+        return node["value"]
+    if t == "float":
+        return _float_value(node["value"])
+    if t == "bytes":
+        return base64.b64decode(node["value"])
+    if t == "torch_dtype":
+        return torch_dtype(node["value"]) if _TORCH else node["value"]
+    if t == "tensor":
+        key = node["key"]
+        if key not in cache:
+            cache[key] = get_tensor(key, node)
+        return cache[key]
+    if t == "list":
+        return [build(c, get_tensor, cache) for c in node["items"]]
+    if t == "tuple":
+        return tuple(build(c, get_tensor, cache) for c in node["items"])
+    if t == "dict":
+        d = collections.OrderedDict() if node.get("ordered") else {}
+        for k, v in node["items"]:
+            d[build(k, get_tensor, cache)] = build(v, get_tensor, cache)
+        return d
+    raise ValueError(f"state.json: unknown node type {t!r}")
+
+
+_ST_TO_NUMPY = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "|i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "|u1",
+    "BOOL": "|b1",
+    # no numpy dtype: the raw bits
+    "BF16": "<u2",
+    "F8_E4M3": "|u1",
+    "F8_E5M2": "|u1",
+}
+
+_ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
+
+
+def alloc(nbytes: int, kind: str, dtype: str, shape, st_dtype: str):
+    """A fresh array of ``nbytes`` bytes and a function that turns it, once
+    filled, into the tensor: torch when ``kind`` is torch and torch is
+    there, else numpy (for a dtype numpy lacks: its raw bits)."""
+    shape = tuple(int(s) for s in shape)
+    if _TORCH and kind in ("torch", "any"):
+        raw = torch.empty(nbytes, dtype=torch.uint8)
+        if kind == "torch":
+            tdt = torch_dtype(dtype)
+        else:
+            tdt = _ST_TO_TORCH.get(st_dtype, torch.uint8)
+        return raw.numpy(), lambda: raw.view(tdt).view(shape)
+    raw = np.empty(nbytes, dtype=np.uint8)
+    if kind in ("numpy", "numpy_scalar"):
+        ndt = np.dtype(dtype)
+    elif kind == "torch":
+        ndt = np.dtype(_ST_TO_NUMPY.get(_TORCH_NAMES.get(dtype, "U8"), "|u1"))
+    else:
+        ndt = np.dtype(_ST_TO_NUMPY.get(st_dtype, "|u1"))
+
+    def finish():
+        a = raw.view(ndt)
+        if a.size == int(np.prod(shape, dtype=np.int64)):
+            a = a.reshape(shape)
+        if kind == "numpy_scalar":
+            return a.reshape(())[()]
+        return a
+
+    return raw, finish
+

@@ -1,0 +1,121 @@
+"""Hugging Face Trainer integration: commit each checkpoint the Trainer writes.
+
+>>> from ckvc.integrations.transformers import CkvcCallback
+>>> trainer = Trainer(..., callbacks=[CkvcCallback("ckvc-repo", keep_local=2)])
+
+Each ``checkpoint-N/`` directory is committed in a background thread (one
+at a time, in order) while training goes on, with the step from the
+Trainer state and the metrics of its log history (``trainer_state.json``).
+``on_train_end`` waits for every pending commit. Only the main process
+(``state.is_world_process_zero``) commits.
+
+Resuming: ``repo.checkout(step, dir)`` then
+``trainer.train(resume_from_checkpoint=dir)``; the files are byte for byte
+those the Trainer wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+from typing import List, Optional, Tuple
+
+from .. import _ckvc
+from .. import Repository
+
+try:
+    from transformers import TrainerCallback
+except ImportError as e:  # pragma: no cover
+    raise ImportError("ckvc.integrations.transformers needs transformers (pip install transformers)") from e
+
+
+class CkvcCallback(TrainerCallback):
+    """Commit every checkpoint directory the Trainer saves into the ckvc
+    repository at ``repo_path`` (created if missing).
+
+    ``keep_local=K`` deletes committed local ``checkpoint-N`` directories
+    beyond the newest K, each only after its commit is durable and holds
+    exactly the directory's files, every one read back whole from the
+    repository (what ``ckvc watch --prune-local`` checks). ``branch``
+    commits on that branch instead of the current one.
+
+    An error of a background commit is raised by ``wait()`` and at the end
+    of training; ``errors`` lists them.
+    """
+
+    def __init__(self, repo_path: str, keep_local: Optional[int] = None, branch: Optional[str] = None) -> None:
+        if keep_local is not None and keep_local < 0:
+            raise ValueError("keep_local must be >= 0")
+        self.repo_path = os.fspath(repo_path)
+        self.keep_local = keep_local
+        self.branch = branch
+        self.errors: List[BaseException] = []
+        self.committed: List[Tuple[int, str, str]] = []  # (step, commit id, dir)
+        self._queue: "queue.Queue[Optional[Tuple[str, int]]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._repo: Optional[Repository] = None
+
+    # ------------------------------------------------------------ worker
+
+    def _ensure(self) -> None:
+        if self._repo is None:
+            if not os.path.isdir(os.path.join(self.repo_path, ".ckvc")):
+                Repository.init(self.repo_path)
+            self._repo = Repository(self.repo_path, branch=self.branch)
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="ckvc-trainer-commits", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                d, step = item
+                try:
+                    r = _ckvc.commit_dir(self.repo_path, d, step, "", self.branch)
+                    self.committed.append((step, r["id"], d))
+                    if self.keep_local is not None:
+                        self._prune()
+                except BaseException as e:  # noqa: BLE001 - kept, raised by wait()
+                    self.errors.append(e)
+            finally:
+                self._queue.task_done()
+
+    def _prune(self) -> None:
+        keep = self.keep_local or 0
+        live = [(s, cid, d) for s, cid, d in self.committed if os.path.isdir(d)]
+        old = live[: max(len(live) - keep, 0)]
+        if not old:
+            return
+        reader = _ckvc.Reader(self.repo_path)
+        for _, cid, d in old:
+            # Durable (the commit call returned) and verified against the
+            # directory before anything is deleted.
+            if reader.holds_dir(cid, d):
+                shutil.rmtree(d)
+
+    def wait(self) -> None:
+        """Wait for every pending commit; raise the first error, if any."""
+        self._queue.join()
+        if self.errors:
+            raise self.errors[0]
+
+    # --------------------------------------------------------- callbacks
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return control
+        d = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(d):
+            self._ensure()
+            self._queue.put((d, int(state.global_step)))
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self._thread is not None:
+            self.wait()
+        return control

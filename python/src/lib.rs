@@ -1,0 +1,663 @@
+//! `ckvc._ckvc`: the native half of the Python package, a thin layer over
+//! the `ckvc` library (no second implementation).
+//!
+//! Writers open the repository for one operation and close it again, so
+//! the single-writer lock is never held between calls (the CLI can commit
+//! while a Python `Repository` object exists); readers open it read-only.
+//! The library's work runs with the GIL released. Errors become the
+//! exceptions below, with the library's typed fields as attributes
+//! ([`to_py_err`] is the one place that maps them).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use ckvc::repo::{CheckoutOptions, CommitOptions, CommitReport, Config, RepoError, Repository};
+use ckvc::repo::{RevKind, SegmentShow};
+use ckvc::store::{CommitId, StoreError};
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::BoundObject;
+
+create_exception!(
+    _ckvc,
+    CkvcError,
+    PyException,
+    "Base class of every ckvc error."
+);
+create_exception!(
+    _ckvc,
+    CorruptError,
+    CkvcError,
+    "Stored data is damaged or missing (attributes: what, reason, commit, file, tensor)."
+);
+create_exception!(
+    _ckvc,
+    LockedError,
+    CkvcError,
+    "Another process holds the repository's write lock, or rewrites it (gc); retry."
+);
+create_exception!(
+    _ckvc,
+    NotFoundError,
+    CkvcError,
+    "No such revision, branch, file or tensor, or not a repository."
+);
+create_exception!(
+    _ckvc,
+    StepOrderError,
+    CkvcError,
+    "A commit's step is not after the branch head's (attributes: branch, step, head_step)."
+);
+create_exception!(
+    _ckvc,
+    AlreadyExistsError,
+    CkvcError,
+    "A repository, branch or tag of that name exists, or the output directory is not empty."
+);
+create_exception!(
+    _ckvc,
+    InvalidInputError,
+    CkvcError,
+    "Input the library refuses (a bad path, name, metric or checkpoint file)."
+);
+create_exception!(
+    _ckvc,
+    StorageFullError,
+    CkvcError,
+    "Too little free space to write safely; nothing was changed."
+);
+
+/// What a call was about, added to a corruption error's attributes (the
+/// library names the place only in its `what` text).
+#[derive(Default)]
+struct Ctx<'a> {
+    commit: Option<&'a str>,
+    file: Option<&'a str>,
+    tensor: Option<&'a str>,
+}
+
+/// The Python exception for a library error: its class by kind, its
+/// fields as attributes. Every current `RepoError` variant is named here;
+/// `RepoError` is `#[non_exhaustive]`, so variants added later fall to the
+/// base class until they are added.
+fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
+    let msg = e.to_string();
+    let mut attrs: Vec<(&str, Py<PyAny>)> = Vec::new();
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    macro_rules! attr {
+        ($k:expr, $v:expr) => {
+            if let Some(o) = obj(py, $v) {
+                attrs.push(($k, o));
+            }
+        };
+    }
+    let err = match &e {
+        RepoError::NotARepository { path: p } => {
+            attr!("path", path(p));
+            NotFoundError::new_err(msg)
+        }
+        RepoError::AlreadyExists { path: p } | RepoError::OutputNotEmpty { path: p } => {
+            attr!("path", path(p));
+            AlreadyExistsError::new_err(msg)
+        }
+        RepoError::BranchExists { name } | RepoError::TagExists { name } => {
+            attr!("name", name.as_str());
+            AlreadyExistsError::new_err(msg)
+        }
+        RepoError::Store(se) => match se {
+            StoreError::Locked { path: p } => {
+                attr!("path", path(p));
+                LockedError::new_err(msg)
+            }
+            StoreError::Rewritten => LockedError::new_err(msg),
+            StoreError::Full {
+                path: p,
+                free,
+                need,
+            } => {
+                attr!("path", path(p));
+                attr!("free", *free);
+                attr!("need", *need);
+                StorageFullError::new_err(msg)
+            }
+            StoreError::NotFound { path: p } => {
+                attr!("path", path(p));
+                NotFoundError::new_err(msg)
+            }
+            StoreError::Corrupt {
+                space,
+                key_hex,
+                reason,
+            } => {
+                attr!("what", format!("{space}/{key_hex}"));
+                attr!("reason", reason.as_str());
+                CorruptError::new_err(msg)
+            }
+            StoreError::MissingCurrent { path: p } | StoreError::Damaged { path: p, .. } => {
+                attr!("what", path(p));
+                attr!("reason", msg.as_str());
+                CorruptError::new_err(msg)
+            }
+            _ if se.is_busy() => LockedError::new_err(msg),
+            _ => CkvcError::new_err(msg),
+        },
+        RepoError::Format { path: p, .. }
+        | RepoError::BadInput { path: p, .. }
+        | RepoError::NoStep { dir: p } => {
+            attr!("path", path(p));
+            InvalidInputError::new_err(msg)
+        }
+        RepoError::InvalidBranchName { name } | RepoError::CurrentBranch { name } => {
+            attr!("name", name.as_str());
+            InvalidInputError::new_err(msg)
+        }
+        RepoError::Io { path: p, .. } => {
+            attr!("path", path(p));
+            CkvcError::new_err(msg)
+        }
+        RepoError::UnknownRevision {
+            rev,
+            kind,
+            suggestions,
+        } => {
+            attr!("rev", rev.as_str());
+            attr!("suggestions", suggestions.clone());
+            if let RevKind::Step { branch, step } = kind {
+                attr!("branch", branch.as_str());
+                attr!("step", *step);
+            }
+            NotFoundError::new_err(msg)
+        }
+        RepoError::AmbiguousRevision { rev } => {
+            attr!("rev", rev.as_str());
+            NotFoundError::new_err(msg)
+        }
+        RepoError::NoSuchBranch { name } => {
+            attr!("name", name.as_str());
+            NotFoundError::new_err(msg)
+        }
+        RepoError::Empty => NotFoundError::new_err(msg),
+        RepoError::Corrupt { what, reason } => {
+            attr!("what", what.as_str());
+            attr!("reason", reason.as_str());
+            CorruptError::new_err(msg)
+        }
+        RepoError::Decode { what, source } => {
+            attr!("what", what.as_str());
+            attr!("reason", source.to_string());
+            CorruptError::new_err(msg)
+        }
+        RepoError::Missing { what } => {
+            attr!("what", what.as_str());
+            attr!("reason", "missing from the store");
+            CorruptError::new_err(msg)
+        }
+        RepoError::Damaged { count, first } => {
+            attr!("what", first.as_str());
+            attr!("reason", msg.as_str());
+            attr!("count", *count);
+            CorruptError::new_err(msg)
+        }
+        RepoError::MissingMetric { metric, commits } => {
+            attr!("metric", metric.as_str());
+            attr!(
+                "commits",
+                commits
+                    .iter()
+                    .map(|(id, step)| (id.to_string(), *step))
+                    .collect::<Vec<_>>()
+            );
+            InvalidInputError::new_err(msg)
+        }
+        RepoError::StepOrder {
+            branch,
+            step,
+            head_step,
+        } => {
+            attr!("branch", branch.as_str());
+            attr!("step", *step);
+            attr!("head_step", *head_step);
+            StepOrderError::new_err(msg)
+        }
+        _ => CkvcError::new_err(msg),
+    };
+    if err.is_instance_of::<CorruptError>(py) {
+        for (k, v) in [
+            ("commit", ctx.commit),
+            ("file", ctx.file),
+            ("tensor", ctx.tensor),
+        ] {
+            attrs.push((k, v.and_then(|v| obj(py, v)).unwrap_or_else(|| py.None())));
+        }
+    }
+    let value = err.value(py);
+    for (k, v) in attrs {
+        let _ = value.setattr(k, v);
+    }
+    err
+}
+
+/// `v` as a Python object (`None` if it cannot be converted).
+fn obj<'py, T: IntoPyObject<'py>>(py: Python<'py>, v: T) -> Option<Py<PyAny>> {
+    v.into_pyobject(py).ok().map(|o| o.into_any().unbind())
+}
+
+/// Runs `f` with the GIL released and maps its error.
+fn run<T: Send>(
+    py: Python<'_>,
+    ctx: &Ctx<'_>,
+    f: impl FnOnce() -> Result<T, RepoError> + Send,
+) -> PyResult<T> {
+    py.detach(f).map_err(|e| to_py_err(py, e, ctx))
+}
+
+fn parse_commit(hex: &str) -> PyResult<CommitId> {
+    CommitId::from_str(hex)
+        .map_err(|_| NotFoundError::new_err(format!("{hex:?} is not a 64-digit hex commit id")))
+}
+
+fn report_dict<'py>(py: Python<'py>, r: &CommitReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", r.id.to_string())?;
+    d.set_item("step", r.step)?;
+    d.set_item("branch", &r.branch)?;
+    d.set_item("already_committed", r.already_committed)?;
+    d.set_item("logical_bytes", r.stats.logical_bytes)?;
+    d.set_item("stored_bytes", r.stats.stored_bytes)?;
+    d.set_item("files", r.stats.files)?;
+    d.set_item("new_chunks", r.stats.new_chunks)?;
+    d.set_item("max_depth", r.stats.max_depth)?;
+    Ok(d)
+}
+
+fn commit_dict<'py>(
+    py: Python<'py>,
+    id: &CommitId,
+    c: &ckvc::repo::objects::Commit,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("id", id.to_string())?;
+    d.set_item("step", c.step)?;
+    d.set_item("branch", &c.branch)?;
+    d.set_item("message", &c.message)?;
+    d.set_item(
+        "metrics_json",
+        serde_json::Value::Object(c.metrics.clone()).to_string(),
+    )?;
+    d.set_item("time", c.time)?;
+    d.set_item(
+        "parents",
+        c.parents.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+    )?;
+    d.set_item("logical_bytes", c.stats.logical_bytes)?;
+    d.set_item("stored_bytes", c.stats.stored_bytes)?;
+    d.set_item("files", c.stats.files)?;
+    d.set_item("max_depth", c.stats.max_depth)?;
+    Ok(d)
+}
+
+/// Open the repository whose root is `path` (not a repository:
+/// [`RepoError::NotARepository`], not a damaged store).
+fn open_repo(path: &Path, write: bool) -> Result<Repository, RepoError> {
+    if !path.join(ckvc::repo::DOT_DIR).is_dir() {
+        return Err(RepoError::NotARepository {
+            path: path.to_path_buf(),
+        });
+    }
+    Repository::open(path, write)
+}
+
+/// Create a repository in `path` (like `ckvc init`).
+#[pyfunction]
+fn init(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+    run(py, &Ctx::default(), || {
+        Repository::init(&path, Config::default()).map(drop)
+    })
+}
+
+/// A slice of a Python buffer the library reads with the GIL released.
+struct Bytes {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is only dereferenced while the `PyBuffer` export it
+// came from is alive (held by the caller for the whole call), and the
+// Python side promises not to modify the buffer during the call (it is its
+// own staging buffer); reading it from another thread is then sound.
+unsafe impl Send for Bytes {}
+
+impl Bytes {
+    /// The bytes.
+    ///
+    /// # Safety
+    /// The buffer export this came from is alive and nobody writes the
+    /// bytes for as long as the slice is used.
+    unsafe fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            // A zero-length buffer may have a dangling pointer, which
+            // `from_raw_parts` does not allow.
+            &[]
+        } else {
+            // SAFETY: the caller's promise above.
+            unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        }
+    }
+
+    /// The bytes, to write.
+    ///
+    /// # Safety
+    /// The writable buffer export this came from is alive and nothing else
+    /// reads or writes the bytes for as long as the slice is used.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        if self.len == 0 {
+            &mut []
+        } else {
+            // SAFETY: the caller's promise above.
+            unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+        }
+    }
+}
+
+/// Commit in-memory files (`[(path, buffer)]`, any C-contiguous byte
+/// buffers) at `step`. The buffers must stay alive and unmodified during
+/// the call (the GIL is released while the library reads them).
+#[pyfunction]
+#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None))]
+fn commit_buffers<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    files: Vec<(String, Bound<'py, PyAny>)>,
+    step: u64,
+    message: String,
+    metrics: Vec<(String, f64)>,
+    branch: Option<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut held = Vec::with_capacity(files.len());
+    let mut parts = Vec::with_capacity(files.len());
+    for (rel, obj) in &files {
+        let buf = PyBuffer::<u8>::get(obj)?;
+        if !buf.is_c_contiguous() {
+            return Err(InvalidInputError::new_err(format!(
+                "the buffer of {rel} is not contiguous"
+            )));
+        }
+        parts.push((
+            rel.clone(),
+            Bytes {
+                ptr: buf.buf_ptr() as *const u8,
+                len: buf.len_bytes(),
+            },
+        ));
+        held.push(buf);
+    }
+    let opts = CommitOptions {
+        step: Some(step),
+        message,
+        branch,
+        metrics,
+        ..CommitOptions::default()
+    };
+    let report = run(py, &Ctx::default(), move || {
+        let slices: Vec<(&str, &[u8])> = parts
+            .iter()
+            .map(|(rel, b)| {
+                // SAFETY: `held` keeps every export alive until after this
+                // closure returns, and the Python side does not write its
+                // staging buffers while the commit runs.
+                (rel.as_str(), unsafe { b.as_slice() })
+            })
+            .collect();
+        let repo = open_repo(&path, true)?;
+        repo.commit_buffers(&slices, &opts)
+    })?;
+    drop(held);
+    report_dict(py, &report)
+}
+
+/// Commit a checkpoint directory (what `ckvc commit DIR` does).
+#[pyfunction]
+#[pyo3(signature = (path, dir, step = None, message = String::new(), branch = None))]
+fn commit_dir<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    dir: PathBuf,
+    step: Option<u64>,
+    message: String,
+    branch: Option<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = CommitOptions {
+        step,
+        message,
+        branch,
+        ..CommitOptions::default()
+    };
+    let report = run(py, &Ctx::default(), move || {
+        open_repo(&path, true)?.commit(&dir, &opts)
+    })?;
+    report_dict(py, &report)
+}
+
+/// A read-only view of a repository: resolves revisions and reads
+/// commits, files and tensors. It does not hold the write lock, and sees
+/// the repository as it was when it was opened.
+#[pyclass(frozen, module = "ckvc._ckvc")]
+struct Reader {
+    repo: Repository,
+}
+
+#[pymethods]
+impl Reader {
+    /// Open the repository at `path` read-only.
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let repo = run(py, &Ctx::default(), move || open_repo(&path, false))?;
+        Ok(Reader { repo })
+    }
+
+    /// The commit id (hex) a revision names: a step on the current branch,
+    /// a branch, a tag, `branch@step`, `HEAD~N` or an id prefix.
+    fn resolve(&self, py: Python<'_>, rev: &str) -> PyResult<String> {
+        run(py, &Ctx::default(), || self.repo.resolve(rev)).map(|id| id.to_string())
+    }
+
+    /// The current branch.
+    fn current_branch(&self, py: Python<'_>) -> PyResult<String> {
+        run(py, &Ctx::default(), || self.repo.current_branch())
+    }
+
+    /// One commit's metadata, as a dict.
+    fn commit<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Bound<'py, PyDict>> {
+        let cid = parse_commit(id)?;
+        let ctx = Ctx {
+            commit: Some(id),
+            ..Ctx::default()
+        };
+        let c = run(py, &ctx, || self.repo.commit_object(&cid))?;
+        commit_dict(py, &cid, &c)
+    }
+
+    /// Commits newest first from `rev` (default the current branch's head;
+    /// empty for a branch with no commits), at most `limit`.
+    #[pyo3(signature = (rev = None, limit = None))]
+    fn log<'py>(
+        &self,
+        py: Python<'py>,
+        rev: Option<&str>,
+        limit: Option<usize>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let entries = run(py, &Ctx::default(), || self.repo.log(rev, limit))?;
+        let out = PyList::empty(py);
+        for e in &entries {
+            out.append(commit_dict(py, &e.id, &e.commit)?)?;
+        }
+        Ok(out)
+    }
+
+    /// The files of a commit: `[(path, kind, length, [(tensor, dtype,
+    /// shape, bytes)])]`, dtypes by their safetensors names.
+    fn list_files<'py>(&self, py: Python<'py>, id: &str) -> PyResult<Bound<'py, PyList>> {
+        let cid = parse_commit(id)?;
+        let ctx = Ctx {
+            commit: Some(id),
+            ..Ctx::default()
+        };
+        let files = run(py, &ctx, || self.repo.list_files(&cid))?;
+        let out = PyList::empty(py);
+        for f in &files {
+            let tensors = PyList::empty(py);
+            for s in &f.segments {
+                if let SegmentShow::Tensor(t) = s {
+                    tensors.append((
+                        t.name.as_str(),
+                        t.dtype.safetensors_name(),
+                        t.shape.clone(),
+                        t.bytes,
+                    ))?;
+                }
+            }
+            out.append((
+                f.path.as_str(),
+                format!("{:?}", f.kind).to_ascii_lowercase(),
+                f.len,
+                tensors,
+            ))?;
+        }
+        Ok(out)
+    }
+
+    /// The whole file `file` of commit `id`, verified (bytes).
+    fn read_file<'py>(
+        &self,
+        py: Python<'py>,
+        id: &str,
+        file: &str,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let cid = parse_commit(id)?;
+        let ctx = Ctx {
+            commit: Some(id),
+            file: Some(file),
+            ..Ctx::default()
+        };
+        let bytes = run(py, &ctx, || self.repo.read_file(&cid, file))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Decode tensor `tensor` of file `file` of commit `id` into `out`, a
+    /// writable C-contiguous byte buffer of exactly its length (a numpy
+    /// array, a bytearray, ...). Only that tensor's chunks are read, each
+    /// verified.
+    fn read_tensor_into(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        file: &str,
+        tensor: &str,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let cid = parse_commit(id)?;
+        let buf = PyBuffer::<u8>::get(out)?;
+        if buf.readonly() || !buf.is_c_contiguous() {
+            return Err(InvalidInputError::new_err(
+                "the output buffer must be writable and C-contiguous",
+            ));
+        }
+        let dst = Bytes {
+            ptr: buf.buf_ptr() as *const u8,
+            len: buf.len_bytes(),
+        };
+        let ctx = Ctx {
+            commit: Some(id),
+            file: Some(file),
+            tensor: Some(tensor),
+        };
+        let result = run(py, &ctx, move || {
+            // SAFETY: `buf` keeps the writable export alive until after
+            // this closure; the caller passes a buffer nothing else
+            // reads or writes during the call (a freshly allocated array).
+            let out = unsafe { dst.as_mut_slice() };
+            self.repo.read_tensor_into(&cid, file, tensor, out)
+        });
+        drop(buf);
+        result
+    }
+
+    /// Write the files of commit `id` into `out` (what `ckvc checkout`
+    /// does); returns `(files, bytes)`.
+    #[pyo3(signature = (id, out, force = false))]
+    fn checkout(
+        &self,
+        py: Python<'_>,
+        id: &str,
+        out: PathBuf,
+        force: bool,
+    ) -> PyResult<(u64, u64)> {
+        let cid = parse_commit(id)?;
+        let ctx = Ctx {
+            commit: Some(id),
+            ..Ctx::default()
+        };
+        let opts = CheckoutOptions {
+            force,
+            ..CheckoutOptions::default()
+        };
+        let r = run(py, &ctx, || self.repo.checkout(&cid, &out, &opts))?;
+        Ok((r.files, r.bytes))
+    }
+
+    /// The steps on `branch` (default the current branch), ascending.
+    #[pyo3(signature = (branch = None))]
+    fn steps(&self, py: Python<'_>, branch: Option<&str>) -> PyResult<Vec<u64>> {
+        run(py, &Ctx::default(), || {
+            let branch = match branch {
+                Some(b) => b.to_string(),
+                None => self.repo.current_branch()?,
+            };
+            if self.repo.branch_head(&branch)?.is_none() {
+                return Ok(Vec::new());
+            }
+            let mut steps: Vec<u64> = self
+                .repo
+                .log(Some(&branch), None)?
+                .iter()
+                .map(|e| e.commit.step)
+                .collect();
+            steps.sort_unstable();
+            Ok(steps)
+        })
+    }
+
+    /// True when deleting checkpoint directory `dir` loses nothing: commit
+    /// `id` holds exactly its files and every file reads back whole (what
+    /// `ckvc watch --prune-local` checks).
+    fn holds_dir(&self, py: Python<'_>, id: &str, dir: PathBuf) -> PyResult<bool> {
+        let cid = parse_commit(id)?;
+        let ctx = Ctx {
+            commit: Some(id),
+            ..Ctx::default()
+        };
+        run(py, &ctx, || self.repo.holds_dir(&cid, &dir))
+    }
+}
+
+#[pymodule]
+fn _ckvc(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(commit_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(commit_dir, m)?)?;
+    m.add_class::<Reader>()?;
+    m.add("CkvcError", py.get_type::<CkvcError>())?;
+    m.add("CorruptError", py.get_type::<CorruptError>())?;
+    m.add("LockedError", py.get_type::<LockedError>())?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("StepOrderError", py.get_type::<StepOrderError>())?;
+    m.add("AlreadyExistsError", py.get_type::<AlreadyExistsError>())?;
+    m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
+    m.add("StorageFullError", py.get_type::<StorageFullError>())?;
+    Ok(())
+}

@@ -1,0 +1,104 @@
+"""Background saves: the state at the call is stored; errors are never lost."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+import ckvc
+
+
+def test_async_save_stores_the_state_at_the_call(repo):
+    torch = pytest.importorskip("torch")
+    w = torch.zeros(256, 1024)
+    opt_state = {0: {"exp_avg": torch.zeros(1000)}}
+    f = repo.save({"w": w, "opt": opt_state}, step=1, blocking=False)
+    # training goes on at once: change everything in place
+    w.add_(1.0)
+    opt_state[0]["exp_avg"].fill_(7.0)
+    c = f.result(timeout=60)
+    assert f.done() and c.step == 1
+    back = repo.load(1)
+    assert torch.count_nonzero(back["w"]) == 0
+    assert torch.count_nonzero(back["opt"][0]["exp_avg"]) == 0
+
+
+def test_async_numpy_and_one_in_flight(repo):
+    a = np.zeros(100_000, np.float32)
+    futs = []
+    for step in range(1, 4):
+        futs.append(repo.save({"a": a}, step=step, blocking=False))
+        a += 1  # mutated right after each call
+    repo.wait()
+    assert all(f.done() for f in futs)
+    assert [f.result().step for f in futs] == [1, 2, 3]
+    for step in range(1, 4):
+        assert repo.load(step)["a"][0] == step - 1
+    assert repo.steps() == [1, 2, 3]
+
+
+def test_failed_background_save_raises_on_result(repo):
+    repo.save({"a": np.zeros(4)}, step=10)
+    # a real failure: step 5 is not after the branch head (10)
+    f = repo.save({"a": np.ones(4)}, step=5, blocking=False)
+    with pytest.raises(ckvc.StepOrderError):
+        f.result(timeout=60)
+    repo.wait()  # observed above: not raised again
+    # not observed: wait() raises it
+    repo.save({"a": np.ones(4)}, step=3, blocking=False)
+    with pytest.raises(ckvc.StepOrderError):
+        repo.wait()
+    repo.wait()
+    assert repo.steps() == [10]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_background_save_into_read_only_repository_fails(repo):
+    db = os.path.join(repo.path, ".ckvc", "db")
+    mode = os.stat(db).st_mode
+    os.chmod(db, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        f = repo.save({"a": np.zeros(4)}, step=1, blocking=False)
+        with pytest.raises(ckvc.CkvcError):
+            f.result(timeout=60)
+    finally:
+        os.chmod(db, mode)
+
+
+def test_cli_can_commit_while_a_repository_object_exists(repo, cli, tmp_path):
+    repo.save({"a": np.zeros(4)}, step=1)
+    ck = tmp_path / "checkpoint-2"
+    ck.mkdir()
+    (ck / "notes.txt").write_text("hi")
+    cli("-C", repo.path, "commit", ck)
+    assert repo.steps() == [1, 2]
+    repo.save({"a": np.zeros(4)}, step=3)
+    assert repo.steps() == [1, 2, 3]
+
+
+def test_delta_against_the_previous_save(repo):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(512, 1024, generator=g)
+    c1 = repo.save({"w": w}, step=1)
+    w2 = w.clone()
+    w2[:8] += 1e-3  # a small change
+    c2 = repo.save({"w": w2}, step=2)
+    assert c2.stored_bytes < c1.stored_bytes / 4, (c1.stored_bytes, c2.stored_bytes)
+    assert torch.equal(repo.load(2)["w"], w2) and torch.equal(repo.load(1)["w"], w)
+
+
+def test_another_writer_holding_the_lock_is_a_locked_error(repo):
+    import fcntl
+
+    repo.save({"a": np.zeros(4)}, step=1)
+    # what a running `ckvc commit` holds: the writer's flock on .ckvc/db.lock
+    with open(os.path.join(repo.path, ".ckvc", "db.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        f = repo.save({"a": np.ones(4)}, step=2, blocking=False)
+        with pytest.raises(ckvc.LockedError):
+            f.result(timeout=60)
+        assert repo.steps() == [1]  # readers read beside the writer
+        assert repo.load(1)["a"].sum() == 0
+    assert repo.save({"a": np.ones(4)}, step=2).step == 2

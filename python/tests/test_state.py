@@ -1,0 +1,185 @@
+"""Round trips of nested states through save/load and open/get_tensor."""
+
+import collections
+import json
+import math
+
+import numpy as np
+import pytest
+
+import ckvc
+
+
+def test_numpy_only_round_trip(repo):
+    state = {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "nested": {0: [np.zeros((0, 3), dtype=np.float64), (np.int8(-3), np.array(7, dtype=np.int64))], "s": "x"},
+        "flags": np.array([True, False, True]),
+        "f16": np.linspace(0, 1, 5, dtype=np.float16),
+        "u": {"u16": np.arange(4, dtype=np.uint16), "u32": np.arange(4, dtype=np.uint32), "u64": np.arange(4, dtype=np.uint64)},
+        "c64": np.array([1 + 2j, -3j], dtype=np.complex64),
+        "be": np.arange(3, dtype=">i4"),
+        "nc": np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2],
+        "scalars": [1, 2.5, float("nan"), float("inf"), -float("inf"), None, True, "str", b"\x00\xff", 2**70],
+    }
+    c = repo.save(state, step=1, message="np", metrics={"loss": 1.5})
+    assert isinstance(c, ckvc.Commit) and c.step == 1 and c.metrics == {"loss": 1.5}
+    back = repo.load(1)
+    assert set(back) == set(state)
+    np.testing.assert_array_equal(back["w"], state["w"])
+    assert back["w"].dtype == np.float32
+    assert 0 in back["nested"] and isinstance(back["nested"][0][1], tuple)
+    assert back["nested"][0][0].shape == (0, 3)
+    assert back["nested"][0][1][0] == -3 and isinstance(back["nested"][0][1][0], np.int8)
+    assert back["nested"][0][1][1].shape == () and back["nested"][0][1][1] == 7
+    for k in ["flags", "f16", "c64", "be", "nc"]:
+        np.testing.assert_array_equal(back[k], state[k])
+        assert back[k].dtype == state[k].dtype, k
+    for k, v in state["u"].items():
+        np.testing.assert_array_equal(back["u"][k], v)
+        assert back["u"][k].dtype == v.dtype
+    s = back["scalars"]
+    assert s[0] == 1 and s[1] == 2.5 and math.isnan(s[2]) and s[3] == math.inf and s[4] == -math.inf
+    assert s[5:] == [None, True, "str", b"\x00\xff", 2**70]
+    assert isinstance(s[6], bool)
+
+
+def _raw(t):
+    """A tensor's bytes (any dtype, any strides) as a uint8 tensor."""
+    import torch
+
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+def test_torch_round_trip_every_dtype(repo):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    dtypes = [
+        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+        torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+    ]
+    for name in ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint16", "uint32", "uint64"]:
+        if hasattr(torch, name):
+            dtypes.append(getattr(torch, name))
+    tensors = {}
+    for dt in dtypes:
+        base = torch.randn(3, 5, generator=g) * 4
+        if dt.is_complex:
+            t = torch.complex(base, base.flip(0)).to(dt)
+        elif dt == torch.bool:
+            t = base > 0
+        elif dt.is_floating_point:
+            t = base.to(dt)
+        else:
+            t = base.abs().to(torch.int64).to(dt)
+        key = str(dt).replace("torch.", "")
+        tensors[key] = t
+        tensors[key + "_0d"] = t[1, 2].clone()
+        tensors[key + "_empty"] = t[:0]
+    w = torch.randn(6, 4, generator=g)
+    state = {
+        "t": tensors,
+        "views": {"T": w.t(), "slice": w[1:4, ::2], "expanded": torch.arange(3.0).expand(4, 3)},
+        "ordered": collections.OrderedDict([("b", torch.ones(2)), ("a", torch.zeros(2))]),
+        "step": 3,
+        "dtype": torch.float16,
+    }
+    repo.save(state, step=5)
+    back = repo.load(5)
+    for k, v in tensors.items():
+        b = back["t"][k]
+        assert isinstance(b, torch.Tensor) and b.dtype == v.dtype and b.shape == v.shape, k
+        assert torch.equal(_raw(b), _raw(v)), k
+    for k, v in state["views"].items():
+        assert torch.equal(back["views"][k], v)
+    assert isinstance(back["ordered"], collections.OrderedDict) and list(back["ordered"]) == ["b", "a"]
+    assert back["step"] == 3 and back["dtype"] == torch.float16
+
+
+def test_shared_storage_is_stored_once_and_stays_tied(repo):
+    torch = pytest.importorskip("torch")
+    emb = torch.randn(50, 8)
+    state = {"model": {"wte.weight": emb, "lm_head.weight": emb}, "other": emb[0]}
+    repo.save(state, step=1)
+    with repo.open(1) as ck:
+        keys = ck.keys()
+    assert keys.count("model.wte.weight") == 1 and "model.lm_head.weight" not in keys
+    back = repo.load(1)
+    assert back["model"]["wte.weight"] is back["model"]["lm_head.weight"]
+    assert torch.equal(back["other"], emb[0])
+    # a tied pair of a module keeps its tie through load_state_dict
+    m = torch.nn.Linear(8, 50, bias=False)
+    m.weight = torch.nn.Parameter(emb.clone())
+    repo.save({"m": m.state_dict()}, step=2)
+    assert torch.equal(repo.load(2)["m"]["weight"], m.weight.detach())
+
+
+def test_key_collisions_get_a_suffix(repo):
+    a, b = np.ones(2, np.float32), np.zeros(3, np.float32)
+    state = {"a.b": a, "a": {"b": b}}
+    repo.save(state, step=1)
+    with repo.open(1) as ck:
+        keys = ck.keys()
+        assert sorted(keys) == ["a.b", "a.b#1"]
+        assert {tuple(ck.get_tensor(k).shape) for k in keys} == {(2,), (3,)}
+    back = repo.load(1)
+    np.testing.assert_array_equal(back["a.b"], a)
+    np.testing.assert_array_equal(back["a"]["b"], b)
+
+
+def test_lazy_open_reads_one_tensor(repo):
+    torch = pytest.importorskip("torch")
+    state = {"model": {"fc": {"weight": torch.randn(64, 32), "bias": torch.randn(64)}}, "optim": {"state": {0: {"exp_avg": torch.ones(3)}}}}
+    repo.save(state, step=10)
+    with repo.open(10) as ck:
+        assert set(ck.keys()) == {"model.fc.weight", "model.fc.bias", "optim.state.0.exp_avg"}
+        assert torch.equal(ck.get_tensor("model.fc.weight"), state["model"]["fc"]["weight"])
+        assert torch.equal(ck.get_tensor("optim.state.0.exp_avg"), torch.ones(3))
+        with pytest.raises(KeyError):
+            ck.get_tensor("nope")
+
+
+def test_unsupported_objects_are_refused_not_pickled(repo):
+    class Thing:
+        pass
+
+    with pytest.raises(TypeError):
+        repo.save({"x": Thing()}, step=1)
+    with pytest.raises(TypeError):
+        repo.save({(1, 2): 3}, step=1)
+    assert repo.steps() == []
+
+
+def test_state_json_is_data(repo, tmp_path):
+    repo.save({"x": np.ones(3, np.float32), "n": 1}, step=1)
+    out = tmp_path / "out"
+    repo.checkout(1, out)
+    doc = json.loads((out / "state.json").read_text())
+    assert doc["format"] == "ckvc-python-state" and doc["version"] == 1
+    raw = (out / "tensors.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert n % 8 == 0
+    header = json.loads(raw[8 : 8 + n])
+    assert header["x"] == {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}
+
+
+def test_log_steps_and_errors(repo, tmp_path):
+    assert repo.steps() == [] and repo.log() == []
+    c1 = repo.save({"a": np.zeros(4)}, step=1, message="first")
+    c2 = repo.save({"a": np.ones(4)}, step=2, metrics={"loss": 0.5})
+    assert repo.steps() == [1, 2]
+    log = repo.log()
+    assert [c.id for c in log] == [c2.id, c1.id]
+    assert log[1].message == "first" and log[0].metrics == {"loss": 0.5}
+    assert len(log[0].id) == 64 and log[0].logical_bytes > 0 and log[0].time > 0
+    with pytest.raises(ckvc.NotFoundError):
+        repo.load(7)
+    with pytest.raises(ckvc.StepOrderError) as e:
+        repo.save({"a": np.ones(4)}, step=1)
+    assert e.value.step == 1 and e.value.head_step == 2
+    assert isinstance(e.value, ckvc.CkvcError)
+    with pytest.raises(ckvc.NotFoundError):
+        ckvc.Repository(tmp_path / "nowhere")
+    # a commit id prefix and the branch name resolve too
+    assert repo.load(c1.id[:10])["a"].sum() == 0
+    assert repo.load("main")["a"].sum() == 4

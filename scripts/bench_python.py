@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Training-loop stall of ckvc's background save, beside torch.save + fsync
+and torch.distributed.checkpoint.async_save, on a state of >= 1 GiB.
+
+The state: a GPT-2-small-sized model (transformers' GPT2Config defaults,
+~124M parameters, built from the config, no download) + AdamW after one
+optimizer step (fp32 weights + exp_avg + exp_avg_sq: ~1.4 GiB). Two rounds:
+a first save, then a second save after another optimizer step (ckvc codes
+it as a delta against the first).
+
+Per method and round: stall (the time the training loop is blocked: the
+call until it returns), time until durable (fsynced / committed), bytes
+stored (on disk for the new save), peak extra RSS during the save (over the
+RSS before it, sampled every 5 ms).
+
+    python3 scripts/bench_python.py [--work DIR] [--json]
+
+Needs torch, transformers and the ckvc package (pip install .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples the RSS in a thread; ``extra`` is the peak over the start."""
+
+    def __enter__(self):
+        self.base = rss()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, rss())
+        self.extra = self.peak - self.base
+
+
+def dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default=None, help="directory for the files (default: a temporary one in /work or /tmp)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-dcp", action="store_true", help="skip torch.distributed.checkpoint.async_save")
+    ap.add_argument("--layers", type=int, default=12, help="transformer layers (12: GPT-2 small; fewer for a quick smoke run)")
+    a = ap.parse_args()
+
+    import torch
+    import transformers
+
+    import ckvc
+
+    torch.manual_seed(0)
+    base = a.work or ("/work" if os.path.isdir("/work") else None)
+    work = tempfile.mkdtemp(prefix="ckvc-bench-py-", dir=base)
+    try:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=a.layers))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randint(0, model.config.vocab_size, (2, 64))
+
+        def train_step():
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        train_step()
+
+        def state():
+            return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}
+
+        tensor_bytes = 0
+        seen = set()
+        for t in [*model.state_dict().values(), *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))]:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if key not in seen:
+                seen.add(key)
+                tensor_bytes += t.numel() * t.element_size()
+        rows = []
+
+        repo = ckvc.Repository.init(os.path.join(work, "repo"))
+        dcp_ok, dcp_why = False, ""
+        if not a.no_dcp:
+            try:
+                import torch.distributed as dist
+                import torch.distributed.checkpoint as dcp
+
+                if not dist.is_initialized():
+                    dist.init_process_group(
+                        "gloo", init_method=f"file://{os.path.join(work, 'pg')}", rank=0, world_size=1
+                    )
+                dcp_ok = hasattr(dcp, "async_save")
+                if not dcp_ok:
+                    dcp_why = "this torch has no torch.distributed.checkpoint.async_save"
+            except Exception as e:  # noqa: BLE001
+                dcp_why = f"{type(e).__name__}: {e}"
+
+        for rnd in (1, 2):
+            if rnd == 2:
+                train_step()
+            s = state()
+            # torch.save + fsync
+            path = os.path.join(work, f"torch-{rnd}.pt")
+            with PeakRss() as m:
+                t0 = time.perf_counter()
+                with open(path, "wb") as f:
+                    torch.save(s, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                fsync_dir(work)
+                t1 = time.perf_counter()
+            rows.append(dict(round=rnd, method="torch.save + fsync", stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
+            # ckvc save(blocking=False)
+            before = dir_bytes(repo.path)
+            with PeakRss() as m:
+                t0 = time.perf_counter()
+                fut = repo.save(s, step=rnd, blocking=False)
+                t1 = time.perf_counter()
+                c = fut.result()
+                t2 = time.perf_counter()
+            rows.append(dict(round=rnd, method="ckvc save(blocking=False)", stall=t1 - t0, durable=t2 - t0, stored=dir_bytes(repo.path) - before, stored_commit=c.stored_bytes, peak_extra=m.extra))
+            # DCP async_save
+            if dcp_ok:
+                import torch.distributed.checkpoint as dcp
+
+                ck = os.path.join(work, f"dcp-{rnd}")
+                try:
+                    with PeakRss() as m:
+                        t0 = time.perf_counter()
+                        f = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck)
+                        t1 = time.perf_counter()
+                        f.result()
+                        t2 = time.perf_counter()
+                    rows.append(dict(round=rnd, method="dcp.async_save", stall=t1 - t0, durable=t2 - t0, stored=dir_bytes(ck), peak_extra=m.extra))
+                except Exception as e:  # noqa: BLE001
+                    dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {e}"
+            del s
+
+        report = {"state_bytes": tensor_bytes, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
+        if a.json:
+            print(json.dumps(report, indent=1))
+            return 0
+        gib = 1 << 30
+        print(f"state: GPT-2 small (GPT2Config defaults) + AdamW after one step: {tensor_bytes / gib:.2f} GiB of tensors; work dir {work}")
+        print(f"{'round':<6} {'method':<28} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
+        for r in rows:
+            print(f"{('first' if r['round'] == 1 else 'second'):<6} {r['method']:<28} {r['stall']:>8.3f} {r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {r['peak_extra'] / 2**20:>19.1f}")
+        for rnd in (1, 2):
+            ts = next(r for r in rows if r["round"] == rnd and r["method"].startswith("torch"))
+            ck = next(r for r in rows if r["round"] == rnd and r["method"].startswith("ckvc"))
+            print(
+                f"{'first' if rnd == 1 else 'second'}: ckvc stall / torch.save+fsync = {ck['stall'] / ts['durable']:.3f} (target <= 0.25), "
+                f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5), "
+                f"peak extra RSS / state = {ck['peak_extra'] / tensor_bytes:.2f} (target <= 1.0)"
+            )
+        if dcp_why:
+            print(f"dcp.async_save: {dcp_why}")
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+//! `commit_buffers`: store files held in memory as a new commit, for
+//! callers that build a checkpoint without writing it to disk (the Python
+//! package's `save`).
+//!
+//! The bytes go through the same pipeline as [`Repository::commit`]: the
+//! format layer sees every tensor, new chunks are coded against the same
+//! tensor of the branch head, and the objects and the branch move are one
+//! final atomic batch. What a directory commit derives from its directory
+//! is not there: the step must be given, metrics come only from
+//! [`CommitOptions::metrics`], and no `Meta/commit-source` is recorded (the
+//! next commit decodes its delta bases from the store).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crate::format::DirContext;
+
+use super::commit::{add_metrics, Source};
+use super::objects::check_path;
+use super::{CommitOptions, CommitReport, RepoError, Repository, StepSource};
+
+/// The name errors about in-memory files carry as their path.
+const IN_MEMORY: &str = "<in-memory checkpoint>";
+
+impl Repository {
+    /// Commit the files `files` (relative `/` paths and their bytes) as one
+    /// checkpoint at step `opts.step`, which is required (`None` is
+    /// [`RepoError::BadInput`]). The step order, branch and
+    /// already-committed rules are those of [`Repository::commit`]; paths
+    /// must be valid committed paths and distinct. Files get mode `0o644`.
+    pub fn commit_buffers(
+        &self,
+        files: &[(&str, &[u8])],
+        opts: &CommitOptions,
+    ) -> Result<CommitReport, RepoError> {
+        let here = || PathBuf::from(IN_MEMORY);
+        let step = opts.step.ok_or_else(|| RepoError::BadInput {
+            path: here(),
+            reason: "a commit from memory needs a step".into(),
+        })?;
+        let mut seen = HashSet::new();
+        for (rel, _) in files {
+            check_path(rel).map_err(|reason| RepoError::BadInput {
+                path: PathBuf::from(rel),
+                reason,
+            })?;
+            if !seen.insert(*rel) {
+                return Err(RepoError::BadInput {
+                    path: PathBuf::from(rel),
+                    reason: "the same path is given twice".into(),
+                });
+            }
+        }
+        let target = self.commit_target(opts)?;
+        let mut metrics = serde_json::Map::new();
+        add_metrics(&mut metrics, &opts.metrics, Path::new(IN_MEMORY))?;
+        let mut sources: Vec<(String, Source<'_>)> = files
+            .iter()
+            .map(|(rel, bytes)| (rel.to_string(), Source::Bytes(bytes)))
+            .collect();
+        // Trees list their files sorted, as a directory commit sees them.
+        sources.sort_by(|a, b| a.0.cmp(&b.0));
+        self.commit_sources(
+            target,
+            &sources,
+            &DirContext::default(),
+            (step, StepSource::Given),
+            metrics,
+            opts,
+            None,
+            &super::NoProgress,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::repo::Config;
+    use crate::store::MemStore;
+
+    fn repo() -> Repository {
+        Repository::init_store(
+            PathBuf::from("/nonexistent-ckvc-test"),
+            Arc::new(MemStore::new()),
+            Config::default(),
+        )
+        .expect("init")
+    }
+
+    /// A safetensors file of one F32 tensor `w` and one I64 tensor `n`.
+    fn safetensors(w: &[f32]) -> Vec<u8> {
+        let wb = w.len() * 4;
+        let mut h = format!(
+            r#"{{"w":{{"dtype":"F32","shape":[{}],"data_offsets":[0,{wb}]}},"n":{{"dtype":"I64","shape":[],"data_offsets":[{wb},{}]}}}}"#,
+            w.len(),
+            wb + 8
+        )
+        .into_bytes();
+        while h.len() % 8 != 0 {
+            h.push(b' ');
+        }
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&h);
+        for x in w {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out.extend_from_slice(&7i64.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn buffers_commit_read_back_and_delta() {
+        let r = repo();
+        let w: Vec<f32> = (0..300_000).map(|i| (i as f32 * 0.001).sin()).collect();
+        let f1 = safetensors(&w);
+        let opts = |step| CommitOptions {
+            step: Some(step),
+            metrics: vec![("loss".into(), 1.5)],
+            ..CommitOptions::default()
+        };
+        let first = r
+            .commit_buffers(&[("t.safetensors", &f1), ("s.json", b"{}")], &opts(1))
+            .expect("commit");
+        assert_eq!(first.stats.files, 2);
+        assert_eq!(first.tensor_bytes, 300_000 * 4 + 8);
+        assert_eq!(r.read_file(&first.id, "t.safetensors").expect("read"), f1);
+        assert_eq!(r.read_file(&first.id, "s.json").expect("read"), b"{}");
+        let files = r.list_files(&first.id).expect("list");
+        assert_eq!(files[1].path, "t.safetensors");
+        let names: Vec<&str> = files[1].tensors().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["w", "n"]);
+        let mut out = vec![0u8; 300_000 * 4];
+        r.read_tensor_into(&first.id, "t.safetensors", "w", &mut out)
+            .expect("tensor");
+        let hdr = f1.len() - out.len() - 8;
+        assert_eq!(out, f1[hdr..hdr + out.len()]);
+        let mut short = vec![0u8; 3];
+        assert!(matches!(
+            r.read_tensor_into(&first.id, "t.safetensors", "w", &mut short),
+            Err(RepoError::BadInput { .. })
+        ));
+        assert!(matches!(
+            r.read_tensor_into(&first.id, "t.safetensors", "x", &mut out),
+            Err(RepoError::BadInput { .. })
+        ));
+
+        // A slightly changed state is coded against the previous one.
+        let mut w2 = w.clone();
+        for x in w2.iter_mut().take(1000) {
+            *x += 1.0;
+        }
+        let f2 = safetensors(&w2);
+        let second = r
+            .commit_buffers(&[("t.safetensors", &f2), ("s.json", b"{}")], &opts(2))
+            .expect("commit");
+        assert!(second.stats.max_depth >= 1, "{:?}", second.stats);
+        assert!(second.stats.stored_bytes < first.stats.stored_bytes / 2);
+        assert_eq!(r.read_file(&second.id, "t.safetensors").expect("read"), f2);
+
+        // The same state at the same step again: already committed.
+        let again = r
+            .commit_buffers(&[("s.json", b"{}"), ("t.safetensors", &f2)], &opts(2))
+            .expect("commit");
+        assert!(again.already_committed);
+        assert_eq!(again.id, second.id);
+        // An older step is refused; no step at all too.
+        assert!(matches!(
+            r.commit_buffers(&[("s.json", b"{}")], &opts(1)),
+            Err(RepoError::StepOrder { .. })
+        ));
+        let no_step = CommitOptions::default();
+        assert!(matches!(
+            r.commit_buffers(&[("s.json", b"{}")], &no_step),
+            Err(RepoError::BadInput { .. })
+        ));
+        assert!(matches!(
+            r.commit_buffers(&[("a", b"1"), ("a", b"2")], &opts(3)),
+            Err(RepoError::BadInput { .. })
+        ));
+        assert!(matches!(
+            r.commit_buffers(&[("../a", b"1")], &opts(3)),
+            Err(RepoError::BadInput { .. })
+        ));
+    }
+}
