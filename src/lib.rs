@@ -30,6 +30,11 @@
 //! assert_eq!(decode(&frame, None).unwrap(), weights);
 //! ```
 
+// The library never prints (the CLI does) and never unwraps outside tests:
+// an invariant gets `expect("why")`, anything input-dependent an error.
+#![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
+#![deny(clippy::unwrap_used)]
+
 pub mod codec;
 pub mod format;
 pub mod remote;

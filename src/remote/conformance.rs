@@ -1,6 +1,8 @@
 //! The conformance suite every [`Remote`] must pass, run by the unit tests
 //! (memory, directory) and the integration tests (S3 servers on
 //! 127.0.0.1). Test support: it asserts (panics) on a failed expectation.
+// A test suite: an unexpected error is a failed test, so it unwraps.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -650,6 +650,8 @@ fn checkout_of_more_files_than_open_descriptors_allowed_succeeds() {
     }
     commit(&root, &ck);
     // A soft limit of 256 open files, as many systems set 1024.
+    // SAFETY: the pre_exec closure only calls setrlimit, which is
+    // async-signal-safe, and allocates nothing between fork and exec.
     let out = unsafe {
         Command::new(env!("CARGO_BIN_EXE_ckvc"))
             .current_dir(&root)
