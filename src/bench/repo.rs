@@ -361,7 +361,7 @@ pub fn repo_bench(run: &Path, opts: &RepoBenchOptions) -> Result<RepoBenchReport
             verified: false,
         });
     }
-    repo.store().flush().map_err(crate::repo::RepoError::from)?;
+    repo.flush()?;
     let peak_rss_commit = peak_rss();
     let disk = disk_usage(&repo_root.join(DOT_DIR))?;
 

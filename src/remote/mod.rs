@@ -15,38 +15,49 @@
 //! - `gc --remote` ([`gc`]): mark from the remote's branches, delete
 //!   unreachable packs in two phases (a grace period) so a racing push
 //!   loses nothing;
-//! - the verbs `push`, `fetch`, `pull`, `clone` ([`transfer`]), and the
-//!   remote configuration stored in the repository (`Meta/remotes`,
-//!   [`config`]) with remote-tracking refs `refs/remotes/<remote>/<branch>`.
+//! - the remote layout (`layout.rs`: the marker, ref files, pack and
+//!   index keys, reading the branches and the pack indexes);
+//! - the verbs, one file each: `push.rs`, `fetch.rs` (with the staging of
+//!   downloaded packs), `pull.rs`, `clone.rs`; and the remote
+//!   configuration ([`config`]), kept by the repository (`Meta/remotes`)
+//!   with the remote-tracking refs `refs/remotes/<remote>/<branch>`.
 //!
-//! It sits above `repo` (it uses the repository's reachability walk, chunk
-//! reads and ref moves) and must not print: progress goes through the
+//! It sits above `repo` and reaches the repository only through its API:
+//! the reachability walk, the export of stored encodings
+//! ([`Repository::object_bytes`](crate::repo::Repository::object_bytes)),
+//! the verified import ([`Repository::import`](crate::repo::Repository::import):
+//! nothing it has not verified reaches the local store) and ref moves; it
+//! never names the store. It must not print: progress goes through the
 //! [`Progress`] trait, which the CLI implements with progress bars. It never
-//! writes an object it has not verified into the local store, and never moves
-//! a remote ref before every object the ref needs is on the remote.
+//! moves a remote ref before every object the ref needs is on the remote.
 
 use std::path::PathBuf;
 
 mod aws_files;
+mod clone;
 pub mod config;
-#[doc(hidden)]
+/// Test support: the suite every [`Remote`] must pass.
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod dir;
+mod fetch;
 pub mod gc;
+mod layout;
 mod mem;
 pub mod pack;
+mod pull;
+mod push;
 mod s3;
-pub mod transfer;
 
+pub use clone::{clone, CloneOptions, CloneReport};
 pub use config::RemoteConfig;
 pub use dir::DirRemote;
+pub use fetch::{fetch, FetchOptions, FetchReport, RefUpdate};
 pub use gc::{gc_remote, RemoteGcOptions, RemoteGcReport};
 pub use mem::MemRemote;
+pub use pull::{pull, PullReport};
+pub use push::{push, PushOptions, PushReport};
 pub use s3::{S3Options, S3Remote};
-pub use transfer::{
-    clone, fetch, pull, push, CloneOptions, CloneReport, FetchOptions, FetchReport, PullReport,
-    PushOptions, PushReport, RefUpdate,
-};
 
 use crate::repo::RepoError;
 

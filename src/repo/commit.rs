@@ -779,7 +779,7 @@ impl Repository {
             }
             pool.put(buf);
         }
-        self.decode_record(&b.id, rec, 0, None).map(Some)
+        self.decode_record(&b.id, rec, None).map(Some)
     }
 
     /// The directory the commit `parent` was made from, if this repository
