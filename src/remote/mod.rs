@@ -60,6 +60,7 @@ pub use push::{push, PushOptions, PushReport};
 pub use s3::{S3Options, S3Remote};
 
 use crate::repo::RepoError;
+use crate::store::CommitId;
 
 /// A remote's version of a ref file, for compare-and-swap: an S3 ETag, or a
 /// content hash on a filesystem. Opaque to callers.
@@ -108,17 +109,26 @@ pub enum RemoteError {
         found: String,
         supported: u32,
     },
-    #[error("push to {branch} rejected: the remote has {remote}, which is not an ancestor of {local} (non-fast-forward; fetch and merge first, or push --force)")]
+    #[error(
+        "push to {branch} rejected: the remote has {}{}, which is not an ancestor of {} (non-fast-forward; fetch and merge first, or push --force)",
+        remote.map_or_else(|| "(deleted)".into(), |c| c.short(12)),
+        if *raced { ", pushed by someone else meanwhile" } else { "" },
+        local.short(12)
+    )]
     NonFastForward {
         branch: String,
-        remote: String,
-        local: String,
+        /// What the remote branch holds (`None`: deleted meanwhile).
+        remote: Option<CommitId>,
+        local: CommitId,
+        /// The remote ref moved between the push's check and its
+        /// compare-and-swap (another push won the race).
+        raced: bool,
     },
-    #[error("pull of {branch} rejected: the local branch ({local}) and the remote's ({remote}) have diverged (not a fast-forward)")]
+    #[error("pull of {branch} rejected: the local branch ({}) and the remote's ({}) have diverged (not a fast-forward)", local.short(12), remote.short(12))]
     Diverged {
         branch: String,
-        local: String,
-        remote: String,
+        local: CommitId,
+        remote: CommitId,
     },
     #[error("no remote named {name:?}")]
     NoSuchRemote { name: String },
@@ -136,13 +146,28 @@ pub enum RemoteError {
 
 impl RemoteError {
     /// True for damaged or missing data (remote or local).
+    /// Every variant is listed: a new one must be classified here.
     pub fn is_corruption(&self) -> bool {
         match self {
             RemoteError::Corrupt { .. }
             | RemoteError::TooLarge { .. }
             | RemoteError::NotRegularFile { .. } => true,
             RemoteError::Repo(e) => e.is_corruption(),
-            _ => false,
+            RemoteError::BadUrl { .. }
+            | RemoteError::BadPath { .. }
+            | RemoteError::Conflict { .. }
+            | RemoteError::Locked { .. }
+            | RemoteError::Io { .. }
+            | RemoteError::Backend { .. }
+            | RemoteError::NotARemote { .. }
+            | RemoteError::VersionTooNew { .. }
+            | RemoteError::NonFastForward { .. }
+            | RemoteError::Diverged { .. }
+            | RemoteError::NoSuchRemote { .. }
+            | RemoteError::RemoteExists { .. }
+            | RemoteError::InvalidRemoteName { .. }
+            | RemoteError::NoSuchRemoteBranch { .. }
+            | RemoteError::Refused { .. } => false,
         }
     }
 }
@@ -354,6 +379,35 @@ impl Progress for NoProgress {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_push_race_names_both_commits_in_fields() {
+        let (a, b) = (
+            CommitId::from_bytes([0xaa; 32]),
+            CommitId::from_bytes([0xbb; 32]),
+        );
+        let e = RemoteError::NonFastForward {
+            branch: "main".into(),
+            remote: Some(a),
+            local: b,
+            raced: true,
+        };
+        assert_eq!(
+            e.to_string(),
+            "push to main rejected: the remote has aaaaaaaaaaaa, pushed by someone else meanwhile, \
+             which is not an ancestor of bbbbbbbbbbbb (non-fast-forward; fetch and merge first, or push --force)"
+        );
+        assert!(!e.is_corruption());
+        let deleted = RemoteError::NonFastForward {
+            branch: "main".into(),
+            remote: None,
+            local: b,
+            raced: true,
+        };
+        assert!(deleted
+            .to_string()
+            .contains("the remote has (deleted), pushed"));
+    }
 
     #[test]
     fn keys_that_could_escape_are_refused() {

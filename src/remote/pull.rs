@@ -63,8 +63,8 @@ pub fn pull(
         Some(o) if !repo.is_ancestor(&o, &theirs)? => {
             return Err(RemoteError::Diverged {
                 branch,
-                local: o.short(12),
-                remote: theirs.short(12),
+                local: o,
+                remote: theirs,
             });
         }
         _ => {}

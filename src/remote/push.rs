@@ -106,8 +106,9 @@ pub fn push(
             if !opts.force {
                 return Err(RemoteError::NonFastForward {
                     branch,
-                    remote: o.short(12),
-                    local: head.short(12),
+                    remote: Some(*o),
+                    local: head,
+                    raced: false,
                 });
             }
             report.forced = true;
@@ -198,13 +199,12 @@ pub fn push(
         Err(RemoteError::Conflict { .. }) => {
             let now = remote
                 .get_limited(&key, REF_BYTES)?
-                .and_then(|b| parse_ref(&b, &key).ok())
-                .map(|c| c.short(12))
-                .unwrap_or_else(|| "(deleted)".into());
+                .and_then(|b| parse_ref(&b, &key).ok());
             return Err(RemoteError::NonFastForward {
                 branch,
-                remote: format!("{now}, pushed by someone else meanwhile,"),
-                local: head.short(12),
+                remote: now,
+                local: head,
+                raced: true,
             });
         }
         Err(e) => return Err(e),

@@ -407,8 +407,8 @@ pub(crate) fn encode_record(
             base: None,
             depth: 0,
             written,
-            data: zstd::bulk::compress(raw, zstd_level).map_err(|e| RepoError::Corrupt {
-                what: "zstd".into(),
+            data: zstd::bulk::compress(raw, zstd_level).map_err(|e| RepoError::Encode {
+                what: "an opaque chunk (zstd)".into(),
                 reason: e.to_string(),
             })?,
         });

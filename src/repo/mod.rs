@@ -87,6 +87,10 @@ pub enum RepoError {
     },
     #[error("{path}: {reason}")]
     BadInput { path: PathBuf, reason: String },
+    /// Encoding data to store failed (a compressor's error: out of memory,
+    /// a bad level). Nothing stored is damaged.
+    #[error("could not encode {what}: {reason}")]
+    Encode { what: String, reason: String },
     #[error("no step number for {dir}: pass --step, or add trainer_state.json (global_step), or name the directory like checkpoint-500")]
     NoStep { dir: PathBuf },
     #[error("{}", describe_unknown(rev, kind, suggestions))]
@@ -230,20 +234,63 @@ impl RepoError {
     }
 
     /// True for damaged or missing stored data (as opposed to user error).
+    /// Every variant is listed: a new one must be classified here.
     pub fn is_corruption(&self) -> bool {
-        matches!(
-            self,
+        match self {
             RepoError::Corrupt { .. }
-                | RepoError::Decode { .. }
-                | RepoError::Missing { .. }
-                | RepoError::Damaged { .. }
-        ) || matches!(self, RepoError::Store(e) if e.is_corruption())
+            | RepoError::Decode { .. }
+            | RepoError::Missing { .. }
+            | RepoError::Damaged { .. } => true,
+            RepoError::Store(e) => e.is_corruption(),
+            RepoError::NotARepository { .. }
+            | RepoError::AlreadyExists { .. }
+            | RepoError::Format { .. }
+            | RepoError::Io { .. }
+            | RepoError::BadInput { .. }
+            | RepoError::Encode { .. }
+            | RepoError::NoStep { .. }
+            | RepoError::UnknownRevision { .. }
+            | RepoError::AmbiguousRevision { .. }
+            | RepoError::OutputNotEmpty { .. }
+            | RepoError::BranchExists { .. }
+            | RepoError::NoSuchBranch { .. }
+            | RepoError::TagExists { .. }
+            | RepoError::InvalidBranchName { .. }
+            | RepoError::CurrentBranch { .. }
+            | RepoError::Empty
+            | RepoError::MissingMetric { .. }
+            | RepoError::StepOrder { .. } => false,
+        }
     }
 
     /// True when another ckvc process holds or rewrites the repository: the
-    /// command may succeed when run again.
+    /// command may succeed when run again. Every variant is listed.
     pub fn is_busy(&self) -> bool {
-        matches!(self, RepoError::Store(e) if e.is_busy())
+        match self {
+            RepoError::Store(e) => e.is_busy(),
+            RepoError::NotARepository { .. }
+            | RepoError::AlreadyExists { .. }
+            | RepoError::Format { .. }
+            | RepoError::Io { .. }
+            | RepoError::BadInput { .. }
+            | RepoError::Encode { .. }
+            | RepoError::NoStep { .. }
+            | RepoError::UnknownRevision { .. }
+            | RepoError::AmbiguousRevision { .. }
+            | RepoError::OutputNotEmpty { .. }
+            | RepoError::BranchExists { .. }
+            | RepoError::NoSuchBranch { .. }
+            | RepoError::TagExists { .. }
+            | RepoError::InvalidBranchName { .. }
+            | RepoError::CurrentBranch { .. }
+            | RepoError::Empty
+            | RepoError::Corrupt { .. }
+            | RepoError::Decode { .. }
+            | RepoError::Missing { .. }
+            | RepoError::Damaged { .. }
+            | RepoError::MissingMetric { .. }
+            | RepoError::StepOrder { .. } => false,
+        }
     }
 }
 
