@@ -97,12 +97,14 @@ pub(crate) enum Link<'a> {
 /// chunk is checked against its id before it is used. `max_raw` bounds
 /// what any record may declare (and so every allocation); `from` is added
 /// to the name of every chunk decoded here (`"received from the remote"`).
-/// Returns the raw bytes and `rec`.
+/// Returns the raw bytes and `rec`. `wrap` is applied to errors about the
+/// records decoded here (not to `link`'s).
 pub(crate) fn decode_chain<'a, E>(
     id: &ChunkId,
     rec: ChunkRecord,
     max_raw: u64,
     from: &str,
+    wrap: impl Fn(RepoError) -> RepoError,
     mut link: impl FnMut(&ChunkId) -> Result<Link<'a>, E>,
 ) -> Result<(Vec<u8>, ChunkRecord), E>
 where
@@ -133,7 +135,7 @@ where
         Ok(base)
     });
     for step in walk {
-        step?;
+        step.map_err(&wrap)?;
     }
     if let Some(e) = failed {
         return Err(e);
@@ -142,17 +144,18 @@ where
     let mut base = bottom;
     let mut scratch = codec::Scratch::default();
     while let Some((c, rec)) = records.pop() {
-        let raw = decode_one(&c, &rec, base.as_deref(), max_raw, from, &mut scratch)?;
+        let raw =
+            decode_one(&c, &rec, base.as_deref(), max_raw, from, &mut scratch).map_err(&wrap)?;
         if records.is_empty() {
             return Ok((raw, rec));
         }
         base = Some(Cow::Owned(raw));
     }
     // Not reached: the walk records `id` itself before anything else.
-    Err(RepoError::Corrupt {
+    Err(wrap(RepoError::Corrupt {
         what: format!("chunk {}", id.short(12)),
         reason: "no record to decode".into(),
-    }
+    })
     .into())
 }
 

@@ -138,6 +138,11 @@ pub struct Import<'r> {
     chunk_count: AtomicU64,
 }
 
+/// An error about received bytes (not about the local repository).
+fn received(e: RepoError) -> RepoError {
+    RepoError::Received(Box::new(e))
+}
+
 fn unlogged_batch() -> Batch {
     let mut b = Batch::new();
     b.unlogged();
@@ -170,9 +175,12 @@ impl Import<'_> {
     /// Stage an incoming commit; returns it decoded.
     pub fn add_commit(&mut self, id: &CommitId, bytes: Vec<u8>) -> Result<Commit, RepoError> {
         let what = self.what(format!("commit {}", id.short(12)));
-        let commit = Commit::decode(&bytes).map_err(super::objects::corrupt(what.clone()))?;
+        let commit = Commit::decode(&bytes)
+            .map_err(super::objects::corrupt(what.clone()))
+            .map_err(received)?;
         let oid = ObjectId::from_bytes(*id.as_bytes());
-        self.stage(&object_key(KIND_COMMIT, &oid), &oid, bytes, &what)?;
+        self.stage(&object_key(KIND_COMMIT, &oid), &oid, bytes, &what)
+            .map_err(received)?;
         Ok(commit)
     }
 
@@ -184,8 +192,11 @@ impl Import<'_> {
         of: &CommitId,
     ) -> Result<Tree, RepoError> {
         let what = self.what(format!("tree of commit {}", of.short(12)));
-        let tree = Tree::decode(&bytes).map_err(super::objects::corrupt(what.clone()))?;
-        self.stage(&object_key(KIND_TREE, id), id, bytes, &what)?;
+        let tree = Tree::decode(&bytes)
+            .map_err(super::objects::corrupt(what.clone()))
+            .map_err(received)?;
+        self.stage(&object_key(KIND_TREE, id), id, bytes, &what)
+            .map_err(received)?;
         Ok(tree)
     }
 
@@ -199,8 +210,11 @@ impl Import<'_> {
         of: &CommitId,
     ) -> Result<FileManifest, RepoError> {
         let what = self.what(format!("manifest of {path} in commit {}", of.short(12)));
-        let m = FileManifest::decode(&bytes).map_err(super::objects::corrupt(what.clone()))?;
-        self.stage(&object_key(KIND_MANIFEST, id), id, bytes, &what)?;
+        let m = FileManifest::decode(&bytes)
+            .map_err(super::objects::corrupt(what.clone()))
+            .map_err(received)?;
+        self.stage(&object_key(KIND_MANIFEST, id), id, bytes, &what)
+            .map_err(received)?;
         Ok(m)
     }
 
@@ -224,25 +238,30 @@ impl Import<'_> {
         E: From<RepoError>,
     {
         let decode = |c: &ChunkId, bytes: &[u8]| {
-            ChunkRecord::decode(bytes).map_err(super::objects::corrupt(
-                self.what(format!("chunk {}", c.short(12))),
-            ))
+            ChunkRecord::decode(bytes)
+                .map_err(super::objects::corrupt(
+                    self.what(format!("chunk {}", c.short(12))),
+                ))
+                .map_err(received)
         };
         let rec = decode(id, record)?;
-        let (raw, mut rec) = decode_chain(id, rec, self.max_chunk_raw, &self.from, |b| {
-            Ok::<_, E>(match base(b)? {
-                Some(ImportBase::Verified(raw)) => Link::Raw(raw.into()),
-                Some(ImportBase::Record(bytes)) => Link::Record(decode(b, &bytes)?),
-                None => Link::Raw(self.repo.read_chunk(b)?.into()),
-            })
-        })?;
+        let (raw, mut rec) =
+            decode_chain(id, rec, self.max_chunk_raw, &self.from, received, |b| {
+                Ok::<_, E>(match base(b)? {
+                    Some(ImportBase::Verified(raw)) => Link::Raw(raw.into()),
+                    Some(ImportBase::Record(bytes)) => Link::Record(decode(b, &bytes)?),
+                    None => Link::Raw(self.repo.read_chunk(b)?.into()),
+                })
+            })?;
         let bytes = if keyframe {
             let dtype = match rec.payload {
                 Payload::Codec => Some(
                     codec::FrameInfo::parse(&rec.data)
-                        .map_err(|source| RepoError::Decode {
-                            what: self.what(format!("chunk {}", id.short(12))),
-                            source,
+                        .map_err(|source| {
+                            received(RepoError::Decode {
+                                what: self.what(format!("chunk {}", id.short(12))),
+                                source,
+                            })
                         })?
                         .dtype,
                 ),

@@ -127,6 +127,11 @@ pub enum RepoError {
     },
     #[error("{what} is missing from the store")]
     Missing { what: String },
+    /// Data received from elsewhere (a fetch, a clone) is damaged or
+    /// malformed: refused before any of it was stored (the inner error
+    /// names the object).
+    #[error(transparent)]
+    Received(Box<RepoError>),
     #[error("the repository is damaged ({count} problems; first: {first}); run `ckvc fsck` and repair before gc")]
     Damaged { count: usize, first: String },
     /// `gc --keep best=N:METRIC` on a branch where commits lack the metric.
@@ -240,6 +245,7 @@ impl RepoError {
             RepoError::Corrupt { .. }
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
+            | RepoError::Received(_)
             | RepoError::Damaged { .. } => true,
             RepoError::Store(e) => e.is_corruption(),
             RepoError::NotARepository { .. }
@@ -287,6 +293,7 @@ impl RepoError {
             | RepoError::Corrupt { .. }
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
+            | RepoError::Received(_)
             | RepoError::Damaged { .. }
             | RepoError::MissingMetric { .. }
             | RepoError::StepOrder { .. } => false,
@@ -694,13 +701,17 @@ impl Repository {
         rec: ChunkRecord,
         cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
     ) -> Result<(Vec<u8>, u16), RepoError> {
-        let (raw, rec) =
-            chain::decode_chain(id, rec, codec::HARD_MAX_RAW_LEN, "", |b| {
-                match cache.and_then(|c| c.get(b)) {
-                    Some(raw) => Ok::<_, RepoError>(chain::Link::Raw(raw.as_slice().into())),
-                    None => Ok(chain::Link::Record(self.chunk_record(b)?)),
-                }
-            })?;
+        let (raw, rec) = chain::decode_chain(
+            id,
+            rec,
+            codec::HARD_MAX_RAW_LEN,
+            "",
+            |e| e,
+            |b| match cache.and_then(|c| c.get(b)) {
+                Some(raw) => Ok::<_, RepoError>(chain::Link::Raw(raw.as_slice().into())),
+                None => Ok(chain::Link::Record(self.chunk_record(b)?)),
+            },
+        )?;
         Ok((raw, rec.depth))
     }
 
