@@ -222,6 +222,20 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             attr!("head_step", *head_step);
             StepOrderError::new_err(msg)
         }
+        // Damaged data a fetch or clone received: nothing was written, the
+        // remote's copy is what is corrupt.
+        RepoError::Received(inner) => {
+            attr!("what", inner.to_string());
+            attr!("reason", msg.as_str());
+            attr!("received", true);
+            CorruptError::new_err(msg)
+        }
+        // Coding failed while writing (not damage).
+        RepoError::Encode { what, reason } => {
+            attr!("what", what.as_str());
+            attr!("reason", reason.as_str());
+            CkvcError::new_err(msg)
+        }
         _ => CkvcError::new_err(msg),
     };
     if err.is_instance_of::<CorruptError>(py) {

@@ -241,6 +241,9 @@ pub fn fail(e: RepoError) -> Failure {
             "record {metric:?} with `ckvc commit --metric {metric}=VALUE`, or rank by a metric \
              every commit has (`ckvc log --json` shows them)"
         )),
+        RepoError::Received(_) => {
+            Some("nothing was written to the local repository; the remote copy is damaged".into())
+        }
         RepoError::Store(ckvc::store::StoreError::Full { .. }) => {
             Some("free some space on that device and run the command again".to_string())
         }

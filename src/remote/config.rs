@@ -1,15 +1,14 @@
-//! Named remotes, stored in the repository (`Meta/remotes`, JSON), and the
-//! remote-tracking refs `refs/remotes/<remote>/<branch>` that record where
-//! each remote's branches were when last seen.
+//! Named remotes: their settings ([`RemoteConfig`]: URL, S3 endpoint),
+//! kept by the repository (`Meta/remotes`, through
+//! [`Repository::remote_configs`]) with the remote-tracking refs
+//! `refs/remotes/<remote>/<branch>` that record where each remote's
+//! branches were when last seen.
 
 use std::collections::BTreeMap;
 
 use crate::repo::Repository;
-use crate::store::{Batch, Space, StoreExt};
 
 use super::{open_url, parse_url, Remote, RemoteError, S3Options};
-
-const KEY: &[u8] = b"remotes";
 
 /// One configured remote.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -42,29 +41,9 @@ pub fn check_remote_name(name: &str) -> Result<(), RemoteError> {
     }
 }
 
-/// The stored bytes (for the compare-and-swap) and the parsed map.
-type Stored = (Option<Vec<u8>>, BTreeMap<String, RemoteConfig>);
-
-fn read(repo: &Repository) -> Result<Stored, RemoteError> {
-    let raw = repo
-        .store()
-        .get_vec(Space::Meta, KEY)
-        .map_err(crate::repo::RepoError::from)?;
-    let map = match &raw {
-        None => BTreeMap::new(),
-        Some(b) => serde_json::from_slice(b).map_err(|e| {
-            RemoteError::Repo(crate::repo::RepoError::Corrupt {
-                what: "remote configuration (meta/remotes)".into(),
-                reason: e.to_string(),
-            })
-        })?,
-    };
-    Ok((raw, map))
-}
-
 /// Every configured remote, by name.
 pub fn remotes(repo: &Repository) -> Result<BTreeMap<String, RemoteConfig>, RemoteError> {
-    Ok(read(repo)?.1)
+    Ok(repo.remote_configs()?.remotes)
 }
 
 /// The remote called `name`.
@@ -86,57 +65,25 @@ pub fn add_remote(
         super::Location::Dir(p) => p.display().to_string(),
         super::Location::S3 { .. } => url.to_string(),
     };
-    let (raw, mut map) = read(repo)?;
-    if map.contains_key(name) {
+    let mut configs = repo.remote_configs::<RemoteConfig>()?;
+    if configs.remotes.contains_key(name) {
         return Err(RemoteError::RemoteExists { name: name.into() });
     }
     let cfg = RemoteConfig { url, s3 };
-    map.insert(name.into(), cfg.clone());
-    write(repo, raw, &map, |_| {})?;
+    configs.remotes.insert(name.into(), cfg.clone());
+    repo.save_remote_configs(&configs, None)?;
     Ok(cfg)
 }
 
 /// Remove a remote and its remote-tracking refs.
 pub fn remove_remote(repo: &Repository, name: &str) -> Result<(), RemoteError> {
-    let (raw, mut map) = read(repo)?;
-    if map.remove(name).is_none() {
+    let mut configs = repo.remote_configs::<RemoteConfig>()?;
+    if configs.remotes.remove(name).is_none() {
         return Err(RemoteError::NoSuchRemote { name: name.into() });
     }
-    let tracking = repo.remote_refs(name)?;
-    write(repo, raw, &map, |b| {
-        for (branch, id) in &tracking {
-            repo.move_ref(
-                b,
-                &tracking_ref(name, branch),
-                Some(id),
-                None,
-                "remote remove",
-            );
-        }
-    })
-}
-
-fn write(
-    repo: &Repository,
-    old: Option<Vec<u8>>,
-    map: &BTreeMap<String, RemoteConfig>,
-    more: impl FnOnce(&mut Batch),
-) -> Result<(), RemoteError> {
-    let mut b = Batch::new();
-    b.expect(Space::Meta, KEY, old.as_deref());
-    b.put(
-        Space::Meta,
-        KEY,
-        serde_json::to_vec_pretty(map).expect("remote config serialises"),
-    );
-    more(&mut b);
-    repo.store()
-        .write(b)
-        .map_err(crate::repo::RepoError::from)?;
+    repo.save_remote_configs(&configs, Some(name))?;
     Ok(())
 }
 
 /// `refs/remotes/<remote>/<branch>`.
-pub fn tracking_ref(remote: &str, branch: &str) -> String {
-    format!("{}{remote}/{branch}", crate::repo::REMOTES)
-}
+pub use crate::repo::tracking_ref;

@@ -22,8 +22,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::repo::objects::{ChunkRecord, Commit, FileManifest, Tree};
 use crate::store::{ChunkId, CommitId, Hash32};
 
+use super::layout::{check_layout, idx_key, load_index, pack_key, remote_heads};
 use super::pack::{self, Entry, Kind};
-use super::transfer::{check_layout, idx_key, load_index, pack_key, remote_heads};
 use super::{Remote, RemoteError};
 
 /// Where gc keeps the packs it found unreachable: one line per pack,
@@ -113,7 +113,7 @@ pub fn gc_remote(
 /// The packs holding everything reachable from `roots`.
 fn mark(
     remote: &dyn Remote,
-    index: &super::transfer::RemoteIndex,
+    index: &super::layout::RemoteIndex,
     roots: Vec<CommitId>,
 ) -> Result<HashSet<Hash32>, RemoteError> {
     let mut reader = PackReader {

@@ -15,40 +15,52 @@
 //! - `gc --remote` ([`gc`]): mark from the remote's branches, delete
 //!   unreachable packs in two phases (a grace period) so a racing push
 //!   loses nothing;
-//! - the verbs `push`, `fetch`, `pull`, `clone` ([`transfer`]), and the
-//!   remote configuration stored in the repository (`Meta/remotes`,
-//!   [`config`]) with remote-tracking refs `refs/remotes/<remote>/<branch>`.
+//! - the remote layout (`layout.rs`: the marker, ref files, pack and
+//!   index keys, reading the branches and the pack indexes);
+//! - the verbs, one file each: `push.rs`, `fetch.rs` (with the staging of
+//!   downloaded packs), `pull.rs`, `clone.rs`; and the remote
+//!   configuration ([`config`]), kept by the repository (`Meta/remotes`)
+//!   with the remote-tracking refs `refs/remotes/<remote>/<branch>`.
 //!
-//! It sits above `repo` (it uses the repository's reachability walk, chunk
-//! reads and ref moves) and must not print: progress goes through the
+//! It sits above `repo` and reaches the repository only through its API:
+//! the reachability walk, the export of stored encodings
+//! ([`Repository::object_bytes`](crate::repo::Repository::object_bytes)),
+//! the verified import ([`Repository::import`](crate::repo::Repository::import):
+//! nothing it has not verified reaches the local store) and ref moves; it
+//! never names the store. It must not print: progress goes through the
 //! [`Progress`] trait, which the CLI implements with progress bars. It never
-//! writes an object it has not verified into the local store, and never moves
-//! a remote ref before every object the ref needs is on the remote.
+//! moves a remote ref before every object the ref needs is on the remote.
 
 use std::path::PathBuf;
 
 mod aws_files;
+mod clone;
 pub mod config;
-#[doc(hidden)]
+/// Test support: the suite every [`Remote`] must pass.
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 mod dir;
+mod fetch;
 pub mod gc;
+mod layout;
 mod mem;
 pub mod pack;
+mod pull;
+mod push;
 mod s3;
-pub mod transfer;
 
+pub use clone::{clone, CloneOptions, CloneReport};
 pub use config::RemoteConfig;
 pub use dir::DirRemote;
+pub use fetch::{fetch, FetchOptions, FetchReport, RefUpdate};
 pub use gc::{gc_remote, RemoteGcOptions, RemoteGcReport};
 pub use mem::MemRemote;
+pub use pull::{pull, PullReport};
+pub use push::{push, PushOptions, PushReport};
 pub use s3::{S3Options, S3Remote};
-pub use transfer::{
-    clone, fetch, pull, push, CloneOptions, CloneReport, FetchOptions, FetchReport, PullReport,
-    PushOptions, PushReport, RefUpdate,
-};
 
 use crate::repo::RepoError;
+use crate::store::CommitId;
 
 /// A remote's version of a ref file, for compare-and-swap: an S3 ETag, or a
 /// content hash on a filesystem. Opaque to callers.
@@ -97,17 +109,26 @@ pub enum RemoteError {
         found: String,
         supported: u32,
     },
-    #[error("push to {branch} rejected: the remote has {remote}, which is not an ancestor of {local} (non-fast-forward; fetch and merge first, or push --force)")]
+    #[error(
+        "push to {branch} rejected: the remote has {}{}, which is not an ancestor of {} (non-fast-forward; fetch and merge first, or push --force)",
+        remote.map_or_else(|| "(deleted)".into(), |c| c.short(12)),
+        if *raced { ", pushed by someone else meanwhile" } else { "" },
+        local.short(12)
+    )]
     NonFastForward {
         branch: String,
-        remote: String,
-        local: String,
+        /// What the remote branch holds (`None`: deleted meanwhile).
+        remote: Option<CommitId>,
+        local: CommitId,
+        /// The remote ref moved between the push's check and its
+        /// compare-and-swap (another push won the race).
+        raced: bool,
     },
-    #[error("pull of {branch} rejected: the local branch ({local}) and the remote's ({remote}) have diverged (not a fast-forward)")]
+    #[error("pull of {branch} rejected: the local branch ({}) and the remote's ({}) have diverged (not a fast-forward)", local.short(12), remote.short(12))]
     Diverged {
         branch: String,
-        local: String,
-        remote: String,
+        local: CommitId,
+        remote: CommitId,
     },
     #[error("no remote named {name:?}")]
     NoSuchRemote { name: String },
@@ -125,13 +146,28 @@ pub enum RemoteError {
 
 impl RemoteError {
     /// True for damaged or missing data (remote or local).
+    /// Every variant is listed: a new one must be classified here.
     pub fn is_corruption(&self) -> bool {
         match self {
             RemoteError::Corrupt { .. }
             | RemoteError::TooLarge { .. }
             | RemoteError::NotRegularFile { .. } => true,
             RemoteError::Repo(e) => e.is_corruption(),
-            _ => false,
+            RemoteError::BadUrl { .. }
+            | RemoteError::BadPath { .. }
+            | RemoteError::Conflict { .. }
+            | RemoteError::Locked { .. }
+            | RemoteError::Io { .. }
+            | RemoteError::Backend { .. }
+            | RemoteError::NotARemote { .. }
+            | RemoteError::VersionTooNew { .. }
+            | RemoteError::NonFastForward { .. }
+            | RemoteError::Diverged { .. }
+            | RemoteError::NoSuchRemote { .. }
+            | RemoteError::RemoteExists { .. }
+            | RemoteError::InvalidRemoteName { .. }
+            | RemoteError::NoSuchRemoteBranch { .. }
+            | RemoteError::Refused { .. } => false,
         }
     }
 }
@@ -331,6 +367,35 @@ pub use crate::repo::{NoProgress, Progress};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lost_push_race_names_both_commits_in_fields() {
+        let (a, b) = (
+            CommitId::from_bytes([0xaa; 32]),
+            CommitId::from_bytes([0xbb; 32]),
+        );
+        let e = RemoteError::NonFastForward {
+            branch: "main".into(),
+            remote: Some(a),
+            local: b,
+            raced: true,
+        };
+        assert_eq!(
+            e.to_string(),
+            "push to main rejected: the remote has aaaaaaaaaaaa, pushed by someone else meanwhile, \
+             which is not an ancestor of bbbbbbbbbbbb (non-fast-forward; fetch and merge first, or push --force)"
+        );
+        assert!(!e.is_corruption());
+        let deleted = RemoteError::NonFastForward {
+            branch: "main".into(),
+            remote: None,
+            local: b,
+            raced: true,
+        };
+        assert!(deleted
+            .to_string()
+            .contains("the remote has (deleted), pushed"));
+    }
 
     #[test]
     fn keys_that_could_escape_are_refused() {

@@ -3,6 +3,7 @@
 //! (`docs/format/remote.md`). Decoders check every length before using it
 //! and never trust a count to size an allocation.
 
+use crate::repo::ObjectKind;
 use crate::store::Hash32;
 
 use super::RemoteError;
@@ -50,6 +51,17 @@ impl Kind {
             Kind::Manifest => "manifest",
             Kind::Tree => "tree",
             Kind::Commit => "commit",
+        }
+    }
+}
+
+impl From<Kind> for ObjectKind {
+    fn from(k: Kind) -> ObjectKind {
+        match k {
+            Kind::Chunk => ObjectKind::Chunk,
+            Kind::Manifest => ObjectKind::Manifest,
+            Kind::Tree => ObjectKind::Tree,
+            Kind::Commit => ObjectKind::Commit,
         }
     }
 }

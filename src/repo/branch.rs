@@ -1,6 +1,8 @@
 //! `branch` and `tag`: create, list, delete and switch branches; name
 //! commits with tags.
 
+use std::collections::{HashSet, VecDeque};
+
 use crate::store::{Batch, CommitId, Space};
 
 use super::{branch_ref, check_branch_name, RepoError, Repository, HEAD, HEADS, TAGS};
@@ -20,6 +22,44 @@ impl Repository {
         })?;
         self.store.flush()?;
         Ok(())
+    }
+
+    /// Move branch `name` from `old` (`None`: create it) to `new`, if it is
+    /// still at `old` (a store conflict otherwise); logged as `op`, durable.
+    /// `new` must be stored: pull and clone move a branch to a commit they
+    /// fetched.
+    pub fn move_branch(
+        &self,
+        name: &str,
+        old: Option<&CommitId>,
+        new: &CommitId,
+        op: &str,
+    ) -> Result<(), RepoError> {
+        check_branch_name(name)?;
+        let mut b = Batch::new();
+        self.move_ref(&mut b, &branch_ref(name), old, Some(new), op);
+        self.store.write(b)?;
+        self.store.flush()?;
+        Ok(())
+    }
+
+    /// Whether `a` is `b` or an ancestor of `b` (walking every parent,
+    /// stopping at a shallow clone's boundary): moving a ref from `a` to
+    /// `b` is then a fast-forward.
+    pub fn is_ancestor(&self, a: &CommitId, b: &CommitId) -> Result<bool, RepoError> {
+        let shallow = self.shallow()?;
+        let mut seen = HashSet::new();
+        let mut queue = VecDeque::from([*b]);
+        while let Some(c) = queue.pop_front() {
+            if c == *a {
+                return Ok(true);
+            }
+            if !seen.insert(c) || shallow.contains(&c) {
+                continue;
+            }
+            queue.extend(self.commit_object(&c)?.parents);
+        }
+        Ok(false)
     }
 
     /// Delete branch `name` (not the current one). Its commits stay until gc.

@@ -524,8 +524,8 @@ pub(crate) fn encode_record(
             base: None,
             depth: 0,
             written,
-            data: zstd::bulk::compress(raw, zstd_level).map_err(|e| RepoError::Corrupt {
-                what: "zstd".into(),
+            data: zstd::bulk::compress(raw, zstd_level).map_err(|e| RepoError::Encode {
+                what: "an opaque chunk (zstd)".into(),
                 reason: e.to_string(),
             })?,
         });
@@ -899,7 +899,7 @@ impl Repository {
             }
             pool.put(buf);
         }
-        self.decode_record(&b.id, rec, 0, None).map(Some)
+        self.decode_record(&b.id, rec, None).map(Some)
     }
 
     /// The directory the commit `parent` was made from, if this repository

@@ -23,6 +23,7 @@ use rayon::prelude::*;
 use crate::codec::{FrameInfo, Scratch};
 use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
+use super::chain::base_chain;
 use super::commit::{encode_record, now_secs};
 use super::objects::{object_key, ChunkHeader, ChunkRecord, Commit, Payload, KIND_COMMIT};
 use super::reach::{Reachable, WalkOptions};
@@ -610,14 +611,14 @@ impl Repository {
         for (id, _, h) in &candidates {
             if h.is_some_and(|h| h.written > since) && !committed.contains_key(id) {
                 spared += 1;
-                let mut cur = Some(*id);
-                let mut hops = 0;
-                while let Some(c) = cur {
-                    if !spare.insert(c) || hops > super::HARD_MAX_CHAIN {
+                // A damaged chain (a cycle, too long) spares what it reached.
+                let chain = base_chain(*id, |c| {
+                    Ok(by_id.get(c).copied().flatten().and_then(|h| h.base))
+                });
+                for c in chain.map_while(Result::ok) {
+                    if !spare.insert(c) {
                         break;
                     }
-                    hops += 1;
-                    cur = by_id.get(&c).copied().flatten().and_then(|h| h.base);
                 }
             }
         }
@@ -661,16 +662,12 @@ impl Repository {
             let mut work: Vec<(ChunkId, Rewrite, u16)> = Vec::new();
             for id in ids {
                 let h = &reach.headers[&id];
-                let mut base = h.base;
-                let mut hops = 0;
-                while let Some(b) = base {
-                    if live.contains_key(&b) || hops > super::HARD_MAX_CHAIN {
-                        break;
-                    }
-                    hops += 1;
-                    base = reach.headers.get(&b).and_then(|bh| bh.base);
-                }
-                let mut chosen = base.filter(|b| live.contains_key(b));
+                // The nearest live chunk down the old chain (none past a
+                // damaged one).
+                let mut chosen = base_chain(id, |c| Ok(reach.headers.get(c).and_then(|h| h.base)))
+                    .skip(1)
+                    .map_while(Result::ok)
+                    .find(|b| live.contains_key(b));
                 let mut d = match chosen {
                     Some(b) => depth
                         .get(&b)
@@ -766,18 +763,16 @@ fn true_depths(headers: &HashMap<ChunkId, ChunkHeader>) -> HashMap<ChunkId, u16>
     let mut depth: HashMap<ChunkId, u16> = HashMap::with_capacity(headers.len());
     for &start in headers.keys() {
         let mut path = Vec::new();
-        let mut cur = Some(start);
         let mut d = 0u16;
-        while let Some(c) = cur {
+        // A damaged chain (a cycle, too long) counts from where it ends.
+        for c in
+            base_chain(start, |c| Ok(headers.get(c).and_then(|h| h.base))).map_while(Result::ok)
+        {
             if let Some(&known) = depth.get(&c) {
                 d = known;
                 break;
             }
             path.push(c);
-            if path.len() > super::HARD_MAX_CHAIN as usize {
-                break;
-            }
-            cur = headers.get(&c).and_then(|h| h.base);
         }
         for c in path.into_iter().rev() {
             let has_base = headers.get(&c).is_some_and(|h| h.base.is_some());

@@ -23,9 +23,11 @@ use crate::store::{
 };
 
 mod branch;
+mod chain;
 mod checkout;
 mod commit;
 mod diff;
+mod exchange;
 mod fsck;
 mod gc;
 mod log;
@@ -35,22 +37,24 @@ pub mod provenance;
 mod reach;
 mod read;
 mod reflog;
+mod remotes;
 mod save;
 mod show;
 mod status;
 mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
-pub(crate) use commit::{encode_record, now_secs};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
+pub use exchange::{Import, ImportBase, ObjectKind};
 pub use fsck::{Damage, FsckReport};
 pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, RepoCounts};
 pub use log::LogEntry;
 pub use objects::RefLogEntry;
-use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload, Tree};
+use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Tree};
 pub use progress::{NoProgress, Progress};
 pub use reach::{ChunkUse, Reachable, WalkOptions};
+pub use remotes::{tracking_ref, RemoteConfigs};
 pub use show::{FileShow, SegmentShow, ShowReport, Storage, TensorShow};
 pub use status::{dir_size, Status};
 pub use watch::{watch, RunLayout, WatchEvent, WatchOptions, WatchReport};
@@ -87,6 +91,10 @@ pub enum RepoError {
     },
     #[error("{path}: {reason}")]
     BadInput { path: PathBuf, reason: String },
+    /// Encoding data to store failed (a compressor's error: out of memory,
+    /// a bad level). Nothing stored is damaged.
+    #[error("could not encode {what}: {reason}")]
+    Encode { what: String, reason: String },
     #[error("no step number for {dir}: pass --step, or add trainer_state.json (global_step), or name the directory like checkpoint-500")]
     NoStep { dir: PathBuf },
     #[error("{}", describe_unknown(rev, kind, suggestions))]
@@ -123,6 +131,11 @@ pub enum RepoError {
     },
     #[error("{what} is missing from the store")]
     Missing { what: String },
+    /// Data received from elsewhere (a fetch, a clone) is damaged or
+    /// malformed: refused before any of it was stored (the inner error
+    /// names the object).
+    #[error(transparent)]
+    Received(Box<RepoError>),
     #[error("the repository is damaged ({count} problems; first: {first}); run `ckvc fsck` and repair before gc")]
     Damaged { count: usize, first: String },
     /// `gc --keep best=N:METRIC` on a branch where commits lack the metric.
@@ -230,20 +243,65 @@ impl RepoError {
     }
 
     /// True for damaged or missing stored data (as opposed to user error).
+    /// Every variant is listed: a new one must be classified here.
     pub fn is_corruption(&self) -> bool {
-        matches!(
-            self,
+        match self {
             RepoError::Corrupt { .. }
-                | RepoError::Decode { .. }
-                | RepoError::Missing { .. }
-                | RepoError::Damaged { .. }
-        ) || matches!(self, RepoError::Store(e) if e.is_corruption())
+            | RepoError::Decode { .. }
+            | RepoError::Missing { .. }
+            | RepoError::Received(_)
+            | RepoError::Damaged { .. } => true,
+            RepoError::Store(e) => e.is_corruption(),
+            RepoError::NotARepository { .. }
+            | RepoError::AlreadyExists { .. }
+            | RepoError::Format { .. }
+            | RepoError::Io { .. }
+            | RepoError::BadInput { .. }
+            | RepoError::Encode { .. }
+            | RepoError::NoStep { .. }
+            | RepoError::UnknownRevision { .. }
+            | RepoError::AmbiguousRevision { .. }
+            | RepoError::OutputNotEmpty { .. }
+            | RepoError::BranchExists { .. }
+            | RepoError::NoSuchBranch { .. }
+            | RepoError::TagExists { .. }
+            | RepoError::InvalidBranchName { .. }
+            | RepoError::CurrentBranch { .. }
+            | RepoError::Empty
+            | RepoError::MissingMetric { .. }
+            | RepoError::StepOrder { .. } => false,
+        }
     }
 
     /// True when another ckvc process holds or rewrites the repository: the
-    /// command may succeed when run again.
+    /// command may succeed when run again. Every variant is listed.
     pub fn is_busy(&self) -> bool {
-        matches!(self, RepoError::Store(e) if e.is_busy())
+        match self {
+            RepoError::Store(e) => e.is_busy(),
+            RepoError::NotARepository { .. }
+            | RepoError::AlreadyExists { .. }
+            | RepoError::Format { .. }
+            | RepoError::Io { .. }
+            | RepoError::BadInput { .. }
+            | RepoError::Encode { .. }
+            | RepoError::NoStep { .. }
+            | RepoError::UnknownRevision { .. }
+            | RepoError::AmbiguousRevision { .. }
+            | RepoError::OutputNotEmpty { .. }
+            | RepoError::BranchExists { .. }
+            | RepoError::NoSuchBranch { .. }
+            | RepoError::TagExists { .. }
+            | RepoError::InvalidBranchName { .. }
+            | RepoError::CurrentBranch { .. }
+            | RepoError::Empty
+            | RepoError::Corrupt { .. }
+            | RepoError::Decode { .. }
+            | RepoError::Missing { .. }
+            | RepoError::Received(_)
+            | RepoError::Damaged { .. }
+            | RepoError::MissingMetric { .. }
+            | RepoError::StepOrder { .. } => false,
+        }
     }
 }
 
@@ -452,8 +510,17 @@ impl Repository {
     pub fn set_memory_budget(&mut self, bytes: u64) {
         self.config.memory_budget = bytes;
     }
+    /// The store underneath, for tests that damage or inspect it on
+    /// purpose (the `testing` feature). Everything else goes through the
+    /// repository's methods: no module outside `repo` reads or writes the
+    /// store's key layout.
+    #[cfg(any(test, feature = "testing"))]
     pub fn store(&self) -> &dyn Store {
         &*self.store
+    }
+    /// Make everything written so far durable.
+    pub fn flush(&self) -> Result<(), RepoError> {
+        Ok(self.store.flush()?)
     }
 
     /// The branch `HEAD` names.
@@ -613,7 +680,8 @@ impl Repository {
     /// The raw bytes of a chunk, decoded through its delta chain and
     /// verified against its id.
     pub fn read_chunk(&self, id: &ChunkId) -> Result<Vec<u8>, RepoError> {
-        self.read_chunk_depth(id, 0).map(|(raw, _)| raw)
+        let rec = self.chunk_record(id)?;
+        self.decode_record(id, rec, None).map(|(raw, _)| raw)
     }
 
     /// [`read_chunk`](Self::read_chunk), decoding against `cache` when the
@@ -624,75 +692,30 @@ impl Repository {
         id: &ChunkId,
         cache: &std::collections::HashMap<ChunkId, Vec<u8>>,
     ) -> Result<Vec<u8>, RepoError> {
-        self.read_chunk_with(id, 0, Some(cache)).map(|(raw, _)| raw)
-    }
-
-    /// The raw bytes and the stored delta depth of a chunk.
-    fn read_chunk_depth(&self, id: &ChunkId, hops: u16) -> Result<(Vec<u8>, u16), RepoError> {
-        self.read_chunk_with(id, hops, None)
-    }
-
-    fn read_chunk_with(
-        &self,
-        id: &ChunkId,
-        hops: u16,
-        cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
-    ) -> Result<(Vec<u8>, u16), RepoError> {
         let rec = self.chunk_record(id)?;
-        self.decode_record(id, rec, hops, cache)
+        self.decode_record(id, rec, Some(cache)).map(|(raw, _)| raw)
     }
 
-    /// Decode the record of chunk `id`, `hops` deltas down a chain,
-    /// through its base (from `cache` when there) and verify it.
+    /// Decode the record of chunk `id` through its delta chain (bases from
+    /// `cache` when there, else from the store) and verify it; returns the
+    /// raw bytes and the record's stored depth.
     fn decode_record(
         &self,
         id: &ChunkId,
         rec: ChunkRecord,
-        hops: u16,
         cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
     ) -> Result<(Vec<u8>, u16), RepoError> {
-        let what = || format!("chunk {}", id.short(12));
-        if hops > HARD_MAX_CHAIN {
-            return Err(RepoError::Corrupt {
-                what: what(),
-                reason: format!("delta chain longer than {HARD_MAX_CHAIN} (a cycle?)"),
-            });
-        }
-        let raw = match rec.payload {
-            Payload::Zstd => {
-                if rec.base.is_some() {
-                    return Err(RepoError::Corrupt {
-                        what: what(),
-                        reason: "a zstd chunk with a delta base".into(),
-                    });
-                }
-                let limit = rec.raw_len.min(codec::HARD_MAX_RAW_LEN) as usize;
-                zstd::bulk::decompress(&rec.data, limit).map_err(|e| RepoError::Corrupt {
-                    what: what(),
-                    reason: format!("zstd: {e}"),
-                })?
-            }
-            Payload::Codec => {
-                let cached = rec.base.as_ref().and_then(|b| cache?.get(b));
-                let base = match (&rec.base, cached) {
-                    (_, Some(raw)) => Some(std::borrow::Cow::Borrowed(raw.as_slice())),
-                    (Some(b), None) => Some(std::borrow::Cow::Owned(
-                        self.read_chunk_depth(b, hops + 1)?.0,
-                    )),
-                    (None, None) => None,
-                };
-                codec::decode(&rec.data, base.as_deref()).map_err(|source| RepoError::Decode {
-                    what: what(),
-                    source,
-                })?
-            }
-        };
-        if raw.len() as u64 != rec.raw_len || ChunkId::digest(&raw) != *id {
-            return Err(RepoError::Corrupt {
-                what: what(),
-                reason: "decoded bytes do not match the chunk id (blake3)".into(),
-            });
-        }
+        let (raw, rec) = chain::decode_chain(
+            id,
+            rec,
+            codec::HARD_MAX_RAW_LEN,
+            "",
+            |e| e,
+            |b| match cache.and_then(|c| c.get(b)) {
+                Some(raw) => Ok::<_, RepoError>(chain::Link::Raw(raw.as_slice().into())),
+                None => Ok(chain::Link::Record(self.chunk_record(b)?)),
+            },
+        )?;
         Ok((raw, rec.depth))
     }
 

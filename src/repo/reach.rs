@@ -13,8 +13,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::codec::{DType, FrameInfo};
 use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
 
+use super::chain::base_chain;
 use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, Payload, SegmentRef};
-use super::{RepoError, Repository, HARD_MAX_CHAIN};
+use super::{RepoError, Repository};
 
 /// Where a chunk is used: the first file and tensor found naming it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,37 +167,42 @@ impl Repository {
         }
         r.commits = parents_first(order, &parents_of);
         if opts.chunk_headers {
-            let mut stack: Vec<(ChunkId, u16)> = r.chunks.keys().map(|&c| (c, 0)).collect();
-            while let Some((id, hops)) = stack.pop() {
-                if r.headers.contains_key(&id) {
+            let mut starts: Vec<ChunkId> = r.chunks.keys().copied().collect();
+            starts.sort();
+            for start in starts {
+                if r.headers.contains_key(&start) {
                     continue;
                 }
-                match self.chunk_header_checked(&id, opts.frame_headers) {
-                    Ok(h) => {
-                        if let Some(b) = h.base {
-                            if hops >= HARD_MAX_CHAIN {
-                                let e = self.chunk_damage(
-                                    &r,
-                                    &id,
-                                    RepoError::Corrupt {
-                                        what: format!("chunk {}", id.short(12)),
-                                        reason: format!(
-                                            "delta chain longer than {HARD_MAX_CHAIN} (a cycle?)"
-                                        ),
-                                    },
-                                );
-                                r.chunk_damage.push((id, e));
-                            } else {
-                                stack.push((b, hops + 1));
-                            }
+                // This walk's headers join `r.headers` after it, so a base
+                // read by an earlier walk ends this one, and a cycle within
+                // it is caught by the chain walk.
+                let mut fresh: Vec<(ChunkId, ChunkHeader)> = Vec::new();
+                let mut bad: Option<(ChunkId, RepoError)> = None;
+                let walk = base_chain(start, |c| {
+                    match self.chunk_header_checked(c, opts.frame_headers) {
+                        Ok(h) => {
+                            fresh.push((*c, h));
+                            Ok(h.base.filter(|b| !r.headers.contains_key(b)))
                         }
-                        r.headers.insert(id, h);
+                        Err(e) if e.is_corruption() => {
+                            bad = Some((*c, e));
+                            Ok(None)
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) if e.is_corruption() => {
-                        let e = self.chunk_damage(&r, &id, e);
-                        r.chunk_damage.push((id, e));
+                });
+                let mut chain_error = None;
+                for step in walk {
+                    match step {
+                        Ok(_) => {}
+                        Err(e) if e.is_corruption() => chain_error = Some(e),
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
+                }
+                r.headers.extend(fresh);
+                for (id, e) in bad.into_iter().chain(chain_error.map(|e| (start, e))) {
+                    let e = self.chunk_damage(&r, &id, e);
+                    r.chunk_damage.push((id, e));
                 }
             }
         }

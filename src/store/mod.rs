@@ -165,7 +165,18 @@ impl StoreError {
     /// True when another process holds the store or rewrites it under a
     /// reader: the operation may succeed when run again.
     pub fn is_busy(&self) -> bool {
-        matches!(self, StoreError::Locked { .. } | StoreError::Rewritten)
+        match self {
+            StoreError::Locked { .. } | StoreError::Rewritten => true,
+            StoreError::NotFound { .. }
+            | StoreError::MissingCurrent { .. }
+            | StoreError::Damaged { .. }
+            | StoreError::Full { .. }
+            | StoreError::Io { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::ReadOnly
+            | StoreError::Conflict { .. }
+            | StoreError::Backend(_) => false,
+        }
     }
 }
 

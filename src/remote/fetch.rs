@@ -1,0 +1,519 @@
+//! `fetch`: new commits from a remote into the repository, the remote's
+//! branches into `refs/remotes/<remote>/`.
+//!
+//! Read the remote refs, walk from them through objects the local store
+//! lacks, downloading the packs that hold them into `.ckvc/fetch/` (kept
+//! across an interrupted fetch; each verified against its name before use)
+//! and planning which chunks to fetch (shallow: which to store whole).
+//! Everything received goes through the repository's verified import
+//! ([`Repository::import`]): objects hash to their ids, every chunk is
+//! decoded through its delta chain to its blake3 id before it is written,
+//! and the objects and remote-tracking refs land in one atomic batch. This
+//! file owns the staging of packs and the order chunks are verified in
+//! (chain by chain, in parallel), not the verification itself.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::codec;
+use crate::repo::objects::{ChunkRecord, SegmentRef};
+use crate::repo::{Import, ImportBase, ObjectKind, Repository, DOT_DIR};
+use crate::store::{ChunkId, CommitId, Hash32, ObjectId};
+
+use super::layout::{
+    check_layout, corrupt, idx_key, load_index, pack_key, remote_heads, RemoteIndex,
+};
+use super::pack::{self, Kind};
+use super::{Progress, Remote, RemoteError};
+
+/// What to fetch.
+#[derive(Debug, Clone, Default)]
+pub struct FetchOptions {
+    /// Only these branches (default: all).
+    pub branches: Option<Vec<String>>,
+    /// Only the newest `n` commits of each branch (a shallow fetch): chunks
+    /// whose delta bases are left behind are stored as full snapshots.
+    pub depth: Option<usize>,
+}
+
+/// One remote branch a fetch moved.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RefUpdate {
+    pub branch: String,
+    pub old: Option<CommitId>,
+    pub new: CommitId,
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct FetchReport {
+    pub updated: Vec<RefUpdate>,
+    pub commits: u64,
+    /// The new commits' checkpoints' size.
+    pub logical_bytes: u64,
+    /// Objects written to the local store.
+    pub objects: u64,
+    /// Packs downloaded (or found complete from an interrupted fetch).
+    pub packs: u64,
+    pub bytes_received: u64,
+    /// Chunks stored as full snapshots because their delta base was left
+    /// behind (shallow fetch).
+    pub reencoded: u64,
+    /// Commits whose parents were left behind (shallow fetch).
+    pub shallow: Vec<CommitId>,
+    /// The most decoded delta bases held in memory at once while verifying
+    /// (chunks are verified chain by chain, so about the chains' depth).
+    pub bases_held_peak: u64,
+}
+
+/// A staged pack file and where each of its entries is (offset, length).
+type StagedPack = (fs::File, HashMap<(Kind, [u8; 32]), (u64, u64)>);
+
+/// Downloaded packs, kept in `.ckvc/fetch/` until the fetch completes.
+struct Stage<'a> {
+    dir: PathBuf,
+    remote: &'a dyn Remote,
+    index: &'a RemoteIndex,
+    loaded: HashMap<Hash32, StagedPack>,
+    bytes_received: u64,
+    progress: &'a dyn Progress,
+}
+
+impl Stage<'_> {
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
+        move |source| RemoteError::Io {
+            what: path.display().to_string(),
+            source,
+        }
+    }
+
+    /// Make sure pack `name` is staged and verified.
+    fn load(&mut self, name: &Hash32) -> Result<(), RemoteError> {
+        if self.loaded.contains_key(name) {
+            return Ok(());
+        }
+        fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
+        let path = self.dir.join(format!("{name}.pack"));
+        let what = format!("pack {}", pack_key(name));
+        // A pack staged by an interrupted fetch is reused if it verifies.
+        let staged = match fs::read(&path) {
+            Ok(b) => pack::verify_pack(&b, name, &what).ok(),
+            Err(_) => None,
+        };
+        let entries = match staged {
+            Some(e) => e,
+            None => {
+                // No more than the index says the pack holds.
+                let limit = self
+                    .index
+                    .packs
+                    .get(name)
+                    .copied()
+                    .unwrap_or(pack::MAX_PACK_BYTES);
+                let bytes = self
+                    .remote
+                    .get_limited(&pack_key(name), limit)?
+                    .ok_or_else(|| {
+                        corrupt(
+                            &what,
+                            "is missing (its index exists; the remote is damaged or was pruned)",
+                        )
+                    })?;
+                if bytes.len() as u64 > pack::MAX_PACK_BYTES {
+                    return Err(corrupt(&what, "larger than the pack size limit"));
+                }
+                let entries = pack::verify_pack(&bytes, name, &what)?;
+                self.bytes_received += bytes.len() as u64;
+                self.progress.advance(bytes.len() as u64, 1);
+                let tmp = self.dir.join(format!(".{name}.tmp"));
+                fs::write(&tmp, &bytes).map_err(Self::io(&tmp))?;
+                fs::rename(&tmp, &path).map_err(Self::io(&path))?;
+                entries
+            }
+        };
+        let file = fs::File::open(&path).map_err(Self::io(&path))?;
+        let map = entries
+            .into_iter()
+            .map(|e| ((e.kind, e.id), (e.offset, e.len)))
+            .collect();
+        self.loaded.insert(*name, (file, map));
+        Ok(())
+    }
+
+    /// The pack the remote's index names for an object.
+    fn pack_of(&self, kind: Kind, id: &[u8; 32]) -> Result<Hash32, RemoteError> {
+        let what = || format!("{} {}", kind.name(), crate::store::to_hex(&id[..6]));
+        self.index.entries.get(&(kind, *id)).copied().ok_or_else(|| {
+            corrupt(
+                what(),
+                "is named by the remote's history but no pack holds it (a ref pointing at a missing pack?)",
+            )
+        })
+    }
+
+    /// The bytes of an object the remote holds, staging its pack first.
+    fn get(&mut self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
+        let name = self.pack_of(kind, id)?;
+        self.load(&name)?;
+        self.get_staged(kind, id)
+    }
+
+    /// The bytes of an object whose pack is staged already.
+    fn get_staged(&self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
+        let what = || format!("{} {}", kind.name(), crate::store::to_hex(&id[..6]));
+        let name = self.pack_of(kind, id)?;
+        let (file, map) = self.loaded.get(&name).ok_or_else(|| {
+            corrupt(
+                format!("pack {}", pack_key(&name)),
+                "was not staged before verifying (a bug)",
+            )
+        })?;
+        let &(off, len) = map.get(&(kind, *id)).ok_or_else(|| {
+            corrupt(
+                format!("pack index {}", idx_key(&name)),
+                format!("lists {} but the pack does not hold it", what()),
+            )
+        })?;
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, off)
+            .map_err(Self::io(&self.dir))?;
+        Ok(buf)
+    }
+
+    fn cleanup(self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Verifies the fetched chunks through the repository's import, one walk
+/// (a root and the chunks based on it, depth first) at a time; walks run in
+/// parallel.
+struct Verifier<'a, 'b, 'r> {
+    repo: &'a Repository,
+    import: &'a Import<'r>,
+    stage: &'a Stage<'b>,
+    plan: &'a Plan,
+    /// The fetched chunks based on each fetched chunk.
+    children: &'a HashMap<ChunkId, Vec<ChunkId>>,
+    progress: &'a dyn Progress,
+    bases_held_peak: AtomicU64,
+}
+
+impl Verifier<'_, '_, '_> {
+    /// Verify and stage the chunks of `walk` (each after its base); a
+    /// decoded base is dropped once its last fetched dependent in the walk
+    /// is verified.
+    fn walk(&self, walk: &[ChunkId], scratch: &mut codec::Scratch) -> Result<(), RemoteError> {
+        let mut cache: HashMap<ChunkId, Vec<u8>> = HashMap::new();
+        // Dependents of each chunk still to verify in this walk (a chunk
+        // re-encoded whole reads its base by itself).
+        let mut pending: HashMap<ChunkId, usize> = HashMap::new();
+        for id in walk {
+            let n = self.children.get(id).map_or(0, |c| {
+                c.iter().filter(|c| !self.plan.reencode.contains(c)).count()
+            });
+            pending.insert(*id, n);
+        }
+        for id in walk {
+            let record = self.stage.get_staged(Kind::Chunk, id.as_bytes())?;
+            let reencode = self.plan.reencode.contains(id);
+            let raw =
+                self.import
+                    .add_chunk(id, &record, reencode, |b| self.base(b, &cache), scratch)?;
+            let base = self.plan.chunks.get(id).and_then(|c| c.1);
+            if let (Some(b), false) = (base, reencode) {
+                if let Some(d) = pending.get_mut(&b) {
+                    *d = d.saturating_sub(1);
+                    if *d == 0 {
+                        cache.remove(&b);
+                    }
+                }
+            }
+            if pending.get(id).is_some_and(|&d| d > 0) {
+                cache.insert(*id, raw);
+                self.bases_held_peak
+                    .fetch_max(cache.len() as u64, Ordering::Relaxed);
+            }
+            self.progress.advance(record.len() as u64, 1);
+        }
+        Ok(())
+    }
+
+    /// Where a delta base is: decoded in this walk, in the local store
+    /// (`None`), or another fetched record.
+    fn base<'c>(
+        &self,
+        id: &ChunkId,
+        cache: &'c HashMap<ChunkId, Vec<u8>>,
+    ) -> Result<Option<ImportBase<'c>>, RemoteError> {
+        if let Some(raw) = cache.get(id) {
+            return Ok(Some(ImportBase::Verified(raw)));
+        }
+        if self.repo.has_object(ObjectKind::Chunk, id.as_bytes())? {
+            return Ok(None);
+        }
+        Ok(Some(ImportBase::Record(
+            self.stage.get_staged(Kind::Chunk, id.as_bytes())?,
+        )))
+    }
+}
+
+/// Fetch from `remote` (named `remote_name` locally): new objects into the
+/// store, remote branches into `refs/remotes/<remote_name>/`.
+pub fn fetch(
+    repo: &Repository,
+    remote_name: &str,
+    remote: &dyn Remote,
+    opts: &FetchOptions,
+    progress: &dyn Progress,
+) -> Result<FetchReport, RemoteError> {
+    check_layout(remote, false)?;
+    let mut heads = remote_heads(remote)?;
+    if let Some(want) = &opts.branches {
+        for b in want {
+            if !heads.contains_key(b) {
+                return Err(RemoteError::NoSuchRemoteBranch { branch: b.clone() });
+            }
+        }
+        heads.retain(|b, _| want.contains(b));
+    }
+    let mut report = FetchReport::default();
+    let mut roots = Vec::new();
+    for c in heads.values() {
+        if !repo.has_commit(c)? && !roots.contains(c) {
+            roots.push(*c);
+        }
+    }
+    let mut import = repo.import("received from the remote", pack::MAX_CHUNK_RAW);
+    if !roots.is_empty() {
+        let ix = load_index(remote)?;
+        let mut stage = Stage {
+            dir: repo.root().join(DOT_DIR).join("fetch"),
+            remote,
+            index: &ix,
+            loaded: HashMap::new(),
+            bytes_received: 0,
+            progress,
+        };
+        progress.start("download", 0, ix.packs.len() as u64);
+        let plan = plan_fetch(repo, &mut import, &mut stage, &roots, opts.depth)?;
+        progress.finish();
+        report.commits = plan.commits;
+        report.logical_bytes = plan.logical_bytes;
+        report.shallow = plan.boundary.clone();
+        import.add_shallow(&plan.boundary);
+
+        // Verify every chunk (bases first) and stage it; nothing unverified
+        // reaches the store.
+        let mut order: Vec<(u16, ChunkId)> = plan.chunks.iter().map(|(id, c)| (c.0, *id)).collect();
+        order.sort();
+        // Chain by chain: each chunk right after its base, in a depth-first
+        // walk from each chunk whose base is not fetched (a root), so that
+        // only the bases along a walk are held decoded, not every base of a
+        // depth (a clone of many keyframes would hold them all). The walks
+        // are independent and verified in parallel. Chunks no walk reaches
+        // (a cycle of bases) come last, so their decoding names the damage.
+        let fetched_base = |id: &ChunkId| plan.chunks[id].1.filter(|b| plan.chunks.contains_key(b));
+        let mut children: HashMap<ChunkId, Vec<ChunkId>> = HashMap::new();
+        for (_, id) in &order {
+            if let Some(b) = fetched_base(id) {
+                children.entry(b).or_default().push(*id);
+            }
+        }
+        let mut walks: Vec<Vec<ChunkId>> = Vec::new();
+        let mut seen = HashSet::with_capacity(order.len());
+        for (_, root) in order.iter().filter(|(_, id)| fetched_base(id).is_none()) {
+            let mut walk = Vec::new();
+            let mut stack = vec![*root];
+            while let Some(id) = stack.pop() {
+                if seen.insert(id) {
+                    walk.push(id);
+                    stack.extend(children.get(&id).into_iter().flatten().rev());
+                }
+            }
+            walks.push(walk);
+        }
+        let rest: Vec<ChunkId> = order
+            .iter()
+            .map(|(_, id)| *id)
+            .filter(|id| !seen.contains(id))
+            .collect();
+        if !rest.is_empty() {
+            walks.push(rest);
+        }
+        // Every pack the walks read is staged now (planning read their
+        // headers), so the walks only read the stage.
+        for (_, id) in &order {
+            let pack = stage.pack_of(Kind::Chunk, id.as_bytes())?;
+            stage.load(&pack)?;
+        }
+        progress.start("verify", 0, order.len() as u64);
+        let v = Verifier {
+            repo,
+            import: &import,
+            stage: &stage,
+            plan: &plan,
+            children: &children,
+            progress,
+            bases_held_peak: AtomicU64::new(0),
+        };
+        walks
+            .par_iter()
+            .try_for_each_init(codec::Scratch::default, |scratch, walk| {
+                v.walk(walk, scratch)
+            })?;
+        report.bases_held_peak = v.bases_held_peak.into_inner();
+        progress.finish();
+        report.objects = order.len() as u64 + plan.objects;
+        report.reencoded = import.reencoded();
+        report.packs = stage.loaded.len() as u64;
+        report.bytes_received = stage.bytes_received;
+        add_tracking_moves(repo, &heads, remote_name, &mut import, &mut report)?;
+        import.commit()?;
+        stage.cleanup();
+    } else {
+        add_tracking_moves(repo, &heads, remote_name, &mut import, &mut report)?;
+        import.commit()?;
+    }
+    Ok(report)
+}
+
+fn add_tracking_moves(
+    repo: &Repository,
+    heads: &BTreeMap<String, CommitId>,
+    remote_name: &str,
+    import: &mut Import<'_>,
+    report: &mut FetchReport,
+) -> Result<(), RemoteError> {
+    for (branch, id) in heads {
+        let old = repo.remote_ref(remote_name, branch)?;
+        if old.as_ref() != Some(id) {
+            import.set_remote_ref(remote_name, branch, old.as_ref(), id, "fetch");
+            report.updated.push(RefUpdate {
+                branch: branch.clone(),
+                old,
+                new: *id,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What a fetch will store.
+struct Plan {
+    /// Objects (commits, trees, manifests) staged in the import.
+    objects: u64,
+    /// Chunks to fetch: claimed depth, base, and whether they are named by
+    /// a manifest.
+    chunks: HashMap<ChunkId, (u16, Option<ChunkId>, bool)>,
+    /// Chunks to store as full snapshots (their base is left behind).
+    reencode: HashSet<ChunkId>,
+    boundary: Vec<CommitId>,
+    commits: u64,
+    logical_bytes: u64,
+}
+
+fn plan_fetch(
+    repo: &Repository,
+    import: &mut Import<'_>,
+    stage: &mut Stage<'_>,
+    roots: &[CommitId],
+    depth: Option<usize>,
+) -> Result<Plan, RemoteError> {
+    let mut plan = Plan {
+        objects: 0,
+        chunks: HashMap::new(),
+        reencode: HashSet::new(),
+        boundary: Vec::new(),
+        commits: 0,
+        logical_bytes: 0,
+    };
+    let mut seen_commits = HashSet::new();
+    let mut seen_objects: HashSet<ObjectId> = HashSet::new();
+    let mut named_chunks: Vec<ChunkId> = Vec::new();
+    let mut queue: VecDeque<(CommitId, usize)> = roots.iter().map(|&c| (c, 0)).collect();
+    while let Some((id, gen)) = queue.pop_front() {
+        if !seen_commits.insert(id) || repo.has_commit(&id)? {
+            continue;
+        }
+        let bytes = stage.get(Kind::Commit, id.as_bytes())?;
+        let commit = import.add_commit(&id, bytes)?;
+        plan.objects += 1;
+        plan.commits += 1;
+        // Saturating: the number comes from the remote (display only).
+        plan.logical_bytes = plan
+            .logical_bytes
+            .saturating_add(commit.stats.logical_bytes);
+        let mut cut = false;
+        for p in &commit.parents {
+            if repo.has_commit(p)? {
+                continue;
+            }
+            if depth.is_some_and(|d| gen + 1 >= d) {
+                cut = true;
+            } else {
+                queue.push_back((*p, gen + 1));
+            }
+        }
+        if cut {
+            plan.boundary.push(id);
+        }
+        if repo.has_object(ObjectKind::Tree, commit.tree.as_bytes())?
+            || !seen_objects.insert(commit.tree)
+        {
+            continue;
+        }
+        let bytes = stage.get(Kind::Tree, commit.tree.as_bytes())?;
+        let tree = import.add_tree(&commit.tree, bytes, &id)?;
+        plan.objects += 1;
+        for (path, mid) in &tree.entries {
+            if repo.has_object(ObjectKind::Manifest, mid.as_bytes())? || !seen_objects.insert(*mid)
+            {
+                continue;
+            }
+            let bytes = stage.get(Kind::Manifest, mid.as_bytes())?;
+            let m = import.add_manifest(mid, bytes, path, &id)?;
+            plan.objects += 1;
+            for seg in &m.segments {
+                let chunks = match seg {
+                    SegmentRef::Tensor { chunks, .. } | SegmentRef::Opaque { chunks, .. } => chunks,
+                };
+                named_chunks.extend(chunks.iter().copied());
+            }
+        }
+    }
+    // Chunks the local store lacks, and their delta bases.
+    let mut work: Vec<(ChunkId, bool)> = Vec::new();
+    for c in named_chunks {
+        if !plan.chunks.contains_key(&c) && !repo.has_object(ObjectKind::Chunk, c.as_bytes())? {
+            plan.chunks.insert(c, (0, None, true));
+            work.push((c, true));
+        }
+    }
+    let mut headers = HashMap::new();
+    while let Some((c, named)) = work.pop() {
+        let bytes = stage.get(Kind::Chunk, c.as_bytes())?;
+        let h = ChunkRecord::decode_header(&bytes)
+            .map_err(|r| corrupt(format!("chunk {} received from the remote", c.short(12)), r))?;
+        plan.chunks.insert(c, (h.depth, h.base, named));
+        headers.insert(c, h);
+        if let Some(b) = h.base {
+            let local = repo.has_object(ObjectKind::Chunk, b.as_bytes())?;
+            if local || plan.chunks.contains_key(&b) {
+                continue;
+            }
+            if depth.is_some() {
+                plan.reencode.insert(c);
+            } else {
+                plan.chunks.insert(b, (0, None, false));
+                work.push((b, false));
+            }
+        }
+    }
+    Ok(plan)
+}
