@@ -128,21 +128,37 @@ def _rev(rev: Rev) -> str:
 
 
 _live: "weakref.WeakSet[Repository]" = weakref.WeakSet()
+# Repositories with a save in flight or a failed save nobody has seen: held
+# strongly, so an error cannot vanish with a garbage-collected Repository.
+_pending: "set[Repository]" = set()
+_pending_lock = threading.Lock()
+
+
+def _raise_all(errors: List[BaseException]) -> None:
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise BaseExceptionGroup(f"{len(errors)} background saves failed", errors)
 
 
 def _wait_all_at_exit() -> None:
-    errors = []
-    for repo in list(_live):
-        try:
-            repo.wait()
-        except BaseException as e:  # noqa: BLE001 - reported, never lost
-            errors.append(e)
+    """At interpreter exit: wait for every save in flight; a failed save
+    nobody observed is printed and makes the process exit with status 1
+    (an exception in an atexit handler would only be printed, and the job
+    would look successful)."""
+    errors: List[BaseException] = []
+    with _pending_lock:
+        repos = list(_pending) + [r for r in list(_live) if r not in _pending]
+    for repo in repos:
+        errors.extend(repo._drain())
     if errors:
         import sys
 
         for e in errors:
             print(f"ckvc: a background save failed: {type(e).__name__}: {e}", file=sys.stderr)
-        raise errors[0]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 atexit.register(_wait_all_at_exit)
@@ -211,6 +227,12 @@ class Repository:
             mets.append((str(k), float(v)))
         with self._lock:
             self._wait_inflight()
+            # A failed save nobody looked at is reported now, before the next
+            # one: a loop of blocking=False saves must not fail for hours
+            # unnoticed.
+            failed = self._take_unobserved()
+            if failed:
+                _raise_all(failed)
             p = _state.plan(state)
             tensors = self._staging.stage(p)
             fut = SaveFuture()
@@ -227,6 +249,8 @@ class Repository:
             t = threading.Thread(target=work, name=f"ckvc-save-{step}", daemon=True)
             self._inflight = (t, fut)
             self._unobserved.append(fut)
+            with _pending_lock:
+                _pending.add(self)
             t.start()
         if blocking:
             return fut.result()
@@ -238,20 +262,41 @@ class Repository:
             t.join()
             self._inflight = None
 
-    def wait(self) -> None:
-        """Wait until every save in flight is durable; raise the first error
-        of a background save whose ``result()`` nobody took."""
+    def _take_unobserved(self) -> List[BaseException]:
+        """The errors of finished saves whose ``result()`` nobody took
+        (marked observed: each is reported once); forgets the rest."""
+        errors = []
+        keep = []
+        for f in self._unobserved:
+            if not f.done():
+                keep.append(f)
+            elif not f._observed and f._error is not None:
+                f._observed = True
+                errors.append(f._error)
+        self._unobserved = keep
+        return errors
+
+    def _drain(self) -> List[BaseException]:
+        """Wait for the save in flight; the unobserved errors."""
         with self._lock:
             self._wait_inflight()
-            pending, self._unobserved = self._unobserved, []
-        for f in pending:
-            if not f._observed and f._error is not None:
-                f._observed = True
-                raise f._error
+            errors = self._take_unobserved()
+        with _pending_lock:
+            _pending.discard(self)
+        return errors
+
+    def wait(self) -> None:
+        """Wait until every save in flight is durable; raise the error of
+        each background save whose ``result()`` nobody took (one error as
+        itself, several as an ``ExceptionGroup``)."""
+        _raise_all(self._drain())
 
     # ----------------------------------------------------------- loading
 
     def _resolve(self, r: "_ckvc.Reader", rev: Rev) -> str:
+        # A step is looked up on this object's branch when it has one.
+        if self.branch is not None and isinstance(rev, int) and not isinstance(rev, bool):
+            return r.resolve(f"{self.branch}@{_rev(rev)}")
         return r.resolve(_rev(rev))
 
     def load(self, rev: Rev) -> Any:
@@ -340,7 +385,13 @@ class Checkpoint:
         self._doc: Optional[_state.StateDoc] = None
         self._st: Dict[str, Tuple[str, List[int], int]] = {}
         if _state.STATE_FILE in self._files and _state.TENSORS_FILE in self._files:
-            self._doc = _state.StateDoc(self._r.read_file(self.id, _state.STATE_FILE))
+            try:
+                self._doc = _state.StateDoc(self._r.read_file(self.id, _state.STATE_FILE))
+            except _state.NotAState:
+                # Another tool's state.json beside a safetensors file: the
+                # commit is read as plain files.
+                self._doc = None
+        if self._doc is not None:
             for name, dt, shape, nbytes in self._files[_state.TENSORS_FILE][2]:
                 self._st[name] = (dt, shape, nbytes)
             self._index = {k: (_state.TENSORS_FILE, k) for k in self._doc.tensors}

@@ -56,8 +56,10 @@ def commit_buffers(
     metrics: Sequence[Tuple[str, float]] = (),
     branch: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Commit in-memory files at ``step`` (the GIL released; the buffers must
-    stay alive and unmodified during the call). Returns the commit report:
+    """Internal (``Repository.save`` calls it with its own staging buffer).
+    Commit in-memory files at ``step`` with the GIL released: the buffers
+    are read without the GIL, so no other thread may write them during the
+    call (that would be a data race). Returns the commit report:
     id, step, branch, already_committed, logical_bytes, stored_bytes, files,
     new_chunks, max_depth."""
 

@@ -129,7 +129,8 @@ class Flattener:
 
     def key_for(self, path: List[str]) -> str:
         key = ".".join(path) if path else "tensor"
-        if key not in self.used:
+        # safetensors' own header entry: never a tensor name.
+        if key not in self.used and key != "__metadata__":
             self.used.add(key)
             return key
         n = 1
@@ -165,7 +166,18 @@ class Flattener:
             raise TypeError(f"{'.'.join(path)}: a tensor on the meta device holds no data")
         try:
             storage = t.untyped_storage()
-            view = ("torch", storage.data_ptr(), storage.device.type, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            # Lazy conjugate / negative views share storage but not values.
+            view = (
+                "torch",
+                storage.data_ptr(),
+                storage.device.type,
+                t.storage_offset(),
+                tuple(t.shape),
+                tuple(t.stride()),
+                t.dtype,
+                t.is_conj(),
+                t.is_neg(),
+            )
         except Exception:  # pragma: no cover - tensor subclasses without storage
             view = None
         if view is not None and t.numel() > 0 and view in self.by_view:
@@ -207,6 +219,8 @@ class Flattener:
     def node(self, x, path: List[str]) -> Dict[str, Any]:
         if x is None:
             return {"type": "none"}
+        if isinstance(x, np.generic):  # before float: np.float64 subclasses it
+            return self.tensor(x, path)
         if isinstance(x, bool):
             return {"type": "bool", "value": x}
         if isinstance(x, int):
@@ -330,6 +344,10 @@ class Staging:
 # ---------------------------------------------------------------- loading
 
 
+class NotAState(ValueError):
+    """``state.json`` is not one this package wrote (another tool's file)."""
+
+
 class StateDoc:
     """A parsed ``state.json``: the tree and its tensor nodes by key."""
 
@@ -337,9 +355,9 @@ class StateDoc:
         try:
             doc = json.loads(raw)
         except ValueError as e:
-            raise ValueError(f"state.json is not JSON: {e}") from None
+            raise NotAState(f"state.json is not JSON: {e}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError("state.json is not a ckvc Python state")
+            raise NotAState("state.json is not a ckvc Python state")
         v = doc.get("version")
         if not isinstance(v, int) or v > VERSION:
             raise ValueError(f"state.json version {v!r} is newer than this ckvc reads ({VERSION})")

@@ -154,9 +154,15 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             attr!("name", name.as_str());
             InvalidInputError::new_err(msg)
         }
-        RepoError::Io { path: p, .. } => {
+        RepoError::Io { path: p, source } => {
             attr!("path", path(p));
-            CkvcError::new_err(msg)
+            // A full disk met outside the store's own free-space check
+            // (e.g. writing a checkout) is the same condition to a caller.
+            if source.kind() == std::io::ErrorKind::StorageFull {
+                StorageFullError::new_err(msg)
+            } else {
+                CkvcError::new_err(msg)
+            }
         }
         RepoError::UnknownRevision {
             rev,

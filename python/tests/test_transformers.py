@@ -80,3 +80,29 @@ def test_callback_commits_prunes_and_resume_matches(tmp_path):
     # the resumed run went on from step 4 (weights moved from the checkpoint)
     ck = repo.load(4)["model.safetensors"]
     assert not torch.equal(ck["transformer.h.0.attn.c_attn.weight"], wa["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_checkpoints_rotated_away_before_their_commit_are_still_committed(tmp_path, monkeypatch):
+    # Review finding: on_save only queued the path; with save_total_limit=1
+    # the Trainer deleted checkpoint-N before the (slow) commit ran.
+    import time
+
+    import ckvc.integrations.transformers as integ
+
+    real = integ._ckvc.commit_dir
+
+    class Slow:
+        Reader = integ._ckvc.Reader
+
+        @staticmethod
+        def commit_dir(*a, **k):
+            time.sleep(0.5)  # a large model's commit outlasts a few steps
+            return real(*a, **k)
+
+    monkeypatch.setattr(integ, "_ckvc", Slow)
+    trainer = make_trainer(tmp_path / "run", [CkvcCallback(str(tmp_path / "repo"))])
+    trainer.args.save_steps = 1
+    trainer.args.save_total_limit = 1
+    trainer.train()
+    assert ckvc.Repository(tmp_path / "repo").steps() == [1, 2, 3, 4, 5, 6]
+    assert not (tmp_path / "run" / ".ckvc-snapshots").exists(), "snapshots are removed at the end"

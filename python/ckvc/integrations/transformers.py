@@ -6,8 +6,12 @@
 Each ``checkpoint-N/`` directory is committed in a background thread (one
 at a time, in order) while training goes on, with the step from the
 Trainer state and the metrics of its log history (``trainer_state.json``).
-``on_train_end`` waits for every pending commit. Only the main process
-(``state.is_world_process_zero``) commits.
+``on_save`` first links the checkpoint's files into a private snapshot
+(``OUTPUT_DIR/.ckvc-snapshots/``, hard links: no copy), so the Trainer's
+own ``save_total_limit`` may delete the directory before its commit runs.
+At most one checkpoint waits behind the one being committed; a further
+``on_save`` waits for it. ``on_train_end`` waits for every pending commit.
+Only the main process (``state.is_world_process_zero``) commits.
 
 Resuming: ``repo.checkout(step, dir)`` then
 ``trainer.train(resume_from_checkpoint=dir)``; the files are byte for byte
@@ -53,7 +57,13 @@ class CkvcCallback(TrainerCallback):
         self.branch = branch
         self.errors: List[BaseException] = []
         self.committed: List[Tuple[int, str, str]] = []  # (step, commit id, dir)
-        self._queue: "queue.Queue[Optional[Tuple[str, int]]]" = queue.Queue()
+        # (checkpoint dir, its snapshot, step); one waits, one is committed.
+        self._queue: "queue.Queue[Optional[Tuple[str, str, int]]]" = queue.Queue(maxsize=1)
+        # The Trainer's best checkpoint (load_best_model_at_end): never pruned.
+        self._best: Optional[str] = None
+        # The last committed snapshot: kept until the next commit, which
+        # reads its delta bases from it.
+        self._last_snapshot: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         self._repo: Optional[Repository] = None
 
@@ -74,20 +84,29 @@ class CkvcCallback(TrainerCallback):
             try:
                 if item is None:
                     return
-                d, step = item
+                d, snap, step = item
                 try:
-                    r = _ckvc.commit_dir(self.repo_path, d, step, "", self.branch)
+                    r = _ckvc.commit_dir(self.repo_path, snap, step, "", self.branch)
                     self.committed.append((step, r["id"], d))
+                    if self._last_snapshot is not None:
+                        shutil.rmtree(self._last_snapshot, ignore_errors=True)
+                    self._last_snapshot = snap
                     if self.keep_local is not None:
                         self._prune()
                 except BaseException as e:  # noqa: BLE001 - kept, raised by wait()
+                    shutil.rmtree(snap, ignore_errors=True)
                     self.errors.append(e)
             finally:
                 self._queue.task_done()
 
     def _prune(self) -> None:
         keep = self.keep_local or 0
-        live = [(s, cid, d) for s, cid, d in self.committed if os.path.isdir(d)]
+        best = os.path.realpath(self._best) if self._best else None
+        live = [
+            (s, cid, d)
+            for s, cid, d in self.committed
+            if os.path.isdir(d) and os.path.realpath(d) != best
+        ]
         old = live[: max(len(live) - keep, 0)]
         if not old:
             return
@@ -99,10 +118,32 @@ class CkvcCallback(TrainerCallback):
                 shutil.rmtree(d)
 
     def wait(self) -> None:
-        """Wait for every pending commit; raise the first error, if any."""
+        """Wait for every pending commit; raise the error of a failed one
+        (several: an ``ExceptionGroup``). Each error is raised once."""
         self._queue.join()
-        if self.errors:
-            raise self.errors[0]
+        errors, self.errors = self.errors, []
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise BaseExceptionGroup(f"{len(errors)} checkpoint commits failed", errors)
+
+    @staticmethod
+    def _snapshot(d: str, root: str) -> str:
+        """Hard-link every file of ``d`` into a fresh directory under
+        ``root`` (copy where linking fails, e.g. across file systems). The
+        Trainer never rewrites a saved file in place, so the links keep the
+        checkpoint as it was even if the directory is deleted."""
+        snap = os.path.join(root, f"{os.path.basename(d)}-{os.getpid()}-{threading.get_ident()}")
+        shutil.rmtree(snap, ignore_errors=True)
+
+        def link(src: str, dst: str) -> None:
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+
+        shutil.copytree(d, snap, copy_function=link, symlinks=True)
+        return snap
 
     # --------------------------------------------------------- callbacks
 
@@ -110,12 +151,27 @@ class CkvcCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return control
         d = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self._best = state.best_model_checkpoint
         if os.path.isdir(d):
             self._ensure()
-            self._queue.put((d, int(state.global_step)))
+            root = os.path.join(args.output_dir, ".ckvc-snapshots")
+            os.makedirs(root, exist_ok=True)
+            snap = self._snapshot(d, root)
+            # Blocks while one checkpoint already waits: at most one behind
+            # the commit in progress, so a slow commit cannot pile them up.
+            self._queue.put((d, snap, int(state.global_step)))
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self._thread is not None:
-            self.wait()
+            try:
+                self.wait()
+            finally:
+                if self._last_snapshot is not None:
+                    shutil.rmtree(self._last_snapshot, ignore_errors=True)
+                    self._last_snapshot = None
+                try:
+                    os.rmdir(os.path.join(args.output_dir, ".ckvc-snapshots"))
+                except OSError:
+                    pass
         return control
