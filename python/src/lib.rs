@@ -185,6 +185,11 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             attr!("reason", reason.as_str());
             CorruptError::new_err(msg)
         }
+        RepoError::BadObject { what, source } => {
+            attr!("what", what.as_str());
+            attr!("reason", source.to_string());
+            CorruptError::new_err(msg)
+        }
         RepoError::Decode { what, source } => {
             attr!("what", what.as_str());
             attr!("reason", source.to_string());
