@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use ckvc::repo::{CheckoutOptions, CommitOptions, CommitReport, Config, RepoError, Repository};
-use ckvc::repo::{RevKind, SegmentShow};
+use ckvc::repo::{CorruptReason, RevKind, SegmentShow};
 use ckvc::store::{CommitId, StoreError};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -191,6 +191,11 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             attr!("reason", reason.as_str());
             CorruptError::new_err(msg)
         }
+        RepoError::BadObject { what, source } => {
+            attr!("what", what.as_str());
+            attr!("reason", source.to_string());
+            CorruptError::new_err(msg)
+        }
         RepoError::Decode { what, source } => {
             attr!("what", what.as_str());
             attr!("reason", source.to_string());
@@ -245,6 +250,7 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
         _ => CkvcError::new_err(msg),
     };
     if err.is_instance_of::<CorruptError>(py) {
+        attr!("reason_kind", CorruptReason::of(&e).kind());
         for (k, v) in [
             ("commit", ctx.commit),
             ("file", ctx.file),

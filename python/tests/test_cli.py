@@ -84,3 +84,4 @@ def test_damaged_chunk_is_a_corrupt_error_with_its_place(repo):
     assert isinstance(err, ckvc.CkvcError)
     assert err.commit == c.id and err.file == "tensors.safetensors" and err.tensor == "w"
     assert "tensor w" in err.what and err.reason
+    assert isinstance(err.reason_kind, str)

@@ -498,8 +498,12 @@ fn plan_fetch(
     let mut headers = HashMap::new();
     while let Some((c, named)) = work.pop() {
         let bytes = stage.get(Kind::Chunk, c.as_bytes())?;
-        let h = ChunkRecord::decode_header(&bytes)
-            .map_err(|r| corrupt(format!("chunk {} received from the remote", c.short(12)), r))?;
+        let h = ChunkRecord::decode_header(&bytes).map_err(|r| {
+            corrupt(
+                format!("chunk {} received from the remote", c.short(12)),
+                r.to_string(),
+            )
+        })?;
         plan.chunks.insert(c, (h.depth, h.base, named));
         headers.insert(c, h);
         if let Some(b) = h.base {

@@ -141,7 +141,7 @@ fn mark(
             continue;
         };
         let what = format!("commit {} on the remote", c.short(12));
-        let commit = Commit::decode(&bytes).map_err(|r| corrupt(&what, r))?;
+        let commit = Commit::decode(&bytes).map_err(|r| corrupt(&what, r.to_string()))?;
         commits.extend(commit.parents.iter().copied());
         if !seen_objects.insert(*commit.tree.as_bytes()) {
             continue;
@@ -149,7 +149,8 @@ fn mark(
         let Some(bytes) = read(Kind::Tree, commit.tree.as_bytes())? else {
             continue;
         };
-        let tree = Tree::decode(&bytes).map_err(|r| corrupt(format!("tree of {what}"), r))?;
+        let tree =
+            Tree::decode(&bytes).map_err(|r| corrupt(format!("tree of {what}"), r.to_string()))?;
         for (path, mid) in &tree.entries {
             if !seen_objects.insert(*mid.as_bytes()) {
                 continue;
@@ -158,7 +159,7 @@ fn mark(
                 continue;
             };
             let m = FileManifest::decode(&bytes)
-                .map_err(|r| corrupt(format!("manifest of {path} in {what}"), r))?;
+                .map_err(|r| corrupt(format!("manifest of {path} in {what}"), r.to_string()))?;
             chunks.extend(m.segments.iter().flat_map(|s| s.chunks()).copied());
         }
     }
@@ -171,8 +172,12 @@ fn mark(
         let Some(bytes) = read(Kind::Chunk, id.as_bytes())? else {
             continue;
         };
-        let h = ChunkRecord::decode_header(&bytes)
-            .map_err(|r| corrupt(format!("chunk {} on the remote", id.short(12)), r))?;
+        let h = ChunkRecord::decode_header(&bytes).map_err(|r| {
+            corrupt(
+                format!("chunk {} on the remote", id.short(12)),
+                r.to_string(),
+            )
+        })?;
         chunks.extend(h.base);
     }
     Ok(reachable)

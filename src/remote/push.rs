@@ -124,7 +124,7 @@ pub fn push(
             depth: None,
         },
     )?;
-    if let Some(e) = reach.damage.first() {
+    if let Some((_, _, e)) = reach.damage.first() {
         return Err(RemoteError::Refused {
             reason: format!("refusing to push a damaged history ({e}); run `ckvc fsck`"),
         });

@@ -111,9 +111,9 @@ impl Repository {
             if !opts.only.is_empty() && !opts.only.iter().any(|g| glob_match(g, rel)) {
                 continue;
             }
-            check_path(rel).map_err(|reason| RepoError::Corrupt {
+            check_path(rel).map_err(|e| RepoError::BadObject {
                 what: format!("tree of commit {}", commit.short(12)),
-                reason,
+                source: e.into(),
             })?;
             selected.push((rel, mid));
         }

@@ -1004,9 +1004,9 @@ fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
             } else {
                 format!("{prefix}/{name}")
             };
-            check_path(&rel).map_err(|reason| RepoError::BadInput {
+            check_path(&rel).map_err(|e| RepoError::BadInput {
                 path: path.clone(),
-                reason,
+                reason: e.to_string(),
             })?;
             let ft = e.file_type().map_err(|source| RepoError::Io {
                 path: path.clone(),

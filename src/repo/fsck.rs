@@ -14,8 +14,9 @@ use rayon::prelude::*;
 
 use crate::store::{ChunkId, CommitId, ObjectId};
 
-use super::reach::WalkOptions;
-use super::{RepoError, Repository};
+use super::objects::SegmentRef;
+use super::reach::{Reachable, WalkOptions};
+use super::{CorruptReason, ObjectRef, Place, RepoError, Repository};
 
 /// Decoded chunks of a file's previous version kept per path while
 /// verifying the next (bases of its deltas), at most this many bytes.
@@ -47,12 +48,48 @@ impl FsckReport {
 /// because of it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Damage {
-    /// The error, naming the object (and file and tensor, when known).
+    /// The error as a message, naming the object (and file and tensor,
+    /// when known).
     pub error: String,
+    /// The damaged object: a chunk (for damage found while reassembling a
+    /// file, the chunk of the file that could not be read, whose own
+    /// record or a delta base's is damaged), a manifest (also when a file
+    /// reassembles to the wrong hash), a tree or a commit.
+    pub object: ObjectRef,
+    /// Where it is used: a commit (and step), file and tensor.
+    pub place: Place,
+    /// Why it is unusable.
+    pub reason: CorruptReason,
     /// The file affected, when the damage is inside one.
     pub path: Option<String>,
     /// (commit, step) of every reachable commit containing the damage.
     pub commits: Vec<(CommitId, u64)>,
+}
+
+/// The tensor of manifest `m` that chunk `id` holds (`None`: opaque bytes,
+/// or not in `m`).
+fn tensor_of(m: &super::objects::FileManifest, id: &ChunkId) -> Option<String> {
+    m.segments.iter().find_map(|s| match s {
+        SegmentRef::Tensor { name, chunks, .. } if chunks.contains(id) => Some(name.clone()),
+        _ => None,
+    })
+}
+
+/// Where chunk `id` of file `path` (manifest `m`, first named by `commit`)
+/// is used.
+fn chunk_place(
+    reach: &Reachable,
+    id: &ChunkId,
+    commit: &CommitId,
+    path: &str,
+    m: &super::objects::FileManifest,
+) -> Place {
+    Place {
+        commit: Some(*commit),
+        step: reach.commit_info.get(commit).map(|i| i.1),
+        file: Some(path.to_string()),
+        tensor: tensor_of(m, id),
+    }
 }
 
 impl Repository {
@@ -91,9 +128,12 @@ impl Repository {
                 holders.entry(*mid).or_default().push((*c, *step));
             }
         }
-        for e in &reach.damage {
+        for (object, place, e) in &reach.damage {
             report.damage.push(Damage {
                 error: e.to_string(),
+                object: object.clone(),
+                place: place.clone(),
+                reason: CorruptReason::of(e),
                 path: None,
                 commits: Vec::new(),
             });
@@ -101,11 +141,8 @@ impl Repository {
         // Damaged chunks (headers, and with `quick` codec frame headers):
         // with `quick` reported per file that uses them; the full check
         // finds them again while reassembling files, with the tensor named.
-        let bad_chunks: HashMap<ChunkId, String> = reach
-            .chunk_damage
-            .iter()
-            .map(|(id, e)| (*id, e.to_string()))
-            .collect();
+        let bad_chunks: HashMap<ChunkId, &RepoError> =
+            reach.chunk_damage.iter().map(|(id, e)| (*id, e)).collect();
         if !quick {
             // Each path's versions in history order, so every delta's base
             // (the previous version's chunk) is usually decoded already.
@@ -144,12 +181,19 @@ impl Repository {
                         let step = reach.commit_info.get(*commit).map_or(0, |i| i.1);
                         let mut next: HashMap<ChunkId, Vec<u8>> = HashMap::new();
                         let mut kept = 0usize;
+                        let mut failed: Option<ChunkId> = None;
                         let r = self.stream_file(
                             &m,
                             path,
                             commit,
                             step,
-                            |id| self.read_chunk_cached(id, &prev),
+                            |id| {
+                                let r = self.read_chunk_cached(id, &prev);
+                                if r.is_err() {
+                                    failed = Some(*id);
+                                }
+                                r
+                            },
                             |id, raw| {
                                 if kept + raw.len() <= FSCK_CACHE_BYTES {
                                     kept += raw.len();
@@ -160,11 +204,31 @@ impl Repository {
                         );
                         match r {
                             Ok(()) => bytes += m.len,
-                            Err(e) if e.is_corruption() => damage.push(Damage {
-                                error: e.to_string(),
-                                path: Some(path.to_string()),
-                                commits: holders.get(*mid).cloned().unwrap_or_default(),
-                            }),
+                            Err(e) if e.is_corruption() => {
+                                let (object, tensor) = match failed {
+                                    Some(id) => (ObjectRef::Chunk { id }, tensor_of(&m, &id)),
+                                    None => (
+                                        ObjectRef::Manifest {
+                                            id: **mid,
+                                            path: path.to_string(),
+                                        },
+                                        None,
+                                    ),
+                                };
+                                damage.push(Damage {
+                                    error: e.to_string(),
+                                    object,
+                                    place: Place {
+                                        commit: Some(**commit),
+                                        step: Some(step),
+                                        file: Some(path.to_string()),
+                                        tensor,
+                                    },
+                                    reason: CorruptReason::of(&e),
+                                    path: Some(path.to_string()),
+                                    commits: holders.get(*mid).cloned().unwrap_or_default(),
+                                })
+                            }
                             Err(e) => return Err(e),
                         }
                         prev = next;
@@ -180,29 +244,34 @@ impl Repository {
         }
         if quick {
             // Attribute damaged chunks to the files using them.
-            let mut per_file: BTreeMap<String, (String, Vec<(CommitId, u64)>)> = BTreeMap::new();
-            for (mid, (_, path)) in &reach.manifests {
+            let mut per_file: BTreeMap<String, Damage> = BTreeMap::new();
+            for (mid, (commit, path)) in &reach.manifests {
                 let Ok(m) = self.manifest(mid, path) else {
                     continue;
                 };
                 let first_bad = m.segments.iter().flat_map(|s| s.chunks()).find_map(|c| {
-                    bad_chunks.get(c).cloned().or_else(|| {
-                        (!reach.headers.contains_key(c))
-                            .then(|| format!("chunk {} is missing", c.short(12)))
-                    })
+                    match bad_chunks.get(c) {
+                        Some(e) => Some((*c, e.to_string(), CorruptReason::of(e))),
+                        None => (!reach.headers.contains_key(c)).then(|| {
+                            let error = format!("chunk {} is missing", c.short(12));
+                            (*c, error, CorruptReason::Missing)
+                        }),
+                    }
                 });
-                if let Some(error) = first_bad {
-                    let e = per_file.entry(path.clone()).or_insert((error, Vec::new()));
-                    e.1.extend(holders.get(mid).cloned().unwrap_or_default());
+                if let Some((id, error, reason)) = first_bad {
+                    let d = per_file.entry(path.clone()).or_insert_with(|| Damage {
+                        error,
+                        object: ObjectRef::Chunk { id },
+                        place: chunk_place(&reach, &id, commit, path, &m),
+                        reason,
+                        path: Some(path.clone()),
+                        commits: Vec::new(),
+                    });
+                    d.commits
+                        .extend(holders.get(mid).cloned().unwrap_or_default());
                 }
             }
-            for (path, (error, commits)) in per_file {
-                report.damage.push(Damage {
-                    error,
-                    path: Some(path),
-                    commits,
-                });
-            }
+            report.damage.extend(per_file.into_values());
         }
         for d in &mut report.damage {
             d.commits.sort_by_key(|c| (c.1, c.0));

@@ -378,6 +378,7 @@ impl Repository {
         let first = reach
             .damage
             .first()
+            .map(|d| &d.2)
             .or_else(|| reach.chunk_damage.first().map(|(_, e)| e));
         if let Some(first) = first {
             return Err(RepoError::Damaged {

@@ -26,6 +26,7 @@ mod branch;
 mod chain;
 mod checkout;
 mod commit;
+mod damage;
 mod diff;
 mod exchange;
 mod fsck;
@@ -45,13 +46,14 @@ mod watch;
 
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
+pub use damage::{CorruptReason, ObjectRef, Place};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
 pub use exchange::{Import, ImportBase, ObjectKind};
 pub use fsck::{Damage, FsckReport};
 pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, RepoCounts};
 pub use log::LogEntry;
-pub use objects::RefLogEntry;
 use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Tree};
+pub use objects::{ObjectDecodeError, PathError, PathProblem, RefLogEntry};
 pub use progress::{NoProgress, Progress};
 pub use reach::{ChunkUse, Reachable, WalkOptions};
 pub use remotes::{tracking_ref, RemoteConfigs};
@@ -123,6 +125,14 @@ pub enum RepoError {
     Empty,
     #[error("{what} is corrupt: {reason}")]
     Corrupt { what: String, reason: String },
+    /// A stored object (chunk record, manifest, tree, commit, ref log
+    /// entry) that does not decode; `source` says why, in fields.
+    #[error("{what} is corrupt: {source}")]
+    BadObject {
+        what: String,
+        #[source]
+        source: objects::ObjectDecodeError,
+    },
     #[error("{what} is damaged: {source}")]
     Decode {
         what: String,
@@ -213,6 +223,12 @@ impl RepoError {
                 what: format!("{what} of {place}"),
                 reason,
             },
+            RepoError::BadObject { what, source } if !what.contains(place) => {
+                RepoError::BadObject {
+                    what: format!("{what} of {place}"),
+                    source,
+                }
+            }
             RepoError::Decode { what, source } => RepoError::Decode {
                 what: format!("{what} of {place}"),
                 source,
@@ -247,6 +263,7 @@ impl RepoError {
     pub fn is_corruption(&self) -> bool {
         match self {
             RepoError::Corrupt { .. }
+            | RepoError::BadObject { .. }
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
             | RepoError::Received(_)
@@ -295,6 +312,7 @@ impl RepoError {
             | RepoError::CurrentBranch { .. }
             | RepoError::Empty
             | RepoError::Corrupt { .. }
+            | RepoError::BadObject { .. }
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
             | RepoError::Received(_)

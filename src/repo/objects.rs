@@ -88,7 +88,7 @@ impl ChunkRecord {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, String> {
+    pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, ObjectDecodeError> {
         let h = Self::decode_header(bytes)?;
         Ok(ChunkRecord {
             payload: h.payload,
@@ -101,24 +101,27 @@ impl ChunkRecord {
     }
 
     /// The fields before the payload, without copying it.
-    pub fn decode_header(bytes: &[u8]) -> Result<ChunkHeader, String> {
+    pub fn decode_header(bytes: &[u8]) -> Result<ChunkHeader, ObjectDecodeError> {
         let mut r = Reader::new(bytes);
         let v = r.u8()?;
         if v != 1 && v != CHUNK_RECORD_VERSION {
-            return Err(format!(
-                "chunk record version {v}, this build reads 1 and {CHUNK_RECORD_VERSION}"
-            ));
+            return Err(ObjectDecodeError::ChunkRecordVersion { found: v });
         }
         let payload = match r.u8()? {
             0 => Payload::Codec,
             1 => Payload::Zstd,
-            p => return Err(format!("unknown chunk payload kind {p}")),
+            p => return Err(ObjectDecodeError::unknown("chunk payload kind", p)),
         };
         let raw_len = r.u64()?;
         let base = match r.u8()? {
             0 => None,
             1 => Some(ChunkId::from_bytes(r.array32()?)),
-            f => return Err(format!("bad base flag {f}")),
+            f => {
+                return Err(ObjectDecodeError::BadFlag {
+                    what: "base",
+                    found: f,
+                })
+            }
         };
         let depth = r.u16()?;
         let written = if v >= 2 { r.u64()? } else { 0 };
@@ -188,7 +191,7 @@ fn kind_code(k: FileKind) -> u8 {
     }
 }
 
-fn kind_from_code(c: u8) -> Result<FileKind, String> {
+fn kind_from_code(c: u8) -> Result<FileKind, ObjectDecodeError> {
     Ok(match c {
         0 => FileKind::Opaque,
         1 => FileKind::Safetensors,
@@ -196,7 +199,7 @@ fn kind_from_code(c: u8) -> Result<FileKind, String> {
         3 => FileKind::Npy,
         4 => FileKind::DistCp,
         5 => FileKind::TorchLegacy,
-        _ => return Err(format!("unknown file kind {c}")),
+        _ => return Err(ObjectDecodeError::unknown("file kind", c)),
     })
 }
 
@@ -241,7 +244,7 @@ impl FileManifest {
         w
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<FileManifest, String> {
+    pub fn decode(bytes: &[u8]) -> Result<FileManifest, ObjectDecodeError> {
         let mut r = Reader::new(bytes);
         r.version()?;
         let kind = kind_from_code(r.u8()?)?;
@@ -255,7 +258,8 @@ impl FileManifest {
                 0 => {
                     let name = r.string()?;
                     let code = r.u8()?;
-                    let dtype = DType::from_code(code).ok_or(format!("unknown dtype {code}"))?;
+                    let dtype =
+                        DType::from_code(code).ok_or(ObjectDecodeError::unknown("dtype", code))?;
                     let ndim = r.count(8)?;
                     let mut shape = Vec::with_capacity(ndim);
                     for _ in 0..ndim {
@@ -278,7 +282,7 @@ impl FileManifest {
                         chunks: r.ids()?,
                     }
                 }
-                t => return Err(format!("unknown segment type {t}")),
+                t => return Err(ObjectDecodeError::unknown("segment type", t)),
             });
         }
         r.end()?;
@@ -286,9 +290,12 @@ impl FileManifest {
         let total = segments
             .iter()
             .try_fold(0u64, |t, s| t.checked_add(s.len()))
-            .ok_or("segment lengths overflow")?;
+            .ok_or(ObjectDecodeError::SegmentsOverflow)?;
         if total != len {
-            return Err(format!("segments cover {total} bytes of a {len}-byte file"));
+            return Err(ObjectDecodeError::SegmentsCover {
+                covered: total,
+                len,
+            });
         }
         Ok(FileManifest {
             kind,
@@ -318,7 +325,7 @@ impl Tree {
         w
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Tree, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Tree, ObjectDecodeError> {
         let mut r = Reader::new(bytes);
         r.version()?;
         let n = r.count(33)?;
@@ -330,7 +337,7 @@ impl Tree {
         }
         r.end()?;
         if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
-            return Err("tree paths are not sorted and unique".into());
+            return Err(ObjectDecodeError::TreeUnsorted);
         }
         Ok(Tree { entries })
     }
@@ -340,20 +347,106 @@ impl Tree {
 /// `..` components, so it can never escape the checkout directory; and no
 /// `.ckvc` component, so a checkout can never write into a repository's
 /// own data (a crafted tree fetched from a remote included).
-pub fn check_path(p: &str) -> Result<(), String> {
-    if p.is_empty() || p.starts_with('/') || p.contains('\\') || p.contains('\0') {
-        return Err(format!("path {p:?} is not a relative path"));
+pub fn check_path(p: &str) -> Result<(), PathError> {
+    let problem = if p.is_empty() || p.starts_with('/') || p.contains('\\') || p.contains('\0') {
+        PathProblem::NotRelative
+    } else if p.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        PathProblem::BadComponent
+    } else if p.split('/').any(|c| c == super::DOT_DIR) {
+        PathProblem::InDotDir
+    } else {
+        return Ok(());
+    };
+    Err(PathError {
+        path: p.to_string(),
+        problem,
+    })
+}
+
+/// A path [`check_path`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[error("path {path:?} {problem}")]
+pub struct PathError {
+    pub path: String,
+    pub problem: PathProblem,
+}
+
+/// What is wrong with a [`PathError`]'s path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PathProblem {
+    /// Empty, absolute, or holding `\\` or NUL.
+    NotRelative,
+    /// An empty, `.` or `..` component.
+    BadComponent,
+    /// A `.ckvc` component.
+    InDotDir,
+}
+
+impl std::fmt::Display for PathProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PathProblem::NotRelative => f.write_str("is not a relative path"),
+            PathProblem::BadComponent => f.write_str("has an empty, '.' or '..' component"),
+            PathProblem::InDotDir => write!(
+                f,
+                "lies in a {} directory, which holds a repository's own data",
+                super::DOT_DIR
+            ),
+        }
     }
-    if p.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-        return Err(format!("path {p:?} has an empty, '.' or '..' component"));
+}
+
+/// Why an encoded object (chunk record, manifest, tree, commit, ref log
+/// entry) does not decode: fields, so a caller can tell one cause from
+/// another without reading the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ObjectDecodeError {
+    /// The bytes end at `offset` with `need` more wanted.
+    #[error("truncated at byte {offset} (need {need} more)")]
+    Truncated { offset: usize, need: usize },
+    #[error("chunk record version {found}, this build reads 1 and {CHUNK_RECORD_VERSION}")]
+    ChunkRecordVersion { found: u8 },
+    #[error("object version {found}, this build reads {OBJECT_VERSION}")]
+    ObjectVersion { found: u8 },
+    /// A code (`what`: "file kind", "dtype", ...) this build does not know.
+    #[error("unknown {what} {found}")]
+    Unknown { what: &'static str, found: u64 },
+    /// A flag byte (`what`: "base", "provenance", ...) that is neither 0 nor 1.
+    #[error("bad {what} flag {found}")]
+    BadFlag { what: &'static str, found: u8 },
+    #[error("varint longer than 10 bytes")]
+    VarintTooLong,
+    /// A count of items that cannot fit in the `left` bytes remaining.
+    #[error("count {count} exceeds the {left} bytes left")]
+    CountTooLarge { count: u64, left: u64 },
+    #[error("string is not UTF-8")]
+    NotUtf8,
+    #[error("{count} trailing bytes")]
+    TrailingBytes { count: usize },
+    #[error("segment lengths overflow")]
+    SegmentsOverflow,
+    /// A manifest's segments do not add up to its file length.
+    #[error("segments cover {covered} bytes of a {len}-byte file")]
+    SegmentsCover { covered: u64, len: u64 },
+    #[error("tree paths are not sorted and unique")]
+    TreeUnsorted,
+    #[error("commit metrics are not a JSON object")]
+    MetricsNotObject,
+    #[error(transparent)]
+    Path(#[from] PathError),
+}
+
+impl ObjectDecodeError {
+    fn unknown(what: &'static str, found: u8) -> ObjectDecodeError {
+        ObjectDecodeError::Unknown {
+            what,
+            found: found.into(),
+        }
     }
-    if p.split('/').any(|c| c == super::DOT_DIR) {
-        return Err(format!(
-            "path {p:?} lies in a {} directory, which holds a repository's own data",
-            super::DOT_DIR
-        ));
-    }
-    Ok(())
 }
 
 /// A checkpoint in the history.
@@ -433,7 +526,7 @@ impl Commit {
         w
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Commit, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Commit, ObjectDecodeError> {
         let mut r = Reader::new(bytes);
         r.version()?;
         let tree = ObjectId::from_bytes(r.array32()?);
@@ -448,7 +541,7 @@ impl Commit {
         let message = r.string()?;
         let metrics = match serde_json::from_str(&r.string()?) {
             Ok(serde_json::Value::Object(m)) => m,
-            _ => return Err("commit metrics are not a JSON object".into()),
+            _ => return Err(ObjectDecodeError::MetricsNotObject),
         };
         let mut v = [0u64; 5];
         for x in v.iter_mut() {
@@ -464,10 +557,20 @@ impl Commit {
                 dirty: match r.u8()? {
                     0 => false,
                     1 => true,
-                    d => return Err(format!("bad dirty flag {d}")),
+                    d => {
+                        return Err(ObjectDecodeError::BadFlag {
+                            what: "dirty",
+                            found: d,
+                        })
+                    }
                 },
             }),
-            f => return Err(format!("bad provenance flag {f}")),
+            f => {
+                return Err(ObjectDecodeError::BadFlag {
+                    what: "provenance",
+                    found: f,
+                })
+            }
         };
         r.end()?;
         Ok(Commit {
@@ -521,35 +624,38 @@ impl<'a> Reader<'a> {
     fn new(b: &'a [u8]) -> Self {
         Reader { b, p: 0 }
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ObjectDecodeError> {
         let end = self.p.checked_add(n).filter(|&e| e <= self.b.len());
-        let end = end.ok_or_else(|| format!("truncated at byte {} (need {n} more)", self.p))?;
+        let end = end.ok_or(ObjectDecodeError::Truncated {
+            offset: self.p,
+            need: n,
+        })?;
         let s = &self.b[self.p..end];
         self.p = end;
         Ok(s)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> Result<u8, ObjectDecodeError> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> Result<u16, String> {
+    fn u16(&mut self) -> Result<u16, ObjectDecodeError> {
         Ok(u16::from_le_bytes(
             self.take(2)?.try_into().expect("2 bytes"),
         ))
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, ObjectDecodeError> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, ObjectDecodeError> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
-    fn array32(&mut self) -> Result<[u8; 32], String> {
+    fn array32(&mut self) -> Result<[u8; 32], ObjectDecodeError> {
         Ok(self.take(32)?.try_into().expect("32 bytes"))
     }
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> Result<u64, ObjectDecodeError> {
         let mut v = 0u64;
         for i in 0..10 {
             let b = self.u8()?;
@@ -558,41 +664,41 @@ impl<'a> Reader<'a> {
                 return Ok(v);
             }
         }
-        Err("varint longer than 10 bytes".into())
+        Err(ObjectDecodeError::VarintTooLong)
     }
     /// A count of items of at least `min_size` bytes each: bounded by what
     /// is left, so a corrupt count cannot make us allocate.
-    fn count(&mut self, min_size: usize) -> Result<usize, String> {
+    fn count(&mut self, min_size: usize) -> Result<usize, ObjectDecodeError> {
         let n = self.varint()?;
         let left = (self.b.len() - self.p) as u64;
         if n.saturating_mul(min_size.max(1) as u64) > left {
-            return Err(format!("count {n} exceeds the {left} bytes left"));
+            return Err(ObjectDecodeError::CountTooLarge { count: n, left });
         }
         Ok(n as usize)
     }
-    fn string(&mut self) -> Result<String, String> {
+    fn string(&mut self) -> Result<String, ObjectDecodeError> {
         let n = self.count(1)?;
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "string is not UTF-8".to_string())
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| ObjectDecodeError::NotUtf8)
     }
-    fn ids(&mut self) -> Result<Vec<ChunkId>, String> {
+    fn ids(&mut self) -> Result<Vec<ChunkId>, ObjectDecodeError> {
         let n = self.count(32)?;
         (0..n)
             .map(|_| Ok(ChunkId::from_bytes(self.array32()?)))
             .collect()
     }
-    fn version(&mut self) -> Result<(), String> {
+    fn version(&mut self) -> Result<(), ObjectDecodeError> {
         match self.u8()? {
             OBJECT_VERSION => Ok(()),
-            v => Err(format!(
-                "object version {v}, this build reads {OBJECT_VERSION}"
-            )),
+            v => Err(ObjectDecodeError::ObjectVersion { found: v }),
         }
     }
-    fn end(&self) -> Result<(), String> {
+    fn end(&self) -> Result<(), ObjectDecodeError> {
         if self.p == self.b.len() {
             Ok(())
         } else {
-            Err(format!("{} trailing bytes", self.b.len() - self.p))
+            Err(ObjectDecodeError::TrailingBytes {
+                count: self.b.len() - self.p,
+            })
         }
     }
 }
@@ -631,7 +737,7 @@ impl RefLogEntry {
         w
     }
 
-    pub fn decode(refname: &str, bytes: &[u8]) -> Result<RefLogEntry, String> {
+    pub fn decode(refname: &str, bytes: &[u8]) -> Result<RefLogEntry, ObjectDecodeError> {
         let mut r = Reader::new(bytes);
         r.version()?;
         let mut ids = [None, None];
@@ -639,7 +745,12 @@ impl RefLogEntry {
             *id = match r.u8()? {
                 0 => None,
                 1 => Some(CommitId::from_bytes(r.array32()?)),
-                f => return Err(format!("bad id flag {f}")),
+                f => {
+                    return Err(ObjectDecodeError::BadFlag {
+                        what: "id",
+                        found: f,
+                    })
+                }
             };
         }
         let time = r.u64()?;
@@ -657,9 +768,9 @@ impl RefLogEntry {
 }
 
 /// Map a decode failure of an object to the repository error.
-pub fn corrupt(what: impl Into<String>) -> impl FnOnce(String) -> RepoError {
+pub fn corrupt(what: impl Into<String>) -> impl FnOnce(ObjectDecodeError) -> RepoError {
     let what = what.into();
-    move |reason| RepoError::Corrupt { what, reason }
+    move |source| RepoError::BadObject { what, source }
 }
 
 #[cfg(test)]

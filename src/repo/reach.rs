@@ -15,7 +15,7 @@ use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::chain::base_chain;
 use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, Payload, SegmentRef};
-use super::{RepoError, Repository};
+use super::{ObjectRef, Place, RepoError, Repository};
 
 /// Where a chunk is used: the first file and tensor found naming it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,8 +45,9 @@ pub struct Reachable {
     /// Chunk headers of `chunks` and of all their delta bases (filled by
     /// [`Repository::reachable`] when asked for chunk headers).
     pub headers: HashMap<ChunkId, ChunkHeader>,
-    /// Commits, trees and manifests that could not be read, in the order found.
-    pub damage: Vec<RepoError>,
+    /// Commits, trees and manifests that could not be read, in the order
+    /// found: the object, the commit (and file) naming it, the error.
+    pub damage: Vec<(ObjectRef, Place, RepoError)>,
     /// Chunks (named or bases) whose record could not be read or is
     /// malformed, with the error naming where they are used.
     pub chunk_damage: Vec<(ChunkId, RepoError)>,
@@ -108,7 +109,11 @@ impl Repository {
             let commit = match stored {
                 Ok(c) => c,
                 Err(e) if e.is_corruption() => {
-                    r.damage.push(e);
+                    let place = Place {
+                        commit: Some(id),
+                        ..Place::default()
+                    };
+                    r.damage.push((ObjectRef::Commit { id }, place, e));
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -129,7 +134,13 @@ impl Repository {
             let tree = match self.tree(&commit.tree) {
                 Ok(t) => t,
                 Err(e) if e.is_corruption() => {
-                    r.damage.push(e.within(&place));
+                    let at = Place {
+                        commit: Some(id),
+                        step: Some(commit.step),
+                        ..Place::default()
+                    };
+                    let tree = ObjectRef::Tree { id: commit.tree };
+                    r.damage.push((tree, at, e.within(&place)));
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -143,7 +154,17 @@ impl Repository {
                 let m = match self.manifest(&mid, &path) {
                     Ok(m) => m,
                     Err(e) if e.is_corruption() => {
-                        r.damage.push(e.within(&place));
+                        let at = Place {
+                            commit: Some(id),
+                            step: Some(commit.step),
+                            file: Some(path.clone()),
+                            tensor: None,
+                        };
+                        let m = ObjectRef::Manifest {
+                            id: mid,
+                            path: path.clone(),
+                        };
+                        r.damage.push((m, at, e.within(&place)));
                         continue;
                     }
                     Err(e) => return Err(e),

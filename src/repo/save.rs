@@ -40,9 +40,9 @@ impl Repository {
         })?;
         let mut seen = HashSet::new();
         for (rel, _) in files {
-            check_path(rel).map_err(|reason| RepoError::BadInput {
+            check_path(rel).map_err(|e| RepoError::BadInput {
                 path: PathBuf::from(rel),
-                reason,
+                reason: e.to_string(),
             })?;
             if !seen.insert(*rel) {
                 return Err(RepoError::BadInput {

@@ -8,7 +8,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ckvc::repo::objects::SegmentRef;
-use ckvc::repo::{CheckoutOptions, CommitOptions, Config, GcOptions, KeepPolicy, Repository};
+use ckvc::repo::{
+    CheckoutOptions, CommitOptions, Config, CorruptReason, GcOptions, KeepPolicy,
+    ObjectDecodeError, ObjectRef, Place, Repository,
+};
 use ckvc::store::{Batch, ChunkId, CommitId, MemStore, Space, Store, StoreExt};
 
 use super::{run_ckvc, same_tree, steps, Instrumented};
@@ -268,6 +271,89 @@ fn damaged_chunks_are_found_named_and_checkout_falls_back_to_an_intact_step() {
     let (code, stdout2, _) = run_ckvc(tmp.path(), &["fsck"]);
     assert_eq!(code, Some(3));
     assert_eq!(stdout, stdout2);
+}
+
+#[test]
+fn fsck_names_the_damaged_chunk_its_file_tensor_and_commit_as_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let ids = commit_all(&repo);
+    let (step, newest, _) = &ids[10];
+    let (tensor, chunk) = tensor_chunks(&repo, newest, "model.safetensors")[0].clone();
+    let mut rec = repo
+        .store()
+        .get_vec(Space::Chunks, chunk.as_bytes())
+        .unwrap()
+        .unwrap();
+    let n = rec.len();
+    rec[n - 100] ^= 0x40;
+    let mut b = Batch::new();
+    b.put(Space::Chunks, chunk.as_bytes(), rec.clone());
+    repo.store().write(b).unwrap();
+
+    let f = repo.fsck(false).unwrap();
+    assert_eq!(f.damage.len(), 1, "{:?}", f.damage);
+    let d = &f.damage[0];
+    assert_eq!(d.object, ObjectRef::Chunk { id: chunk });
+    assert_eq!(
+        d.place,
+        Place {
+            commit: Some(*newest),
+            step: Some(*step),
+            file: Some("model.safetensors".into()),
+            tensor: Some(tensor.clone()),
+        }
+    );
+    // A flipped payload byte: the codec refuses the frame, or it decodes
+    // to bytes that do not hash to the chunk id.
+    assert!(
+        matches!(
+            d.reason,
+            CorruptReason::Codec { .. } | CorruptReason::Inconsistent { .. }
+        ),
+        "{:?}",
+        d.reason
+    );
+
+    // A record that no longer decodes: the reason carries the decoder's
+    // typed error, in the quick check too.
+    let mut b = Batch::new();
+    b.put(Space::Chunks, chunk.as_bytes(), vec![9u8; 3]);
+    repo.store().write(b).unwrap();
+    let f = repo.fsck(true).unwrap();
+    assert_eq!(f.damage.len(), 1, "{:?}", f.damage);
+    let d = &f.damage[0];
+    assert_eq!(d.object, ObjectRef::Chunk { id: chunk });
+    assert_eq!(d.place.file.as_deref(), Some("model.safetensors"));
+    assert_eq!(d.place.tensor.as_deref(), Some(tensor.as_str()));
+    assert_eq!(
+        d.reason,
+        CorruptReason::BadEncoding {
+            error: ObjectDecodeError::ChunkRecordVersion { found: 9 }
+        }
+    );
+    let mut b = Batch::new();
+    b.put(Space::Chunks, chunk.as_bytes(), rec);
+    repo.store().write(b).unwrap();
+    drop(repo);
+
+    // `fsck --json`: the chunk id (hex) and the file as fields, the
+    // message beside them.
+    let (code, stdout, err) = run_ckvc(tmp.path(), &["fsck", "--json"]);
+    assert_eq!(code, Some(3), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let d = &v["damage"][0];
+    assert_eq!(d["object"]["kind"], "chunk");
+    assert_eq!(d["object"]["id"], chunk.to_string());
+    assert_eq!(d["place"]["file"], "model.safetensors");
+    assert_eq!(d["place"]["tensor"], tensor.as_str());
+    assert_eq!(d["place"]["commit"], newest.to_string());
+    assert_eq!(d["place"]["step"], *step);
+    assert!(
+        ["codec", "inconsistent"].contains(&d["reason"]["kind"].as_str().unwrap()),
+        "{d}"
+    );
+    assert!(d["error"].as_str().unwrap().contains(&tensor), "{d}");
 }
 
 #[test]
