@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use ckvc::repo::{CheckoutOptions, CommitOptions, CommitReport, Config, RepoError, Repository};
-use ckvc::repo::{CorruptReason, RevKind, SegmentShow};
+use ckvc::repo::{CorruptReason, ObjectRef, RevKind, SegmentShow};
 use ckvc::store::{CommitId, StoreError};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -233,6 +233,26 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             attr!("head_step", *head_step);
             StepOrderError::new_err(msg)
         }
+        // Damage met reading a commit's file: where, as typed fields.
+        RepoError::At {
+            object,
+            place,
+            source,
+            ..
+        } => {
+            let (what, reason) = e
+                .damage_text()
+                .unwrap_or_else(|| (source.to_string(), msg.clone()));
+            attr!("what", what);
+            attr!("reason", reason);
+            if let ObjectRef::Chunk { id } = &**object {
+                attr!("chunk", id.to_string());
+            }
+            if let Some(step) = place.step {
+                attr!("step", step);
+            }
+            CorruptError::new_err(msg)
+        }
         // Damaged data a fetch or clone received: nothing was written, the
         // remote's copy is what is corrupt.
         RepoError::Received(inner) => {
@@ -251,11 +271,22 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
     };
     if err.is_instance_of::<CorruptError>(py) {
         attr!("reason_kind", CorruptReason::of(&e).kind());
-        for (k, v) in [
-            ("commit", ctx.commit),
-            ("file", ctx.file),
-            ("tensor", ctx.tensor),
+        // Where: from the error's own fields when it has them, else from
+        // what the call was about.
+        let (commit, file, tensor) = match &e {
+            RepoError::At { place, .. } => (
+                place.commit.map(|c| c.to_string()),
+                place.file.clone(),
+                place.tensor.clone(),
+            ),
+            _ => (None, None, None),
+        };
+        for (k, typed, v) in [
+            ("commit", commit, ctx.commit),
+            ("file", file, ctx.file),
+            ("tensor", tensor, ctx.tensor),
         ] {
+            let v = typed.or_else(|| v.map(str::to_string));
             attrs.push((k, v.and_then(|v| obj(py, v)).unwrap_or_else(|| py.None())));
         }
     }

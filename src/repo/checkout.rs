@@ -478,11 +478,21 @@ impl Repository {
             let mut written = 0u64;
             for id in seg.chunks() {
                 let raw = read(id).map_err(|e| {
-                    e.within(&format!(
+                    let text = format!(
                         "{} in {rel} (commit {}, step {step})",
                         seg_name(seg),
                         commit.short(12),
-                    ))
+                    );
+                    let place = super::Place {
+                        commit: Some(*commit),
+                        step: Some(step),
+                        file: Some(rel.to_string()),
+                        tensor: match seg {
+                            SegmentRef::Tensor { name, .. } => Some(name.clone()),
+                            SegmentRef::Opaque { .. } => None,
+                        },
+                    };
+                    e.at(super::ObjectRef::Chunk { id: *id }, place, text)
                 })?;
                 hasher.update(&raw);
                 written += raw.len() as u64;

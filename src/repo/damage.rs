@@ -88,6 +88,7 @@ impl CorruptReason {
                 message: s.to_string(),
             },
             RepoError::Received(inner) => CorruptReason::of(inner),
+            RepoError::At { source, .. } => CorruptReason::of(source),
             e => CorruptReason::Inconsistent {
                 message: e.to_string(),
             },

@@ -133,6 +133,19 @@ pub enum RepoError {
         #[source]
         source: objects::ObjectDecodeError,
     },
+    /// Damage met reading one chunk of a commit's file (checkout, read),
+    /// with where as fields: `object` is the chunk whose read failed (the
+    /// damage may be in one of its delta bases), `place` its commit, step,
+    /// file and tensor; `source` the damage itself. The message is the
+    /// same as the damage's, with the place named in it.
+    #[error("{}", describe_at(source, text))]
+    At {
+        object: Box<ObjectRef>,
+        place: Box<Place>,
+        /// The place as the message names it.
+        text: String,
+        source: Box<RepoError>,
+    },
     #[error("{what} is damaged: {source}")]
     Decode {
         what: String,
@@ -213,7 +226,90 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// The message of `e` with `place` named in it, as [`RepoError::within`]
+/// would put it.
+fn describe_at(e: &RepoError, place: &str) -> String {
+    placed(e, place).map_or_else(|| e.to_string(), |p| p.to_string())
+}
+
+/// Damage `e` with `place` named in its `what`, as [`RepoError::within`]
+/// would put it (`None` for errors that are not damage).
+fn placed(e: &RepoError, place: &str) -> Option<RepoError> {
+    let copy = match e {
+        RepoError::Corrupt { what, reason } => RepoError::Corrupt {
+            what: what.clone(),
+            reason: reason.clone(),
+        },
+        RepoError::BadObject { what, source } => RepoError::BadObject {
+            what: what.clone(),
+            source: source.clone(),
+        },
+        RepoError::Decode { what, source } => RepoError::Decode {
+            what: what.clone(),
+            source: source.clone(),
+        },
+        RepoError::Missing { what } => RepoError::Missing { what: what.clone() },
+        RepoError::Store(StoreError::Corrupt {
+            space,
+            key_hex,
+            reason,
+        }) => RepoError::Store(StoreError::Corrupt {
+            space: *space,
+            key_hex: key_hex.clone(),
+            reason: reason.clone(),
+        }),
+        _ => return None,
+    };
+    Some(copy.within(place))
+}
+
 impl RepoError {
+    /// Damage met reading chunk `object` at `place`: a [`RepoError::At`]
+    /// carrying both as fields (`text` is how the message names the
+    /// place). Errors that are not damage pass through unchanged, and so
+    /// does damage already placed (the innermost place is the precise one).
+    pub fn at(self, object: ObjectRef, place: Place, text: String) -> RepoError {
+        let damage = matches!(
+            self,
+            RepoError::Corrupt { .. }
+                | RepoError::BadObject { .. }
+                | RepoError::Decode { .. }
+                | RepoError::Missing { .. }
+                | RepoError::Store(StoreError::Corrupt { .. })
+        );
+        if !damage {
+            return self;
+        }
+        RepoError::At {
+            object: Box::new(object),
+            place: Box::new(place),
+            text,
+            source: Box::new(self),
+        }
+    }
+
+    /// For damage: what is damaged, as the message names it (`chunk
+    /// 3632c89a351f of tensor w in model.safetensors (commit ..., step 1)`),
+    /// and why, as text; `None` for other errors. The typed fields are in
+    /// [`RepoError::At`] and [`CorruptReason::of`].
+    pub fn damage_text(&self) -> Option<(String, String)> {
+        let e = match self {
+            RepoError::At { text, source, .. } => placed(source, text)?,
+            RepoError::Received(inner) => return inner.damage_text(),
+            e => placed(e, "")?,
+        };
+        let strip = |w: &str| w.strip_suffix(" of ").unwrap_or(w).to_string();
+        match e {
+            RepoError::Corrupt { what, reason } => Some((strip(&what), reason)),
+            RepoError::BadObject { what, source } => Some((strip(&what), source.to_string())),
+            RepoError::Decode { what, source } => Some((strip(&what), source.to_string())),
+            RepoError::Missing { what } => {
+                Some((strip(&what), "missing from the store".to_string()))
+            }
+            _ => None,
+        }
+    }
+
     /// Name where damaged data sits: `what` becomes "`what` of `place`" for
     /// corruption errors (once: a place already named is not repeated);
     /// other errors pass through unchanged.
@@ -267,6 +363,7 @@ impl RepoError {
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
             | RepoError::Received(_)
+            | RepoError::At { .. }
             | RepoError::Damaged { .. } => true,
             RepoError::Store(e) => e.is_corruption(),
             RepoError::NotARepository { .. }
@@ -316,6 +413,7 @@ impl RepoError {
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
             | RepoError::Received(_)
+            | RepoError::At { .. }
             | RepoError::Damaged { .. }
             | RepoError::MissingMetric { .. }
             | RepoError::StepOrder { .. } => false,

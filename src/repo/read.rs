@@ -112,8 +112,16 @@ impl Repository {
                 .par_iter()
                 .map(|id| (*id, self.read_chunk(id)))
                 .collect();
-            for (_, raw) in decoded {
-                let raw = raw.map_err(|e| e.within(&place()))?;
+            for (id, raw) in decoded {
+                let raw = raw.map_err(|e| {
+                    let at = super::Place {
+                        commit: Some(*commit),
+                        step: Some(step),
+                        file: Some(path.to_string()),
+                        tensor: Some(tensor.to_string()),
+                    };
+                    e.at(super::ObjectRef::Chunk { id }, at, place())
+                })?;
                 let end = at
                     .checked_add(raw.len())
                     .filter(|&e| e <= out.len())

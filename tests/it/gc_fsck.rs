@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ckvc::repo::objects::SegmentRef;
 use ckvc::repo::{
     CheckoutOptions, CommitOptions, Config, CorruptReason, GcOptions, KeepPolicy,
-    ObjectDecodeError, ObjectRef, Place, Repository,
+    ObjectDecodeError, ObjectRef, Place, RepoError, Repository,
 };
 use ckvc::store::{Batch, ChunkId, CommitId, MemStore, Space, Store, StoreExt};
 
@@ -567,4 +567,63 @@ fn a_delta_cycle_or_an_endless_chain_is_an_error_not_a_hang() {
     let e = repo.read_chunk(&a).unwrap_err();
     assert!(e.is_corruption(), "{e}");
     assert!(e.to_string().contains("delta chain"), "{e}");
+}
+
+/// Issue 15 item 5: a checkout or a tensor read that meets a damaged chunk
+/// says which chunk of which file and tensor of which commit, as fields
+/// (`RepoError::At`), with the same message as before.
+#[test]
+fn checkout_and_read_name_the_damaged_chunk_file_tensor_and_commit_as_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let ids = commit_all(&repo);
+    let (step, newest, _) = &ids[10];
+    let (tensor, chunk) = tensor_chunks(&repo, newest, "model.safetensors")[0].clone();
+    let mut b = Batch::new();
+    b.put(Space::Chunks, chunk.as_bytes(), vec![9u8; 3]);
+    repo.store().write(b).unwrap();
+    let want = Place {
+        commit: Some(*newest),
+        step: Some(*step),
+        file: Some("model.safetensors".into()),
+        tensor: Some(tensor.clone()),
+    };
+    let placed = |e: RepoError| match e {
+        RepoError::At {
+            object,
+            place,
+            source,
+            ..
+        } => {
+            assert_eq!(*object, ObjectRef::Chunk { id: chunk });
+            assert_eq!(*place, want);
+            assert!(matches!(*source, RepoError::BadObject { .. }), "{source:?}");
+        }
+        e => panic!("not placed: {e:?}"),
+    };
+
+    let e = repo
+        .checkout(newest, &tmp.path().join("out"), &Default::default())
+        .unwrap_err();
+    assert!(e.is_corruption());
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!("tensor {tensor} in model.safetensors"))
+            && msg.contains("is corrupt"),
+        "{msg}"
+    );
+    placed(e);
+
+    let files = repo.list_files(newest).unwrap();
+    let len = files
+        .iter()
+        .find(|f| f.path == "model.safetensors")
+        .and_then(|f| f.tensors().find(|t| t.name == tensor).map(|t| t.bytes))
+        .unwrap();
+    let mut out = vec![0u8; len as usize];
+    let e = repo
+        .read_tensor_into(newest, "model.safetensors", &tensor, &mut out)
+        .unwrap_err();
+    assert_eq!(CorruptReason::of(&e).kind(), "bad_encoding");
+    placed(e);
 }
