@@ -44,6 +44,7 @@ mod show;
 mod status;
 mod watch;
 
+pub use crate::store::ErrorClass;
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
 pub use damage::{CorruptReason, ObjectRef, Place};
@@ -354,9 +355,9 @@ impl RepoError {
         }
     }
 
-    /// True for damaged or missing stored data (as opposed to user error).
-    /// Every variant is listed: a new one must be classified here.
-    pub fn is_corruption(&self) -> bool {
+    /// The kind of failure; every variant is listed, so a new one must be
+    /// classified here.
+    pub fn class(&self) -> ErrorClass {
         match self {
             RepoError::Corrupt { .. }
             | RepoError::BadObject { .. }
@@ -364,8 +365,8 @@ impl RepoError {
             | RepoError::Missing { .. }
             | RepoError::Received(_)
             | RepoError::At { .. }
-            | RepoError::Damaged { .. } => true,
-            RepoError::Store(e) => e.is_corruption(),
+            | RepoError::Damaged { .. } => ErrorClass::Corruption,
+            RepoError::Store(e) => e.class(),
             RepoError::NotARepository { .. }
             | RepoError::AlreadyExists { .. }
             | RepoError::Format { .. }
@@ -383,41 +384,19 @@ impl RepoError {
             | RepoError::CurrentBranch { .. }
             | RepoError::Empty
             | RepoError::MissingMetric { .. }
-            | RepoError::StepOrder { .. } => false,
+            | RepoError::StepOrder { .. } => ErrorClass::Other,
         }
     }
 
+    /// True for damaged or missing stored data (as opposed to user error).
+    pub fn is_corruption(&self) -> bool {
+        self.class() == ErrorClass::Corruption
+    }
+
     /// True when another ckvc process holds or rewrites the repository: the
-    /// command may succeed when run again. Every variant is listed.
+    /// command may succeed when run again.
     pub fn is_busy(&self) -> bool {
-        match self {
-            RepoError::Store(e) => e.is_busy(),
-            RepoError::NotARepository { .. }
-            | RepoError::AlreadyExists { .. }
-            | RepoError::Format { .. }
-            | RepoError::Io { .. }
-            | RepoError::BadInput { .. }
-            | RepoError::Encode { .. }
-            | RepoError::NoStep { .. }
-            | RepoError::UnknownRevision { .. }
-            | RepoError::AmbiguousRevision { .. }
-            | RepoError::OutputNotEmpty { .. }
-            | RepoError::BranchExists { .. }
-            | RepoError::NoSuchBranch { .. }
-            | RepoError::TagExists { .. }
-            | RepoError::InvalidBranchName { .. }
-            | RepoError::CurrentBranch { .. }
-            | RepoError::Empty
-            | RepoError::Corrupt { .. }
-            | RepoError::BadObject { .. }
-            | RepoError::Decode { .. }
-            | RepoError::Missing { .. }
-            | RepoError::Received(_)
-            | RepoError::At { .. }
-            | RepoError::Damaged { .. }
-            | RepoError::MissingMetric { .. }
-            | RepoError::StepOrder { .. } => false,
-        }
+        self.class() == ErrorClass::Busy
     }
 }
 

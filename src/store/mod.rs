@@ -144,39 +144,45 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// What kind of failure an error is, for callers that act on it (exit
+/// codes, retries, exception classes): each error type classifies every
+/// variant once, in its `class()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Stored data is damaged or missing.
+    Corruption,
+    /// Another process holds or rewrites the store: running again may work.
+    Busy,
+    /// Anything else (bad input, I/O, a full disk, ...).
+    Other,
+}
+
 impl StoreError {
-    /// True for damaged stored data (as opposed to a busy or full store).
-    pub fn is_corruption(&self) -> bool {
+    /// The kind of failure; every variant is listed.
+    pub fn class(&self) -> ErrorClass {
         match self {
             StoreError::Corrupt { .. }
             | StoreError::MissingCurrent { .. }
-            | StoreError::Damaged { .. } => true,
-            StoreError::Locked { .. }
-            | StoreError::NotFound { .. }
+            | StoreError::Damaged { .. } => ErrorClass::Corruption,
+            StoreError::Locked { .. } | StoreError::Rewritten => ErrorClass::Busy,
+            StoreError::NotFound { .. }
             | StoreError::Io { .. }
             | StoreError::Full { .. }
-            | StoreError::Rewritten
             | StoreError::ReadOnly
             | StoreError::Conflict { .. }
-            | StoreError::Backend(_) => false,
+            | StoreError::Backend(_) => ErrorClass::Other,
         }
+    }
+
+    /// True for damaged stored data (as opposed to a busy or full store).
+    pub fn is_corruption(&self) -> bool {
+        self.class() == ErrorClass::Corruption
     }
 
     /// True when another process holds the store or rewrites it under a
     /// reader: the operation may succeed when run again.
     pub fn is_busy(&self) -> bool {
-        match self {
-            StoreError::Locked { .. } | StoreError::Rewritten => true,
-            StoreError::NotFound { .. }
-            | StoreError::MissingCurrent { .. }
-            | StoreError::Damaged { .. }
-            | StoreError::Full { .. }
-            | StoreError::Io { .. }
-            | StoreError::Corrupt { .. }
-            | StoreError::ReadOnly
-            | StoreError::Conflict { .. }
-            | StoreError::Backend(_) => false,
-        }
+        self.class() == ErrorClass::Busy
     }
 }
 
