@@ -289,24 +289,20 @@ impl RepoError {
         }
     }
 
-    /// For damage: what is damaged, as the message names it (`chunk
-    /// 3632c89a351f of tensor w in model.safetensors (commit ..., step 1)`),
-    /// and why, as text; `None` for other errors. The typed fields are in
-    /// [`RepoError::At`] and [`CorruptReason::of`].
+    /// For damage met at a place ([`RepoError::At`]): what is damaged, as
+    /// the message names it (`chunk 3632c89a351f of tensor w in
+    /// model.safetensors (commit ..., step 1)`), and why, as text; `None`
+    /// for other errors. The typed fields are in [`RepoError::At`] and
+    /// [`CorruptReason::of`].
     pub fn damage_text(&self) -> Option<(String, String)> {
-        let e = match self {
-            RepoError::At { text, source, .. } => placed(source, text)?,
-            RepoError::Received(inner) => return inner.damage_text(),
-            e => placed(e, "")?,
+        let RepoError::At { text, source, .. } = self else {
+            return None;
         };
-        let strip = |w: &str| w.strip_suffix(" of ").unwrap_or(w).to_string();
-        match e {
-            RepoError::Corrupt { what, reason } => Some((strip(&what), reason)),
-            RepoError::BadObject { what, source } => Some((strip(&what), source.to_string())),
-            RepoError::Decode { what, source } => Some((strip(&what), source.to_string())),
-            RepoError::Missing { what } => {
-                Some((strip(&what), "missing from the store".to_string()))
-            }
+        match placed(source, text)? {
+            RepoError::Corrupt { what, reason } => Some((what, reason)),
+            RepoError::BadObject { what, source } => Some((what, source.to_string())),
+            RepoError::Decode { what, source } => Some((what, source.to_string())),
+            RepoError::Missing { what } => Some((what, "missing from the store".to_string())),
             _ => None,
         }
     }
