@@ -212,6 +212,28 @@ fn a_deleted_branch_survives_the_grace_period_then_is_swept() {
     assert!(repo.fsck(false).unwrap().is_clean());
 }
 
+/// Replace the stored record of `chunk` (tests damage chunks through the
+/// store).
+fn put_record(repo: &Repository, chunk: &ChunkId, rec: Vec<u8>) {
+    let mut b = Batch::new();
+    b.put(Space::Chunks, chunk.as_bytes(), rec);
+    repo.store().write(b).unwrap();
+}
+
+/// Flip a payload byte of `chunk`'s stored record; returns the damaged
+/// record (to put back after other damage).
+fn flip_payload_byte(repo: &Repository, chunk: &ChunkId) -> Vec<u8> {
+    let mut rec = repo
+        .store()
+        .get_vec(Space::Chunks, chunk.as_bytes())
+        .unwrap()
+        .unwrap();
+    let n = rec.len();
+    rec[n - 100] ^= 0x40;
+    put_record(repo, chunk, rec.clone());
+    rec
+}
+
 #[test]
 fn damaged_chunks_are_found_named_and_checkout_falls_back_to_an_intact_step() {
     let tmp = tempfile::tempdir().unwrap();
@@ -220,16 +242,7 @@ fn damaged_chunks_are_found_named_and_checkout_falls_back_to_an_intact_step() {
     let (step, newest, _) = &ids[10];
     let (tensor, chunk) = tensor_chunks(&repo, newest, "model.safetensors")[0].clone();
     // Flip a payload byte of the chunk, through the store.
-    let mut rec = repo
-        .store()
-        .get_vec(Space::Chunks, chunk.as_bytes())
-        .unwrap()
-        .unwrap();
-    let n = rec.len();
-    rec[n - 100] ^= 0x40;
-    let mut b = Batch::new();
-    b.put(Space::Chunks, chunk.as_bytes(), rec);
-    repo.store().write(b).unwrap();
+    flip_payload_byte(&repo, &chunk);
 
     let f = repo.fsck(false).unwrap();
     assert_eq!(f.damage.len(), 1, "{:?}", f.damage);
@@ -280,16 +293,7 @@ fn fsck_names_the_damaged_chunk_its_file_tensor_and_commit_as_fields() {
     let ids = commit_all(&repo);
     let (step, newest, _) = &ids[10];
     let (tensor, chunk) = tensor_chunks(&repo, newest, "model.safetensors")[0].clone();
-    let mut rec = repo
-        .store()
-        .get_vec(Space::Chunks, chunk.as_bytes())
-        .unwrap()
-        .unwrap();
-    let n = rec.len();
-    rec[n - 100] ^= 0x40;
-    let mut b = Batch::new();
-    b.put(Space::Chunks, chunk.as_bytes(), rec.clone());
-    repo.store().write(b).unwrap();
+    let flipped = flip_payload_byte(&repo, &chunk);
 
     let f = repo.fsck(false).unwrap();
     assert_eq!(f.damage.len(), 1, "{:?}", f.damage);
@@ -317,9 +321,7 @@ fn fsck_names_the_damaged_chunk_its_file_tensor_and_commit_as_fields() {
 
     // A record that no longer decodes: the reason carries the decoder's
     // typed error, in the quick check too.
-    let mut b = Batch::new();
-    b.put(Space::Chunks, chunk.as_bytes(), vec![9u8; 3]);
-    repo.store().write(b).unwrap();
+    put_record(&repo, &chunk, vec![9u8; 3]);
     let f = repo.fsck(true).unwrap();
     assert_eq!(f.damage.len(), 1, "{:?}", f.damage);
     let d = &f.damage[0];
@@ -332,9 +334,7 @@ fn fsck_names_the_damaged_chunk_its_file_tensor_and_commit_as_fields() {
             error: ObjectDecodeError::ChunkRecordVersion { found: 9 }
         }
     );
-    let mut b = Batch::new();
-    b.put(Space::Chunks, chunk.as_bytes(), rec);
-    repo.store().write(b).unwrap();
+    put_record(&repo, &chunk, flipped);
     drop(repo);
 
     // `fsck --json`: the chunk id (hex) and the file as fields, the
@@ -579,9 +579,7 @@ fn checkout_and_read_name_the_damaged_chunk_file_tensor_and_commit_as_fields() {
     let ids = commit_all(&repo);
     let (step, newest, _) = &ids[10];
     let (tensor, chunk) = tensor_chunks(&repo, newest, "model.safetensors")[0].clone();
-    let mut b = Batch::new();
-    b.put(Space::Chunks, chunk.as_bytes(), vec![9u8; 3]);
-    repo.store().write(b).unwrap();
+    put_record(&repo, &chunk, vec![9u8; 3]);
     let want = Place {
         commit: Some(*newest),
         step: Some(*step),
