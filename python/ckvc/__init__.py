@@ -22,7 +22,6 @@ import atexit
 import json
 import os
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -127,9 +126,9 @@ def _rev(rev: Rev) -> str:
     raise TypeError("a revision is a step (int) or a name (str)")
 
 
-_live: "weakref.WeakSet[Repository]" = weakref.WeakSet()
 # Repositories with a save in flight or a failed save nobody has seen: held
-# strongly, so an error cannot vanish with a garbage-collected Repository.
+# strongly (from save() until wait() drains them), so an error cannot vanish
+# with a garbage-collected Repository; the only ones exit must look at.
 _pending: "set[Repository]" = set()
 _pending_lock = threading.Lock()
 
@@ -148,7 +147,7 @@ def _wait_all_at_exit() -> None:
     would look successful)."""
     errors: List[BaseException] = []
     with _pending_lock:
-        repos = list(_pending) + [r for r in list(_live) if r not in _pending]
+        repos = list(_pending)
     for repo in repos:
         errors.extend(repo._drain())
     if errors:
@@ -181,7 +180,6 @@ class Repository:
         self._inflight: Optional[Tuple[threading.Thread, SaveFuture]] = None
         self._unobserved: List[SaveFuture] = []
         self._staging = _state.Staging()
-        _live.add(self)
 
     @classmethod
     def init(cls, path: Union[str, os.PathLike]) -> "Repository":
