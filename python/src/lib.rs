@@ -186,24 +186,25 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             NotFoundError::new_err(msg)
         }
         RepoError::Empty => NotFoundError::new_err(msg),
-        RepoError::Corrupt { what, reason } => {
-            attr!("what", what.as_str());
-            attr!("reason", reason.as_str());
-            CorruptError::new_err(msg)
-        }
-        RepoError::BadObject { what, source } => {
-            attr!("what", what.as_str());
-            attr!("reason", source.to_string());
-            CorruptError::new_err(msg)
-        }
-        RepoError::Decode { what, source } => {
-            attr!("what", what.as_str());
-            attr!("reason", source.to_string());
-            CorruptError::new_err(msg)
-        }
-        RepoError::Missing { what } => {
-            attr!("what", what.as_str());
-            attr!("reason", "missing from the store");
+        // Damage: what and where, from the error's typed site.
+        RepoError::Corrupt { site, .. }
+        | RepoError::BadObject { site, .. }
+        | RepoError::Decode { site, .. }
+        | RepoError::Missing { site } => {
+            let reason = match &e {
+                RepoError::Corrupt { reason, .. } => reason.clone(),
+                RepoError::BadObject { source, .. } => source.to_string(),
+                RepoError::Decode { source, .. } => source.to_string(),
+                _ => "missing from the store".to_string(),
+            };
+            attr!("what", site.to_string());
+            attr!("reason", reason);
+            if let Some(ObjectRef::Chunk { id }) = &site.object {
+                attr!("chunk", id.to_string());
+            }
+            if let Some(step) = site.place.step {
+                attr!("step", step);
+            }
             CorruptError::new_err(msg)
         }
         RepoError::Damaged { count, first } => {
@@ -233,26 +234,6 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
             attr!("head_step", *head_step);
             StepOrderError::new_err(msg)
         }
-        // Damage met reading a commit's file: where, as typed fields.
-        RepoError::At {
-            object,
-            place,
-            source,
-            ..
-        } => {
-            let (what, reason) = e
-                .damage_text()
-                .unwrap_or_else(|| (source.to_string(), msg.clone()));
-            attr!("what", what);
-            attr!("reason", reason);
-            if let ObjectRef::Chunk { id } = &**object {
-                attr!("chunk", id.to_string());
-            }
-            if let Some(step) = place.step {
-                attr!("step", step);
-            }
-            CorruptError::new_err(msg)
-        }
         // Damaged data a fetch or clone received: nothing was written, the
         // remote's copy is what is corrupt.
         RepoError::Received(inner) => {
@@ -273,14 +254,12 @@ fn to_py_err(py: Python<'_>, e: RepoError, ctx: &Ctx<'_>) -> PyErr {
         attr!("reason_kind", CorruptReason::of(&e).kind());
         // Where: from the error's own fields when it has them, else from
         // what the call was about.
-        let (commit, file, tensor) = match &e {
-            RepoError::At { place, .. } => (
-                place.commit.map(|c| c.to_string()),
-                place.file.clone(),
-                place.tensor.clone(),
-            ),
-            _ => (None, None, None),
-        };
+        let place = e.site().map(|s| s.place.clone()).unwrap_or_default();
+        let (commit, file, tensor) = (
+            place.commit.map(|c| c.to_string()),
+            place.file,
+            place.tensor,
+        );
         for (k, typed, v) in [
             ("commit", commit, ctx.commit),
             ("file", file, ctx.file),

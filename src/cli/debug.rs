@@ -119,11 +119,7 @@ fn bench_failure(e: bench::BenchError) -> Failure {
         bench::BenchError::Remote(r) if r.is_corruption() => super::exit::CORRUPT,
         _ => super::exit::USER,
     };
-    Failure {
-        code,
-        message: e.to_string(),
-        hint: None,
-    }
+    Failure::from_error(code, &e, None)
 }
 
 /// `memory_budget`: the global `--memory-budget` (MiB), for the benchmark

@@ -130,6 +130,7 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
                     Err(Failure {
                         code: exit::CORRUPT,
                         message: format!("{} problems found", r.damage.len()),
+                        causes: Vec::new(),
                         hint: None,
                     })
                 };
@@ -163,6 +164,7 @@ pub fn run(cmd: MaintCommand, w: &Where) -> Result<(), Failure> {
                 Err(Failure {
                     code: exit::CORRUPT,
                     message: format!("{} problems found", r.damage.len()),
+                    causes: Vec::new(),
                     hint: Some(
                         "checkout of an intact step still works; a damaged chunk shared by \
                          later steps damages them too"

@@ -52,10 +52,21 @@ enum Command {
     Debug(debug::DebugCommand),
 }
 
-/// An error already rendered for the user, with its exit code.
+/// An error rendered for the user: its kind (from the exit code), the
+/// message, the chain of causes and a hint. Printed as
+///
+/// ```text
+/// error[corrupt]: chunk 3632c89a351f of tensor w in model.safetensors (...) is corrupt: ...
+///   caused by: ...
+/// hint: run `ckvc fsck` ...
+/// ```
 pub struct Failure {
     pub code: u8,
     pub message: String,
+    /// The error's sources, outermost first, leaving out each one the
+    /// message above it already ends with (most library errors name their
+    /// cause in their own message).
+    pub causes: Vec<String>,
     pub hint: Option<String>,
 }
 
@@ -64,8 +75,52 @@ impl Failure {
         Failure {
             code: exit::USER,
             message: message.into(),
+            causes: Vec::new(),
             hint: None,
         }
+    }
+
+    /// The failure for library error `e`, with its cause chain.
+    pub fn from_error(code: u8, e: &dyn std::error::Error, hint: Option<String>) -> Self {
+        let message = e.to_string();
+        let mut causes = Vec::new();
+        let mut above = message.clone();
+        let mut next = e.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !above.ends_with(&text) {
+                causes.push(text.clone());
+            }
+            above = text;
+            next = cause.source();
+        }
+        Failure {
+            code,
+            message,
+            causes,
+            hint,
+        }
+    }
+
+    /// What kind of failure, as the first word of the error line shows it.
+    fn kind(&self) -> &'static str {
+        match self.code {
+            exit::CORRUPT => "error[corrupt]",
+            exit::LOCKED => "error[busy]",
+            _ => "error",
+        }
+    }
+
+    /// The lines printed on stderr.
+    fn render(&self) -> String {
+        let mut s = format!("{}: {}\n", self.kind(), escape_controls(&self.message));
+        for c in &self.causes {
+            s.push_str(&format!("  caused by: {}\n", escape_controls(c)));
+        }
+        if let Some(h) = &self.hint {
+            s.push_str(&format!("hint: {}\n", escape_controls(h)));
+        }
+        s
     }
 }
 
@@ -128,10 +183,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(exit::OK),
         Err(f) => {
-            eprintln!("error: {}", escape_controls(&f.message));
-            if let Some(h) = f.hint {
-                eprintln!("hint: {}", escape_controls(&h));
-            }
+            eprint!("{}", f.render());
             ExitCode::from(f.code)
         }
     }
@@ -167,6 +219,33 @@ mod tests {
         let mut missing = Vec::new();
         walk(&super::Cli::command(), "ckvc", &mut missing);
         assert!(missing.is_empty(), "no help for: {missing:#?}");
+    }
+
+    /// A failure renders its kind, message, the causes its message does
+    /// not already name, and its hint.
+    #[test]
+    fn failures_render_kind_message_cause_chain_and_hint() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading {0}")]
+        struct Outer(&'static str, #[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("x: {0}")]
+        struct Embeds(#[source] std::io::Error);
+        let io = || std::io::Error::other("disk on fire");
+        let f = super::Failure::from_error(
+            super::exit::CORRUPT,
+            &Outer("a.bin", io()),
+            Some("try again".into()),
+        );
+        assert_eq!(
+            f.render(),
+            "error[corrupt]: reading a.bin\n  caused by: disk on fire\nhint: try again\n"
+        );
+        // A cause the message already ends with is not repeated.
+        let f = super::Failure::from_error(super::exit::USER, &Embeds(io()), None);
+        assert_eq!(f.render(), "error: x: disk on fire\n");
+        let f = super::Failure::from_error(super::exit::LOCKED, &Embeds(io()), None);
+        assert!(f.render().starts_with("error[busy]: "));
     }
 
     #[test]

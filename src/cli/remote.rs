@@ -149,11 +149,7 @@ pub(super) fn rfail(e: RemoteError) -> Failure {
         ),
         _ => None,
     };
-    Failure {
-        code,
-        message: e.to_string(),
-        hint,
-    }
+    Failure::from_error(code, &e, hint)
 }
 
 pub(super) fn open_named(

@@ -247,13 +247,12 @@ pub fn fail(e: RepoError) -> Failure {
         RepoError::Store(ckvc::store::StoreError::Full { .. }) => {
             Some("free some space on that device and run the command again".to_string())
         }
+        _ if e.is_corruption() => {
+            Some("`ckvc fsck` lists every damaged object and the commits it affects".to_string())
+        }
         _ => None,
     };
-    Failure {
-        code,
-        message: e.to_string(),
-        hint,
-    }
+    Failure::from_error(code, &e, hint)
 }
 
 /// `KEY=VALUE` of `--metric`.

@@ -177,7 +177,7 @@ pub fn push(
     for (kind, id) in &todo {
         if !repo.object_bytes(ObjectKind::from(*kind), id, &mut buf)? {
             return Err(RepoError::Missing {
-                what: format!("{} {}", kind.name(), crate::store::to_hex(&id[..6])),
+                site: crate::repo::Site::of(ObjectKind::from(*kind).object_ref(id)),
             }
             .into());
         }

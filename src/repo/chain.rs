@@ -19,7 +19,7 @@ use crate::codec;
 use crate::store::ChunkId;
 
 use super::objects::{ChunkRecord, Payload};
-use super::{RepoError, HARD_MAX_CHAIN};
+use super::{RepoError, Site, HARD_MAX_CHAIN};
 
 /// Walks a chunk's delta chain: the chunk itself, then its base, its
 /// base's base, ... as `base_of` says, until it returns `None`.
@@ -77,7 +77,7 @@ where
             return Some(Ok(id));
         };
         Some(Err(RepoError::Corrupt {
-            what: format!("chunk {}", self.start.short(12)),
+            site: Site::chunk(self.start),
             reason,
         }))
     }
@@ -153,7 +153,7 @@ where
     }
     // Not reached: the walk records `id` itself before anything else.
     Err(wrap(RepoError::Corrupt {
-        what: format!("chunk {}", id.short(12)),
+        site: Site::chunk(*id),
         reason: "no record to decode".into(),
     })
     .into())
@@ -169,12 +169,9 @@ fn decode_one(
     from: &str,
     scratch: &mut codec::Scratch,
 ) -> Result<Vec<u8>, RepoError> {
-    let what = || match from {
-        "" => format!("chunk {}", id.short(12)),
-        _ => format!("chunk {} {from}", id.short(12)),
-    };
+    let site = || Site::chunk(*id).received(from);
     let corrupt = |reason: String| RepoError::Corrupt {
-        what: what(),
+        site: site(),
         reason,
     };
     let limit = max_raw.min(codec::HARD_MAX_RAW_LEN);
@@ -198,7 +195,7 @@ fn decode_one(
             let mut out = Vec::new();
             codec::decode_into(&rec.data, base, rec.raw_len, &mut out, scratch).map_err(
                 |source| RepoError::Decode {
-                    what: what(),
+                    site: site(),
                     source,
                 },
             )?;

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::store::{ChunkId, CommitId};
 
 use super::objects::{check_path, FileManifest, SegmentRef};
-use super::{RepoError, Repository};
+use super::{ObjectRef, Place, RepoError, Repository, Site};
 
 /// Checkout knobs.
 #[derive(Debug, Clone, Default)]
@@ -112,7 +112,15 @@ impl Repository {
                 continue;
             }
             check_path(rel).map_err(|e| RepoError::BadObject {
-                what: format!("tree of commit {}", commit.short(12)),
+                site: Box::new(Site {
+                    object: Some(ObjectRef::Tree { id: c.tree }),
+                    place: Place {
+                        commit: Some(*commit),
+                        step: Some(c.step),
+                        ..Place::default()
+                    },
+                    from: None,
+                }),
                 source: e.into(),
             })?;
             selected.push((rel, mid));
@@ -229,9 +237,8 @@ impl Repository {
                     step,
                     |id| match incoming.next() {
                         Some((got, raw)) if got == *id => raw,
-                        _ => Err(RepoError::Corrupt {
-                            what: "checkout pipeline".into(),
-                            reason: "the decoder stopped".into(),
+                        _ => Err(RepoError::Stopped {
+                            stage: "checkout decoder",
                         }),
                     },
                     |_, raw| {
@@ -478,21 +485,13 @@ impl Repository {
             let mut written = 0u64;
             for id in seg.chunks() {
                 let raw = read(id).map_err(|e| {
-                    let text = format!(
-                        "{} in {rel} (commit {}, step {step})",
-                        seg_name(seg),
-                        commit.short(12),
-                    );
-                    let place = super::Place {
+                    let place = Place {
                         commit: Some(*commit),
                         step: Some(step),
                         file: Some(rel.to_string()),
-                        tensor: match seg {
-                            SegmentRef::Tensor { name, .. } => Some(name.clone()),
-                            SegmentRef::Opaque { .. } => None,
-                        },
+                        tensor: seg_tensor(seg),
                     };
-                    e.at(super::ObjectRef::Chunk { id: *id }, place, text)
+                    e.placed(&place)
                 })?;
                 hasher.update(&raw);
                 written += raw.len() as u64;
@@ -500,10 +499,14 @@ impl Repository {
             }
             if written != seg.len() {
                 return Err(RepoError::Corrupt {
-                    what: format!("manifest of {rel} (commit {})", commit.short(12)),
+                    site: Site::at(Place {
+                        commit: Some(*commit),
+                        step: Some(step),
+                        file: Some(rel.to_string()),
+                        tensor: seg_tensor(seg),
+                    }),
                     reason: format!(
-                        "{} chunks hold {written} bytes, the segment {}",
-                        seg_name(seg),
+                        "its chunks hold {written} bytes, its manifest says {}",
                         seg.len()
                     ),
                 });
@@ -511,7 +514,12 @@ impl Repository {
         }
         if *hasher.finalize().as_bytes() != m.hash {
             return Err(RepoError::Corrupt {
-                what: format!("{rel} (commit {}, step {step})", commit.short(12)),
+                site: Site::at(Place {
+                    commit: Some(*commit),
+                    step: Some(step),
+                    file: Some(rel.to_string()),
+                    tensor: None,
+                }),
                 reason: "the reassembled file does not match its recorded blake3".into(),
             });
         }
@@ -519,10 +527,11 @@ impl Repository {
     }
 }
 
-fn seg_name(s: &SegmentRef) -> String {
+/// The tensor a segment holds (`None`: opaque bytes).
+fn seg_tensor(s: &SegmentRef) -> Option<String> {
     match s {
-        SegmentRef::Tensor { name, .. } => format!("tensor {name}"),
-        SegmentRef::Opaque { .. } => "opaque bytes".into(),
+        SegmentRef::Tensor { name, .. } => Some(name.clone()),
+        SegmentRef::Opaque { .. } => None,
     }
 }
 

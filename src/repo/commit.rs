@@ -920,11 +920,8 @@ impl Repository {
 
 /// The error a pipeline stage reports when the next stage went away (its
 /// own error is the one the commit returns).
-fn stopped(stage: &str) -> RepoError {
-    RepoError::Corrupt {
-        what: "commit pipeline".into(),
-        reason: format!("the {stage} stopped"),
-    }
+fn stopped(stage: &'static str) -> RepoError {
+    RepoError::Stopped { stage }
 }
 
 /// Fill `buf` from `file` at `off`; false on any error or short read.

@@ -15,7 +15,7 @@ use crate::format::FileKind;
 use crate::store::{ChunkId, CommitId};
 
 use super::objects::{FileManifest, SegmentRef};
-use super::{RepoError, Repository};
+use super::{Place, RepoError, Repository, Site};
 
 /// What `diff` reports about two commits.
 #[derive(Debug, Clone)]
@@ -294,16 +294,17 @@ impl Repository {
                     }
                 }
                 Some(tb) => {
-                    let what = format!(
-                        "tensor {} in {} (steps {} and {})",
-                        key.0, ctx.path, ctx.a, ctx.b
-                    );
+                    let place = Place {
+                        file: Some(ctx.path.to_string()),
+                        tensor: Some(key.0.to_string()),
+                        ..Place::default()
+                    };
                     if ta.len != tb.len {
                         return Err(RepoError::Corrupt {
-                            what,
+                            site: Site::at(place),
                             reason: format!(
-                                "same dtype and shape but {} and {} bytes",
-                                ta.len, tb.len
+                                "same dtype and shape at steps {} and {} but {} and {} bytes",
+                                ctx.a, ctx.b, ta.len, tb.len
                             ),
                         });
                     }
@@ -313,7 +314,7 @@ impl Repository {
                         chunk_source(self, ta.chunks),
                         chunk_source(self, tb.chunks),
                     )
-                    .map_err(|e| e.within(&what))?;
+                    .map_err(|e| e.placed(&place))?;
                     TensorChange::Changed {
                         dtype: ta.dtype,
                         shape: ta.shape.to_vec(),
@@ -470,7 +471,7 @@ fn compare_elements(
 ) -> Result<ElementDiff, RepoError> {
     let w = dtype.width();
     let bad = |reason: String| RepoError::Corrupt {
-        what: "tensor data".into(),
+        site: Site::at(Place::default()),
         reason,
     };
     if len % w as u64 != 0 {

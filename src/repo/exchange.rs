@@ -28,7 +28,7 @@ use super::objects::{
     KIND_TREE,
 };
 use super::remotes::tracking_ref;
-use super::{RepoError, Repository, SHALLOW};
+use super::{ObjectRef, Place, RepoError, Repository, Site, SHALLOW};
 
 /// Imported chunk records are written to the store in batches of about
 /// this many bytes.
@@ -54,6 +54,26 @@ impl ObjectKind {
             ObjectKind::Manifest => "manifest",
             ObjectKind::Tree => "tree",
             ObjectKind::Commit => "commit",
+        }
+    }
+
+    /// The object of this kind with id `id` (a manifest's path is not
+    /// known from its id alone: empty).
+    pub fn object_ref(self, id: &[u8; 32]) -> ObjectRef {
+        match self {
+            ObjectKind::Chunk => ObjectRef::Chunk {
+                id: ChunkId::from_bytes(*id),
+            },
+            ObjectKind::Manifest => ObjectRef::Manifest {
+                id: ObjectId::from_bytes(*id),
+                path: String::new(),
+            },
+            ObjectKind::Tree => ObjectRef::Tree {
+                id: ObjectId::from_bytes(*id),
+            },
+            ObjectKind::Commit => ObjectRef::Commit {
+                id: CommitId::from_bytes(*id),
+            },
         }
     }
 
@@ -150,8 +170,14 @@ fn unlogged_batch() -> Batch {
 }
 
 impl Import<'_> {
-    fn what(&self, thing: String) -> String {
-        format!("{thing} {}", self.from)
+    /// The site of incoming object `object` used at `place`.
+    fn site(&self, object: ObjectRef, place: Place) -> Box<Site> {
+        Box::new(Site {
+            object: Some(object),
+            place,
+            from: None,
+        })
+        .received(&self.from)
     }
 
     /// Check that `bytes` hash to `id` and stage them under `key`.
@@ -160,11 +186,11 @@ impl Import<'_> {
         key: &[u8],
         id: &ObjectId,
         bytes: Vec<u8>,
-        what: &str,
+        site: Box<Site>,
     ) -> Result<(), RepoError> {
         if ObjectId::digest(&bytes) != *id {
             return Err(RepoError::Corrupt {
-                what: what.into(),
+                site,
                 reason: "content does not match its id".into(),
             });
         }
@@ -174,12 +200,12 @@ impl Import<'_> {
 
     /// Stage an incoming commit; returns it decoded.
     pub fn add_commit(&mut self, id: &CommitId, bytes: Vec<u8>) -> Result<Commit, RepoError> {
-        let what = self.what(format!("commit {}", id.short(12)));
+        let site = self.site(ObjectRef::Commit { id: *id }, Place::default());
         let commit = Commit::decode(&bytes)
-            .map_err(super::objects::corrupt(what.clone()))
+            .map_err(super::objects::corrupt(site.clone()))
             .map_err(received)?;
         let oid = ObjectId::from_bytes(*id.as_bytes());
-        self.stage(&object_key(KIND_COMMIT, &oid), &oid, bytes, &what)
+        self.stage(&object_key(KIND_COMMIT, &oid), &oid, bytes, site)
             .map_err(received)?;
         Ok(commit)
     }
@@ -191,11 +217,17 @@ impl Import<'_> {
         bytes: Vec<u8>,
         of: &CommitId,
     ) -> Result<Tree, RepoError> {
-        let what = self.what(format!("tree of commit {}", of.short(12)));
+        let site = self.site(
+            ObjectRef::Tree { id: *id },
+            Place {
+                commit: Some(*of),
+                ..Place::default()
+            },
+        );
         let tree = Tree::decode(&bytes)
-            .map_err(super::objects::corrupt(what.clone()))
+            .map_err(super::objects::corrupt(site.clone()))
             .map_err(received)?;
-        self.stage(&object_key(KIND_TREE, id), id, bytes, &what)
+        self.stage(&object_key(KIND_TREE, id), id, bytes, site)
             .map_err(received)?;
         Ok(tree)
     }
@@ -209,11 +241,21 @@ impl Import<'_> {
         path: &str,
         of: &CommitId,
     ) -> Result<FileManifest, RepoError> {
-        let what = self.what(format!("manifest of {path} in commit {}", of.short(12)));
+        let site = self.site(
+            ObjectRef::Manifest {
+                id: *id,
+                path: path.to_string(),
+            },
+            Place {
+                commit: Some(*of),
+                file: Some(path.to_string()),
+                ..Place::default()
+            },
+        );
         let m = FileManifest::decode(&bytes)
-            .map_err(super::objects::corrupt(what.clone()))
+            .map_err(super::objects::corrupt(site.clone()))
             .map_err(received)?;
-        self.stage(&object_key(KIND_MANIFEST, id), id, bytes, &what)
+        self.stage(&object_key(KIND_MANIFEST, id), id, bytes, site)
             .map_err(received)?;
         Ok(m)
     }
@@ -240,7 +282,7 @@ impl Import<'_> {
         let decode = |c: &ChunkId, bytes: &[u8]| {
             ChunkRecord::decode(bytes)
                 .map_err(super::objects::corrupt(
-                    self.what(format!("chunk {}", c.short(12))),
+                    self.site(ObjectRef::Chunk { id: *c }, Place::default()),
                 ))
                 .map_err(received)
         };
@@ -259,7 +301,7 @@ impl Import<'_> {
                     codec::FrameInfo::parse(&rec.data)
                         .map_err(|source| {
                             received(RepoError::Decode {
-                                what: self.what(format!("chunk {}", id.short(12))),
+                                site: self.site(ObjectRef::Chunk { id: *id }, Place::default()),
                                 source,
                             })
                         })?

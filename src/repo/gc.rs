@@ -701,13 +701,13 @@ impl Repository {
                 let records: Vec<Result<Rewritten, RepoError>> = group
                     .par_iter()
                     .map_init(Scratch::default, |scratch, (id, rw, d)| {
-                        let what = || format!("chunk {}", id.short(12));
+                        let site = || super::Site::chunk(*id);
                         let old = self
                             .store
                             .get_vec(Space::Chunks, id.as_bytes())?
-                            .ok_or(RepoError::Missing { what: what() })?;
+                            .ok_or_else(|| RepoError::Missing { site: site() })?;
                         let mut rec =
-                            ChunkRecord::decode(&old).map_err(super::objects::corrupt(what()))?;
+                            ChunkRecord::decode(&old).map_err(super::objects::corrupt(site()))?;
                         match rw {
                             Rewrite::Depth => rec.depth = *d,
                             Rewrite::Encode(base) => {
@@ -715,7 +715,7 @@ impl Repository {
                                     Payload::Codec => Some(
                                         FrameInfo::parse(&rec.data)
                                             .map_err(|source| RepoError::Decode {
-                                                what: what(),
+                                                site: site(),
                                                 source,
                                             })?
                                             .dtype,

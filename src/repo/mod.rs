@@ -47,7 +47,7 @@ mod watch;
 pub use crate::store::ErrorClass;
 pub use checkout::{CheckoutOptions, CheckoutReport};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
-pub use damage::{CorruptReason, ObjectRef, Place};
+pub use damage::{CorruptReason, ObjectRef, Place, Site};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
 pub use exchange::{Import, ImportBase, ObjectKind};
 pub use fsck::{Damage, FsckReport};
@@ -124,37 +124,33 @@ pub enum RepoError {
     CurrentBranch { name: String },
     #[error("the repository has no commits yet")]
     Empty,
-    #[error("{what} is corrupt: {reason}")]
-    Corrupt { what: String, reason: String },
+    /// Stored data that is inconsistent (a hash that does not match, a
+    /// delta chain that loops, a file that does not reassemble); `site`
+    /// says what and where, as fields.
+    #[error("{site} is corrupt: {reason}")]
+    Corrupt { site: Box<Site>, reason: String },
     /// A stored object (chunk record, manifest, tree, commit, ref log
     /// entry) that does not decode; `source` says why, in fields.
-    #[error("{what} is corrupt: {source}")]
+    #[error("{site} is corrupt: {source}")]
     BadObject {
-        what: String,
+        site: Box<Site>,
         #[source]
         source: objects::ObjectDecodeError,
     },
-    /// Damage met reading one chunk of a commit's file (checkout, read),
-    /// with where as fields: `object` is the chunk whose read failed (the
-    /// damage may be in one of its delta bases), `place` its commit, step,
-    /// file and tensor; `source` the damage itself. The message is the
-    /// same as the damage's, with the place named in it.
-    #[error("{}", describe_at(source, text))]
-    At {
-        object: Box<ObjectRef>,
-        place: Box<Place>,
-        /// The place as the message names it.
-        text: String,
-        source: Box<RepoError>,
-    },
-    #[error("{what} is damaged: {source}")]
+    /// A chunk whose codec payload does not decode.
+    #[error("{site} is damaged: {source}")]
     Decode {
-        what: String,
+        site: Box<Site>,
         #[source]
         source: DecodeError,
     },
-    #[error("{what} is missing from the store")]
-    Missing { what: String },
+    #[error("{site} is missing from the store")]
+    Missing { site: Box<Site> },
+    /// A stage of a commit or checkout pipeline ended before the others
+    /// (the stage's own error is the one returned; this is what the
+    /// others see).
+    #[error("the {stage} stopped")]
+    Stopped { stage: &'static str },
     /// Data received from elsewhere (a fetch, a clone) is damaged or
     /// malformed: refused before any of it was stored (the inner error
     /// names the object).
@@ -227,126 +223,60 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// The message of `e` with `place` named in it, as [`RepoError::within`]
-/// would put it.
-fn describe_at(e: &RepoError, place: &str) -> String {
-    placed(e, place).map_or_else(|| e.to_string(), |p| p.to_string())
-}
-
-/// Damage `e` with `place` named in its `what`, as [`RepoError::within`]
-/// would put it (`None` for errors that are not damage).
-fn placed(e: &RepoError, place: &str) -> Option<RepoError> {
-    let copy = match e {
-        RepoError::Corrupt { what, reason } => RepoError::Corrupt {
-            what: what.clone(),
-            reason: reason.clone(),
-        },
-        RepoError::BadObject { what, source } => RepoError::BadObject {
-            what: what.clone(),
-            source: source.clone(),
-        },
-        RepoError::Decode { what, source } => RepoError::Decode {
-            what: what.clone(),
-            source: source.clone(),
-        },
-        RepoError::Missing { what } => RepoError::Missing { what: what.clone() },
-        RepoError::Store(StoreError::Corrupt {
-            space,
-            key_hex,
-            reason,
-        }) => RepoError::Store(StoreError::Corrupt {
-            space: *space,
-            key_hex: key_hex.clone(),
-            reason: reason.clone(),
-        }),
-        _ => return None,
-    };
-    Some(copy.within(place))
-}
-
 impl RepoError {
-    /// Damage met reading chunk `object` at `place`: a [`RepoError::At`]
-    /// carrying both as fields (`text` is how the message names the
-    /// place). Errors that are not damage pass through unchanged, and so
-    /// does damage already placed (the innermost place is the precise one).
-    pub fn at(self, object: ObjectRef, place: Place, text: String) -> RepoError {
-        let damage = matches!(
-            self,
-            RepoError::Corrupt { .. }
-                | RepoError::BadObject { .. }
-                | RepoError::Decode { .. }
-                | RepoError::Missing { .. }
-                | RepoError::Store(StoreError::Corrupt { .. })
-        );
-        if !damage {
-            return self;
-        }
-        RepoError::At {
-            object: Box::new(object),
-            place: Box::new(place),
-            text,
-            source: Box::new(self),
-        }
-    }
-
-    /// For damage met at a place ([`RepoError::At`]): what is damaged, as
-    /// the message names it (`chunk 3632c89a351f of tensor w in
-    /// model.safetensors (commit ..., step 1)`), and why, as text; `None`
-    /// for other errors. The typed fields are in [`RepoError::At`] and
-    /// [`CorruptReason::of`].
-    pub fn damage_text(&self) -> Option<(String, String)> {
-        let RepoError::At { text, source, .. } = self else {
-            return None;
-        };
-        match placed(source, text)? {
-            RepoError::Corrupt { what, reason } => Some((what, reason)),
-            RepoError::BadObject { what, source } => Some((what, source.to_string())),
-            RepoError::Decode { what, source } => Some((what, source.to_string())),
-            RepoError::Missing { what } => Some((what, "missing from the store".to_string())),
+    /// The site of damage (`None` for errors that are not damage to one
+    /// site: other errors, and received data, whose site is inside).
+    pub fn site(&self) -> Option<&Site> {
+        match self {
+            RepoError::Corrupt { site, .. }
+            | RepoError::BadObject { site, .. }
+            | RepoError::Decode { site, .. }
+            | RepoError::Missing { site } => Some(site),
             _ => None,
         }
     }
 
-    /// Name where damaged data sits: `what` becomes "`what` of `place`" for
-    /// corruption errors (once: a place already named is not repeated);
-    /// other errors pass through unchanged.
-    pub fn within(self, place: &str) -> RepoError {
+    /// Name where damaged data is used: the fields of `place` not known
+    /// yet are filled in (what is known was learnt closer to the damage).
+    /// Damage the storage engine found in a chunk's record becomes
+    /// [`RepoError::Corrupt`] with that chunk as its object; other errors
+    /// pass through unchanged.
+    pub fn placed(self, place: &Place) -> RepoError {
         match self {
-            RepoError::Corrupt { what, reason } if !what.contains(place) => RepoError::Corrupt {
-                what: format!("{what} of {place}"),
-                reason,
-            },
-            RepoError::BadObject { what, source } if !what.contains(place) => {
-                RepoError::BadObject {
-                    what: format!("{what} of {place}"),
-                    source,
-                }
+            RepoError::Corrupt { mut site, reason } => {
+                site.place.fill(place);
+                RepoError::Corrupt { site, reason }
             }
-            RepoError::Decode { what, source } => RepoError::Decode {
-                what: format!("{what} of {place}"),
-                source,
-            },
-            RepoError::Missing { what } => RepoError::Missing {
-                what: format!("{what} of {place}"),
-            },
-            // Damage the storage engine found (a checksum mismatch in its
-            // files): name the place like any other corruption.
+            RepoError::BadObject { mut site, source } => {
+                site.place.fill(place);
+                RepoError::BadObject { site, source }
+            }
+            RepoError::Decode { mut site, source } => {
+                site.place.fill(place);
+                RepoError::Decode { site, source }
+            }
+            RepoError::Missing { mut site } => {
+                site.place.fill(place);
+                RepoError::Missing { site }
+            }
             RepoError::Store(StoreError::Corrupt {
                 space,
                 key_hex,
                 reason,
-            }) => RepoError::Corrupt {
-                what: format!(
-                    "{} {} of {place}",
-                    if space == Space::Chunks {
-                        "chunk"
-                    } else {
-                        "entry"
-                    },
-                    &key_hex[..key_hex.len().min(12)]
-                ),
-                reason: format!("{space} store: {reason}"),
-            },
+            }) => {
+                let object = match space {
+                    Space::Chunks => key_hex.parse().ok().map(|id| ObjectRef::Chunk { id }),
+                    _ => None,
+                };
+                RepoError::Corrupt {
+                    site: Box::new(Site {
+                        object,
+                        place: place.clone(),
+                        from: None,
+                    }),
+                    reason: format!("{space} store (key {key_hex}): {reason}"),
+                }
+            }
             e => e,
         }
     }
@@ -360,7 +290,6 @@ impl RepoError {
             | RepoError::Decode { .. }
             | RepoError::Missing { .. }
             | RepoError::Received(_)
-            | RepoError::At { .. }
             | RepoError::Damaged { .. } => ErrorClass::Corruption,
             RepoError::Store(e) => e.class(),
             RepoError::NotARepository { .. }
@@ -380,7 +309,8 @@ impl RepoError {
             | RepoError::CurrentBranch { .. }
             | RepoError::Empty
             | RepoError::MissingMetric { .. }
-            | RepoError::StepOrder { .. } => ErrorClass::Other,
+            | RepoError::StepOrder { .. }
+            | RepoError::Stopped { .. } => ErrorClass::Other,
         }
     }
 
@@ -572,13 +502,17 @@ impl Repository {
             .ok_or(RepoError::NotARepository { path: root.clone() })?;
         if format.as_slice() != [REPO_FORMAT] {
             return Err(RepoError::Corrupt {
-                what: "repository format".into(),
+                site: Site::of(ObjectRef::Meta {
+                    key: "format".into(),
+                }),
                 reason: format!("version {format:?}, this build reads [{REPO_FORMAT}]"),
             });
         }
         let config = match store.get_vec(Space::Meta, b"config")? {
             Some(c) => serde_json::from_slice(&c).map_err(|e| RepoError::Corrupt {
-                what: "repository config".into(),
+                site: Site::of(ObjectRef::Meta {
+                    key: "config".into(),
+                }),
                 reason: e.to_string(),
             })?,
             None => Config::default(),
@@ -619,19 +553,24 @@ impl Repository {
         let head = self
             .store
             .get_vec(Space::Refs, HEAD)?
-            .ok_or(RepoError::Corrupt {
-                what: "HEAD".into(),
-                reason: "missing".into(),
+            .ok_or_else(|| RepoError::Missing {
+                site: Site::of(ObjectRef::Ref {
+                    name: "HEAD".into(),
+                }),
             })?;
         let s = String::from_utf8(head).map_err(|_| RepoError::Corrupt {
-            what: "HEAD".into(),
+            site: Site::of(ObjectRef::Ref {
+                name: "HEAD".into(),
+            }),
             reason: "not UTF-8".into(),
         })?;
         s.strip_prefix("ref: ")
             .and_then(|r| r.strip_prefix(HEADS))
             .map(str::to_string)
-            .ok_or(RepoError::Corrupt {
-                what: "HEAD".into(),
+            .ok_or_else(|| RepoError::Corrupt {
+                site: Site::of(ObjectRef::Ref {
+                    name: "HEAD".into(),
+                }),
                 reason: format!("{s:?} is not a branch ref"),
             })
     }
@@ -672,7 +611,9 @@ impl Repository {
             .unwrap_or_default();
         if raw.len() % 32 != 0 {
             return Err(RepoError::Corrupt {
-                what: "shallow commit list (meta/shallow)".into(),
+                site: Site::of(ObjectRef::Meta {
+                    key: "shallow".into(),
+                }),
                 reason: format!("{} bytes, not a multiple of 32", raw.len()),
             });
         }
@@ -699,8 +640,10 @@ impl Repository {
             None => Ok(None),
             Some(v) => CommitId::from_slice(&v)
                 .map(Some)
-                .ok_or(RepoError::Corrupt {
-                    what: format!("ref {prefix}{name}"),
+                .ok_or_else(|| RepoError::Corrupt {
+                    site: Site::of(ObjectRef::Ref {
+                        name: format!("{prefix}{name}"),
+                    }),
                     reason: "ref is not a 32-byte id".into(),
                 }),
         }
@@ -723,35 +666,45 @@ impl Repository {
     }
 
     pub fn commit_object(&self, id: &CommitId) -> Result<Commit, RepoError> {
-        let what = format!("commit {}", id.short(12));
+        let site = || Site::of(ObjectRef::Commit { id: *id });
         let bytes = self.object(
             objects::KIND_COMMIT,
             &ObjectId::from_bytes(*id.as_bytes()),
-            &what,
+            site,
         )?;
-        Commit::decode(&bytes).map_err(corrupt(what))
+        Commit::decode(&bytes).map_err(corrupt(site()))
     }
 
     pub fn tree(&self, id: &ObjectId) -> Result<Tree, RepoError> {
-        let what = format!("tree {}", id.short(12));
-        Tree::decode(&self.object(objects::KIND_TREE, id, &what)?).map_err(corrupt(what))
+        let site = || Site::of(ObjectRef::Tree { id: *id });
+        Tree::decode(&self.object(objects::KIND_TREE, id, site)?).map_err(corrupt(site()))
     }
 
     pub fn manifest(&self, id: &ObjectId, path: &str) -> Result<FileManifest, RepoError> {
-        let what = format!("manifest of {path}");
-        FileManifest::decode(&self.object(objects::KIND_MANIFEST, id, &what)?)
-            .map_err(corrupt(what))
+        let site = || {
+            Site::of(ObjectRef::Manifest {
+                id: *id,
+                path: path.to_string(),
+            })
+        };
+        FileManifest::decode(&self.object(objects::KIND_MANIFEST, id, site)?)
+            .map_err(corrupt(site()))
     }
 
     /// An object's bytes, checked against its id.
-    fn object(&self, kind: u8, id: &ObjectId, what: &str) -> Result<Vec<u8>, RepoError> {
+    fn object(
+        &self,
+        kind: u8,
+        id: &ObjectId,
+        site: impl Fn() -> Box<Site>,
+    ) -> Result<Vec<u8>, RepoError> {
         let bytes = self
             .store
             .get_vec(Space::Objects, &object_key(kind, id))?
-            .ok_or(RepoError::Missing { what: what.into() })?;
+            .ok_or_else(|| RepoError::Missing { site: site() })?;
         if ObjectId::digest(&bytes) != *id {
             return Err(RepoError::Corrupt {
-                what: what.into(),
+                site: site(),
                 reason: "content does not match its id".into(),
             });
         }
@@ -760,12 +713,13 @@ impl Repository {
 
     /// A chunk's stored record (missing is an error).
     fn chunk_record(&self, id: &ChunkId) -> Result<ChunkRecord, RepoError> {
-        let what = || format!("chunk {}", id.short(12));
         let b = self
             .store
             .get_vec(Space::Chunks, id.as_bytes())?
-            .ok_or_else(|| RepoError::Missing { what: what() })?;
-        ChunkRecord::decode(&b).map_err(corrupt(what()))
+            .ok_or_else(|| RepoError::Missing {
+                site: Site::chunk(*id),
+            })?;
+        ChunkRecord::decode(&b).map_err(corrupt(Site::chunk(*id)))
     }
 
     /// The raw bytes of a chunk, decoded through its delta chain and

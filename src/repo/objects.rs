@@ -768,9 +768,8 @@ impl RefLogEntry {
 }
 
 /// Map a decode failure of an object to the repository error.
-pub fn corrupt(what: impl Into<String>) -> impl FnOnce(ObjectDecodeError) -> RepoError {
-    let what = what.into();
-    move |source| RepoError::BadObject { what, source }
+pub fn corrupt(site: Box<super::Site>) -> impl FnOnce(ObjectDecodeError) -> RepoError {
+    move |source| RepoError::BadObject { site, source }
 }
 
 #[cfg(test)]

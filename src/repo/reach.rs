@@ -15,7 +15,7 @@ use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::chain::base_chain;
 use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, Payload, SegmentRef};
-use super::{ObjectRef, Place, RepoError, Repository};
+use super::{ObjectRef, Place, RepoError, Repository, Site};
 
 /// Where a chunk is used: the first file and tensor found naming it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +127,6 @@ impl Repository {
             }
             parents_of.insert(id, commit.parents.clone());
             r.commit_info.insert(id, (commit.tree, commit.step));
-            let place = format!("commit {} (step {})", id.short(12), commit.step);
             if !r.trees.insert(commit.tree) {
                 continue;
             }
@@ -140,7 +139,8 @@ impl Repository {
                         ..Place::default()
                     };
                     let tree = ObjectRef::Tree { id: commit.tree };
-                    r.damage.push((tree, at, e.within(&place)));
+                    let e = e.placed(&at);
+                    r.damage.push((tree, at, e));
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -164,7 +164,8 @@ impl Repository {
                             id: mid,
                             path: path.clone(),
                         };
-                        r.damage.push((m, at, e.within(&place)));
+                        let e = e.placed(&at);
+                        r.damage.push((m, at, e));
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -233,8 +234,14 @@ impl Repository {
     /// Name the file and tensor a damaged chunk belongs to, when known.
     fn chunk_damage(&self, r: &Reachable, id: &ChunkId, e: RepoError) -> RepoError {
         match r.chunks.get(id) {
-            Some(u) => e.within(&u.describe()),
-            None => e.within("a delta base"),
+            Some(u) => e.placed(&Place {
+                commit: Some(u.commit),
+                step: r.commit_info.get(&u.commit).map(|i| i.1),
+                file: Some(u.path.clone()),
+                tensor: u.tensor.clone(),
+            }),
+            // Only a delta base: the chunks based on it carry the places.
+            None => e,
         }
     }
 
@@ -246,15 +253,16 @@ impl Repository {
     /// [`chunk_header`](Self::chunk_header), with `frame` also checking
     /// that a codec payload starts with a valid frame header.
     fn chunk_header_checked(&self, id: &ChunkId, frame: bool) -> Result<ChunkHeader, RepoError> {
-        let what = || format!("chunk {}", id.short(12));
         let bytes = self
             .store
             .get_vec(Space::Chunks, id.as_bytes())?
-            .ok_or(RepoError::Missing { what: what() })?;
-        let h = ChunkRecord::decode_header(&bytes).map_err(corrupt(what()))?;
+            .ok_or_else(|| RepoError::Missing {
+                site: Site::chunk(*id),
+            })?;
+        let h = ChunkRecord::decode_header(&bytes).map_err(corrupt(Site::chunk(*id)))?;
         if frame && h.payload == Payload::Codec {
             FrameInfo::parse(&bytes[h.payload_offset..]).map_err(|source| RepoError::Decode {
-                what: what(),
+                site: Site::chunk(*id),
                 source,
             })?;
         }
@@ -297,20 +305,6 @@ impl Repository {
             }
         }
         Ok(roots)
-    }
-}
-
-impl ChunkUse {
-    /// "tensor T of file F in commit C" / "file F in commit C".
-    pub fn describe(&self) -> String {
-        match &self.tensor {
-            Some(t) => format!(
-                "tensor {t} of {} in commit {}",
-                self.path,
-                self.commit.short(12)
-            ),
-            None => format!("{} in commit {}", self.path, self.commit.short(12)),
-        }
     }
 }
 

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use rayon::prelude::*;
 
-use crate::store::{ChunkId, CommitId};
+use crate::store::CommitId;
 
 use super::objects::{FileManifest, SegmentRef};
 use super::{RepoError, Repository};
@@ -98,36 +98,26 @@ impl Repository {
                 ),
             });
         }
-        let place = || {
-            format!(
-                "tensor {tensor} in {path} (commit {}, step {step})",
-                commit.short(12)
-            )
+        let place = super::Place {
+            commit: Some(*commit),
+            step: Some(step),
+            file: Some(path.to_string()),
+            tensor: Some(tensor.to_string()),
         };
         let chunk_bytes = self.config.chunk_bytes.max(1);
         let per_window = (self.config.memory_budget / 4 / chunk_bytes).max(1) as usize;
         let mut at = 0usize;
         for window in chunks.chunks(per_window) {
-            let decoded: Vec<(ChunkId, Result<Vec<u8>, RepoError>)> = window
-                .par_iter()
-                .map(|id| (*id, self.read_chunk(id)))
-                .collect();
-            for (id, raw) in decoded {
-                let raw = raw.map_err(|e| {
-                    let at = super::Place {
-                        commit: Some(*commit),
-                        step: Some(step),
-                        file: Some(path.to_string()),
-                        tensor: Some(tensor.to_string()),
-                    };
-                    e.at(super::ObjectRef::Chunk { id }, at, place())
-                })?;
+            let decoded: Vec<Result<Vec<u8>, RepoError>> =
+                window.par_iter().map(|id| self.read_chunk(id)).collect();
+            for raw in decoded {
+                let raw = raw.map_err(|e| e.placed(&place))?;
                 let end = at
                     .checked_add(raw.len())
                     .filter(|&e| e <= out.len())
                     .ok_or_else(|| RepoError::Corrupt {
-                        what: format!("manifest of {path} (commit {})", commit.short(12)),
-                        reason: format!("the chunks of tensor {tensor} hold more than {len} bytes"),
+                        site: super::Site::at(place.clone()),
+                        reason: format!("its chunks hold more than its {len} bytes"),
                     })?;
                 out[at..end].copy_from_slice(&raw);
                 at = end;
@@ -135,8 +125,8 @@ impl Repository {
         }
         if at != out.len() {
             return Err(RepoError::Corrupt {
-                what: format!("manifest of {path} (commit {})", commit.short(12)),
-                reason: format!("the chunks of tensor {tensor} hold {at} bytes, the tensor {len}"),
+                site: super::Site::at(place),
+                reason: format!("its chunks hold {at} bytes, the tensor {len}"),
             });
         }
         Ok(())

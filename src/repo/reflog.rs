@@ -78,12 +78,16 @@ impl Repository {
         let mut out = Vec::with_capacity(raw.len());
         for (k, v) in raw {
             let (name, nanos) = parse_log_key(&k).ok_or_else(|| RepoError::Corrupt {
-                what: "ref log".into(),
+                site: super::Site::of(super::ObjectRef::RefLog { name: None }),
                 reason: format!("bad key {}", String::from_utf8_lossy(&k)),
             })?;
             out.push((
                 nanos,
-                RefLogEntry::decode(&name, &v).map_err(corrupt("ref log entry"))?,
+                RefLogEntry::decode(&name, &v).map_err(corrupt(super::Site::of(
+                    super::ObjectRef::RefLog {
+                        name: Some(name.clone()),
+                    },
+                )))?,
             ));
         }
         out.sort_by_key(|e| std::cmp::Reverse(e.0));

@@ -39,7 +39,9 @@ impl Repository {
         let remotes = match &stored {
             None => BTreeMap::new(),
             Some(b) => serde_json::from_slice(b).map_err(|e| RepoError::Corrupt {
-                what: "remote configuration (meta/remotes)".into(),
+                site: super::Site::of(super::ObjectRef::Meta {
+                    key: "remotes".into(),
+                }),
                 reason: e.to_string(),
             })?,
         };

@@ -210,12 +210,21 @@ impl Repository {
             let info = match seen.get(id) {
                 Some(i) => *i,
                 None => {
-                    let what = || format!("chunk {} of {path}", id.short(12));
+                    let site = || {
+                        Box::new(super::Site {
+                            object: Some(super::ObjectRef::Chunk { id: *id }),
+                            place: super::Place {
+                                file: Some(path.to_string()),
+                                ..Default::default()
+                            },
+                            from: None,
+                        })
+                    };
                     let bytes = self
                         .store
                         .get_vec(Space::Chunks, id.as_bytes())?
-                        .ok_or_else(|| RepoError::Missing { what: what() })?;
-                    let rec = ChunkRecord::decode(&bytes).map_err(corrupt(what()))?;
+                        .ok_or_else(|| RepoError::Missing { site: site() })?;
+                    let rec = ChunkRecord::decode(&bytes).map_err(corrupt(site()))?;
                     let info = RecordInfo {
                         size: bytes.len() as u64,
                         delta: rec.base.is_some(),

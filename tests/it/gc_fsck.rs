@@ -571,7 +571,7 @@ fn a_delta_cycle_or_an_endless_chain_is_an_error_not_a_hang() {
 
 /// Issue 15 item 5: a checkout or a tensor read that meets a damaged chunk
 /// says which chunk of which file and tensor of which commit, as fields
-/// (`RepoError::At`), with the same message as before.
+/// (the error's `Site`), and its message is rendered from them.
 #[test]
 fn checkout_and_read_name_the_damaged_chunk_file_tensor_and_commit_as_fields() {
     let tmp = tempfile::tempdir().unwrap();
@@ -587,17 +587,12 @@ fn checkout_and_read_name_the_damaged_chunk_file_tensor_and_commit_as_fields() {
         tensor: Some(tensor.clone()),
     };
     let placed = |e: RepoError| match e {
-        RepoError::At {
-            object,
-            place,
-            source,
-            ..
-        } => {
-            assert_eq!(*object, ObjectRef::Chunk { id: chunk });
-            assert_eq!(*place, want);
-            assert!(matches!(*source, RepoError::BadObject { .. }), "{source:?}");
+        RepoError::BadObject { site, .. } => {
+            assert_eq!(site.object, Some(ObjectRef::Chunk { id: chunk }));
+            assert_eq!(site.place, want);
+            assert_eq!(site.from, None);
         }
-        e => panic!("not placed: {e:?}"),
+        e => panic!("not a placed BadObject: {e:?}"),
     };
 
     let e = repo
@@ -606,8 +601,11 @@ fn checkout_and_read_name_the_damaged_chunk_file_tensor_and_commit_as_fields() {
     assert!(e.is_corruption());
     let msg = e.to_string();
     assert!(
-        msg.contains(&format!("tensor {tensor} in model.safetensors"))
-            && msg.contains("is corrupt"),
+        msg.starts_with(&format!(
+            "chunk {} of tensor {tensor} in model.safetensors (commit {}, step {step}) is corrupt: ",
+            chunk.short(12),
+            newest.short(12)
+        )),
         "{msg}"
     );
     placed(e);
