@@ -229,8 +229,21 @@ fn run_job(ckpts: Vec<Ckpt>, prune: Option<usize>) -> (tempfile::TempDir, PathBu
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Let a pruning pass run after the last commit.
-    std::thread::sleep(Duration::from_millis(1500));
+    // With --prune-local K, let the pruning pass after the last commit
+    // finish: wait until at most K checkpoint directories are left (a fixed
+    // sleep was too short on a loaded machine), with a generous deadline.
+    if let Some(k) = prune {
+        let dirs = || {
+            std::fs::read_dir(&run)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().path().is_dir())
+                .count()
+        };
+        let start = Instant::now();
+        while dirs() > k && start.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     watcher.kill().unwrap();
     watcher.wait().unwrap();
     let logged = logged_steps(&repo);
