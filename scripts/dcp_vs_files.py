@@ -9,8 +9,11 @@ trained on random tokens on CPU, a few optimizer steps between saves.
 Then commit each run with ckvc into its own repository and compare:
 
     python3 scripts/dcp_vs_files.py OUT [--steps 4] [--every 5] [--width 256]
-    for kind in dcp files; do ckvc init OUT/repo-$kind; for d in OUT/$kind/step-*; do
+    for kind in dcp files; do ckvc init OUT/repo-$kind; for d in $(ls -d OUT/$kind/step-* | sort -V); do
         ckvc -C OUT/repo-$kind commit $d; done; done
+
+(in step order: a glob sorts step-10 before step-5, and ckvc refuses a step
+that is not after the branch head's)
     du -sb OUT/repo-dcp/.ckvc OUT/repo-files/.ckvc
 """
 import argparse
