@@ -446,6 +446,24 @@ fn remote_s3_push_clone_pull_through_the_cli() {
         &["checkout", &step.to_string(), "-o", "last"],
     ));
     same_tree(dir, &t.join("a/last"));
+    // A shallow clone reads the entries it needs by ranged GETs.
+    let out = ok(run(
+        t,
+        &[
+            "clone",
+            "--json",
+            "--depth",
+            "1",
+            &url,
+            "c",
+            "--endpoint",
+            &ep,
+        ],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["fetch"]["range_reads"].as_u64().unwrap() > 0, "{v}");
+    ok(run(&t.join("c"), &["checkout", "main", "-o", "last"]));
+    same_tree(dir, &t.join("c/last"));
     // Without credentials the server refuses, clearly, with exit code 1.
     let (code, _, err) = ckvc_env(
         &t.join("a"),
