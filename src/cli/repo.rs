@@ -1,6 +1,7 @@
 //! The repository commands: init, commit, log, checkout, branch, show, diff,
 //! status.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
@@ -649,10 +650,11 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             let repo = w.open(false)?;
             let id = repo.resolve(&rev).map_err(fail)?;
             let r = repo.show(&id).map_err(fail)?;
+            let names = param_names(&repo, &[(&id, r.files.iter().map(|f| f.path.as_str()))])?;
             if json {
-                out(&(serde_json::to_string_pretty(&show_json(&r)).expect("JSON") + "\n"))
+                out(&(serde_json::to_string_pretty(&show_json(&r, &names)).expect("JSON") + "\n"))
             } else {
-                out(&show_text(&r))
+                out(&show_text(&r, &names))
             }
         }
         RepoCommand::Diff { rev_a, rev_b, json } => {
@@ -660,10 +662,31 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             let a = repo.resolve(&rev_a).map_err(fail)?;
             let b = repo.resolve(&rev_b).map_err(fail)?;
             let r = repo.diff(&a, &b).map_err(fail)?;
+            // Names as `b` records them (`a`'s for files only `a` has).
+            let in_b = r.files.iter().filter(|f| f.len_b.is_some());
+            let only_a = r.files.iter().filter(|f| f.len_b.is_none());
+            let names = param_names(
+                &repo,
+                &[
+                    (
+                        &b,
+                        in_b.map(|f| f.path.as_str())
+                            .collect::<Vec<_>>()
+                            .into_iter(),
+                    ),
+                    (
+                        &a,
+                        only_a
+                            .map(|f| f.path.as_str())
+                            .collect::<Vec<_>>()
+                            .into_iter(),
+                    ),
+                ],
+            )?;
             if json {
-                out(&(serde_json::to_string_pretty(&diff_json(&r)).expect("JSON") + "\n"))
+                out(&(serde_json::to_string_pretty(&diff_json(&r, &names)).expect("JSON") + "\n"))
             } else {
-                out(&diff_text(&r))
+                out(&diff_text(&r, &names))
             }
         }
         RepoCommand::Watch(args) => super::watch::run(args, w),
@@ -772,7 +795,42 @@ fn storage_json(s: &Storage) -> serde_json::Value {
     })
 }
 
-fn show_json(r: &ShowReport) -> serde_json::Value {
+/// Optimizer parameter names by file path (index -> name), for the files
+/// that record them (`Repository::optimizer_param_names`).
+type ParamNames = HashMap<String, BTreeMap<u64, String>>;
+
+fn param_names<'a, I: Iterator<Item = &'a str> + Clone>(
+    repo: &ckvc::repo::Repository,
+    files: &[(&ckvc::store::CommitId, I)],
+) -> Result<ParamNames, Failure> {
+    let mut out = ParamNames::new();
+    for (commit, paths) in files {
+        for p in paths.clone() {
+            if let Some(n) = repo.optimizer_param_names(commit, p).map_err(fail)? {
+                out.insert(p.to_string(), n);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The parameter an optimizer state tensor `state.<i>.…` of `path` belongs
+/// to, when the file records it.
+fn param_of<'a>(names: &'a ParamNames, path: &str, tensor: &str) -> Option<&'a str> {
+    let rest = tensor.strip_prefix("state.")?;
+    let i = rest.split_once('.').map_or(rest, |(i, _)| i);
+    names.get(path)?.get(&i.parse().ok()?).map(String::as_str)
+}
+
+/// A tensor's name, with its parameter's beside an optimizer index.
+fn tensor_label(names: &ParamNames, path: &str, tensor: &str) -> String {
+    match param_of(names, path, tensor) {
+        Some(p) => format!("{tensor} ({p})"),
+        None => tensor.to_string(),
+    }
+}
+
+fn show_json(r: &ShowReport, names: &ParamNames) -> serde_json::Value {
     let c = &r.commit;
     let files: Vec<serde_json::Value> = r
         .files
@@ -782,13 +840,19 @@ fn show_json(r: &ShowReport) -> serde_json::Value {
             let mut opaque = Vec::new();
             for s in &f.segments {
                 match s {
-                    SegmentShow::Tensor(t) => tensors.push(serde_json::json!({
-                        "name": t.name,
-                        "dtype": t.dtype.safetensors_name(),
-                        "shape": t.shape,
-                        "bytes": t.bytes,
-                        "storage": storage_json(&t.storage),
-                    })),
+                    SegmentShow::Tensor(t) => {
+                        let mut v = serde_json::json!({
+                            "name": t.name,
+                            "dtype": t.dtype.safetensors_name(),
+                            "shape": t.shape,
+                            "bytes": t.bytes,
+                            "storage": storage_json(&t.storage),
+                        });
+                        if let Some(p) = param_of(names, &f.path, &t.name) {
+                            v["param"] = p.into();
+                        }
+                        tensors.push(v)
+                    }
                     SegmentShow::Opaque { bytes, storage } => opaque.push(serde_json::json!({
                         "bytes": bytes,
                         "storage": storage_json(storage),
@@ -831,7 +895,7 @@ fn show_json(r: &ShowReport) -> serde_json::Value {
     })
 }
 
-fn show_text(r: &ShowReport) -> String {
+fn show_text(r: &ShowReport, names: &ParamNames) -> String {
     let c = &r.commit;
     let mut s = format!(
         "commit   {}\nstep     {}\nbranch   {}\n",
@@ -906,12 +970,12 @@ fn show_text(r: &ShowReport) -> String {
         if let Some(w) = opaque_warning(&f.path, f.kind) {
             s.push_str(&format!("  warning: {w}\n"));
         }
-        let nw = f
+        let labels: Vec<String> = f
             .tensors()
-            .map(|t| t.name.len())
-            .chain([8])
-            .max()
-            .unwrap_or(8);
+            .map(|t| tensor_label(names, &f.path, &t.name))
+            .collect();
+        let nw = labels.iter().map(String::len).chain([8]).max().unwrap_or(8);
+        let mut labels = labels.into_iter();
         let shapes: Vec<String> = f.tensors().map(|t| shape_str(&t.shape)).collect();
         let sw = shapes.iter().map(String::len).chain([5]).max().unwrap_or(5);
         s.push_str(&format!(
@@ -922,15 +986,19 @@ fn show_text(r: &ShowReport) -> String {
         for seg in &f.segments {
             let (name, dtype, shape, bytes, st) = match seg {
                 SegmentShow::Tensor(t) => (
-                    t.name.as_str(),
+                    labels.next().unwrap_or_default(),
                     t.dtype.safetensors_name(),
                     shapes.next().unwrap_or_default(),
                     t.bytes,
                     &t.storage,
                 ),
-                SegmentShow::Opaque { bytes, storage } => {
-                    ("(opaque)", "-", "-".to_string(), *bytes, storage)
-                }
+                SegmentShow::Opaque { bytes, storage } => (
+                    "(opaque)".to_string(),
+                    "-",
+                    "-".to_string(),
+                    *bytes,
+                    storage,
+                ),
             };
             s.push_str(&format!(
                 "  {:<nw$}  {:<7}  {:<sw$}  {:>10}  {:>6}  {:<9}  {:>10}\n",
@@ -968,7 +1036,7 @@ fn element_json(d: &ElementDiff) -> serde_json::Value {
     })
 }
 
-fn diff_json(r: &DiffReport) -> serde_json::Value {
+fn diff_json(r: &DiffReport, names: &ParamNames) -> serde_json::Value {
     let files: Vec<serde_json::Value> = r
         .files
         .iter()
@@ -981,6 +1049,9 @@ fn diff_json(r: &DiffReport) -> serde_json::Value {
                         "name": t.name,
                         "status": t.change.as_str(),
                     });
+                    if let Some(p) = param_of(names, &f.path, &t.name) {
+                        v["param"] = p.into();
+                    }
                     let o = v.as_object_mut().expect("an object");
                     let mut put = |k: &str, x: serde_json::Value| {
                         o.insert(k.to_string(), x);
@@ -1044,7 +1115,7 @@ fn dtype_shape(d: DType, shape: &[u64]) -> String {
     format!("{} {}", d.safetensors_name(), shape_str(shape))
 }
 
-fn diff_text(r: &DiffReport) -> String {
+fn diff_text(r: &DiffReport, names: &ParamNames) -> String {
     let mut s = format!(
         "diff {} (step {}) -> {} (step {}): {} changed, {} added, {} removed, {} unchanged files\n",
         r.a.short(12),
@@ -1090,26 +1161,27 @@ fn diff_text(r: &DiffReport) -> String {
             .tensors
             .iter()
             .filter(|t| !matches!(t.change, TensorChange::Unchanged { .. }))
+            .map(|t| (tensor_label(names, &f.path, &t.name), t))
             .collect();
         if shown.is_empty() {
             continue;
         }
         let nw = shown
             .iter()
-            .map(|t| t.name.len())
+            .map(|(l, _)| l.len())
             .chain([6])
             .max()
             .unwrap_or(6);
         if shown
             .iter()
-            .any(|t| matches!(t.change, TensorChange::Changed { .. }))
+            .any(|(_, t)| matches!(t.change, TensorChange::Changed { .. }))
         {
             s.push_str(&format!(
                 "    {:<nw$}  {:>8}  {:>10}  {:>10}  {:>10}  {}\n",
                 "tensor", "changed", "max |d|", "mean |d|", "rel L2", "dtype shape"
             ));
         }
-        for t in shown {
+        for (label, t) in shown {
             match &t.change {
                 TensorChange::Changed { dtype, shape, diff } => {
                     let rel = diff
@@ -1123,7 +1195,7 @@ fn diff_text(r: &DiffReport) -> String {
                     };
                     s.push_str(&format!(
                         "    {:<nw$}  {:>7.2}%  {:>10.3e}  {:>10.3e}  {:>10}  {}{}\n",
-                        t.name,
+                        label,
                         100.0 * diff.fraction_changed(),
                         diff.max_abs,
                         diff.mean_abs,
@@ -1134,12 +1206,12 @@ fn diff_text(r: &DiffReport) -> String {
                 }
                 TensorChange::Added { dtype, shape } => s.push_str(&format!(
                     "    {:<nw$}  added {}\n",
-                    t.name,
+                    label,
                     dtype_shape(*dtype, shape)
                 )),
                 TensorChange::Removed { dtype, shape } => s.push_str(&format!(
                     "    {:<nw$}  removed (was {})\n",
-                    t.name,
+                    label,
                     dtype_shape(*dtype, shape)
                 )),
                 TensorChange::Reshaped {
@@ -1149,7 +1221,7 @@ fn diff_text(r: &DiffReport) -> String {
                     shape_b,
                 } => s.push_str(&format!(
                     "    {:<nw$}  {} -> {}\n",
-                    t.name,
+                    label,
                     dtype_shape(*dtype_a, shape_a),
                     dtype_shape(*dtype_b, shape_b)
                 )),

@@ -34,7 +34,7 @@ mod zip;
 pub use distcp::{parse_distcp, DcpIndex};
 pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
-pub use torchzip::{parse_torch_legacy, parse_torch_zip};
+pub use torchzip::{optimizer_param_names, parse_torch_legacy, parse_torch_zip};
 
 /// The step number in a checkpoint directory name (`step-500`,
 /// `checkpoint-500`, `iter_0000500`): the trailing digits.

@@ -146,6 +146,71 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
     Layout::from_tensors(FileKind::TorchZip, len, tensors)
 }
 
+/// The parameter names an optimizer's `state_dict()` saved with
+/// `torch.save` records for its indices: `state.<i>.*` belongs to
+/// `names[i]`. Only when every param group lists `param_names` beside its
+/// `params` (torch >= 2.6 keeps them when the optimizer was given named
+/// parameters), one name per index and no index twice; otherwise `None`
+/// (never a guess). Reads only the pickle; errors only for a damaged zip.
+pub fn optimizer_param_names<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+) -> Result<Option<BTreeMap<u64, String>>, FormatError> {
+    let archive = zip::read_archive(r, len)?;
+    let Some(pkl) = archive
+        .entries
+        .iter()
+        .find(|e| e.name.ends_with("/data.pkl") && e.name.matches('/').count() == 1)
+    else {
+        return Ok(None);
+    };
+    if !pkl.is_plain() {
+        return Ok(None);
+    }
+    let bytes = read_at(
+        r,
+        len,
+        pkl.data_offset,
+        pkl.size,
+        MAX_PICKLE,
+        "torch data.pkl",
+    )?;
+    let tree = pickle::read(&bytes, pkl.data_offset)?;
+    Ok(param_names_of(&tree))
+}
+
+fn param_names_of(tree: &Pickle) -> Option<BTreeMap<u64, String>> {
+    let dict = |v: Value| match tree.node(v)? {
+        Node::Dict(d) => Some(d.as_slice()),
+        Node::Object(o) if !o.items.is_empty() => Some(o.items.as_slice()),
+        _ => None,
+    };
+    let get = |d: &[(Value, Value)], key: &str| {
+        d.iter()
+            .find(|(k, _)| tree.str(*k) == Some(key))
+            .map(|(_, v)| *v)
+    };
+    let groups = tree.items(get(dict(tree.root)?, "param_groups")?)?;
+    let mut names = BTreeMap::new();
+    for g in groups {
+        let g = dict(*g)?;
+        let params = tree.items(get(g, "params")?)?;
+        let pnames = tree.items(get(g, "param_names")?)?;
+        if params.len() != pnames.len() {
+            return None;
+        }
+        for (i, n) in params.iter().zip(pnames) {
+            let (Value::Int(i), Some(n)) = (i, tree.str(*n)) else {
+                return None;
+            };
+            if *i < 0 || names.insert(*i as u64, n.to_string()).is_some() {
+                return None;
+            }
+        }
+    }
+    (!names.is_empty()).then_some(names)
+}
+
 /// The first bytes of every legacy `torch.save` file: protocol 2, then the
 /// pickled magic number 0x1950a86a20f9469cfc6c (a LONG1) and STOP.
 pub const LEGACY_MAGIC: [u8; 15] = [
@@ -717,6 +782,34 @@ mod tests {
         l.tensors()
             .find(|t| t.name == name)
             .unwrap_or_else(|| panic!("no tensor {name}"))
+    }
+
+    #[test]
+    fn optimizer_param_names_only_when_every_group_records_them() {
+        let names = |f: &[u8]| optimizer_param_names(&mut Cursor::new(f), f.len() as u64).unwrap();
+        let named = names(include_bytes!(
+            "../../tests/fixtures/optim/named/checkpoint-1/optimizer.pt"
+        ))
+        .unwrap();
+        let want = [
+            "embed.weight",
+            "proj.weight",
+            "norm.weight",
+            "norm.bias",
+            "proj.bias",
+        ];
+        assert_eq!(named.len(), want.len());
+        for (i, n) in want.iter().enumerate() {
+            assert_eq!(named[&(i as u64)], *n);
+        }
+        assert_eq!(
+            names(include_bytes!(
+                "../../tests/fixtures/optim/unnamed/checkpoint-1/optimizer.pt"
+            )),
+            None
+        );
+        // A model state dict has no param_groups.
+        assert_eq!(names(SMALL), None);
     }
 
     #[test]

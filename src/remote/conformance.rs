@@ -30,6 +30,17 @@ pub fn run(remote: &dyn Remote) {
         "40 MiB round trip"
     );
 
+    // Range reads: exactly the bytes asked for; past the end is an error,
+    // a missing file `None`.
+    let r = |start: u64, len: u64| remote.get_range("packs/big.pack", start, len);
+    assert_eq!(r(0, 5).unwrap().unwrap(), &big[..5]);
+    assert!(r(12_345_677, 3 << 20).unwrap().unwrap() == big[12_345_677..][..3 << 20]);
+    let end = big.len() as u64;
+    assert_eq!(r(end - 7, 7).unwrap().unwrap(), &big[big.len() - 7..]);
+    assert!(r(end - 7, 8).is_err(), "a range past the end");
+    assert!(r(end + 10, 1).is_err(), "a range after the end");
+    assert_eq!(remote.get_range("packs/nope.pack", 0, 4).unwrap(), None);
+
     // list: by prefix, sorted, nested, nothing else.
     remote.put("packs/b.idx", b"i".to_vec()).unwrap();
     remote.put("refs/heads/main", b"1".to_vec()).unwrap();

@@ -60,6 +60,33 @@ impl DirRemote {
     /// an open forever), then checked with fstat, and its length is checked
     /// before anything is read.
     fn read(path: &Path, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        let Some((f, len)) = Self::open_regular(path, key)? else {
+            return Ok(None);
+        };
+        if len > max {
+            return Err(RemoteError::TooLarge {
+                key: key.into(),
+                len,
+                limit: max,
+            });
+        }
+        let mut buf = Vec::with_capacity(len as usize);
+        // Bounded even if the file grows while being read.
+        std::io::Read::read_to_end(&mut std::io::Read::take(&f, max + 1), &mut buf)
+            .map_err(Self::io(path))?;
+        if buf.len() as u64 > max {
+            return Err(RemoteError::TooLarge {
+                key: key.into(),
+                len: buf.len() as u64,
+                limit: max,
+            });
+        }
+        Ok(Some(buf))
+    }
+
+    /// Opens the regular file at `path` (see [`DirRemote::read`]); returns
+    /// it with its length, or `None` if it does not exist.
+    fn open_regular(path: &Path, key: &str) -> Result<Option<(File, u64)>, RemoteError> {
         let mut opts = OpenOptions::new();
         opts.read(true);
         #[cfg(unix)]
@@ -91,25 +118,7 @@ impl DirRemote {
                 },
             });
         }
-        if meta.len() > max {
-            return Err(RemoteError::TooLarge {
-                key: key.into(),
-                len: meta.len(),
-                limit: max,
-            });
-        }
-        let mut buf = Vec::with_capacity(meta.len() as usize);
-        // Bounded even if the file grows while being read.
-        std::io::Read::read_to_end(&mut std::io::Read::take(&f, max + 1), &mut buf)
-            .map_err(Self::io(path))?;
-        if buf.len() as u64 > max {
-            return Err(RemoteError::TooLarge {
-                key: key.into(),
-                len: buf.len() as u64,
-                limit: max,
-            });
-        }
-        Ok(Some(buf))
+        Ok(Some((f, meta.len())))
     }
 
     /// `.<name>.<suffix>` beside `path` (whose directory is created).
@@ -176,6 +185,33 @@ impl Remote for DirRemote {
 
     fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
         Self::read(&self.path(key)?, key, max.min(MAX_FILE))
+    }
+
+    fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        let path = self.path(key)?;
+        let end = super::range_end(key, start, len)?;
+        let Some((f, size)) = Self::open_regular(&path, key)? else {
+            return Ok(None);
+        };
+        if size < end {
+            return Err(super::short_file(key, size, end));
+        }
+        if len > MAX_FILE {
+            return Err(RemoteError::TooLarge {
+                key: key.into(),
+                len,
+                limit: MAX_FILE,
+            });
+        }
+        let mut buf = vec![0u8; len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, start).map_err(|e| {
+            if e.kind() == ErrorKind::UnexpectedEof {
+                super::short_file(key, size, end) // shrunk meanwhile
+            } else {
+                Self::io(&path)(e)
+            }
+        })?;
+        Ok(Some(buf))
     }
 
     fn clean_stale(&self, older_than: Duration) -> Result<usize, RemoteError> {

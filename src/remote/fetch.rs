@@ -4,7 +4,9 @@
 //! Read the remote refs, walk from them through objects the local store
 //! lacks, downloading the packs that hold them into `.ckvc/fetch/` (kept
 //! across an interrupted fetch; each verified against its name before use)
-//! and planning which chunks to fetch (shallow: which to store whole).
+//! or, in a shallow fetch, only the entries needed, by range reads placed
+//! by the pack indexes; and planning which chunks to fetch (shallow: which
+//! to store whole, and the left-out base chains to read for that).
 //! Everything received goes through the repository's verified import
 //! ([`Repository::import`]): objects hash to their ids, every chunk is
 //! decoded through its delta chain to its blake3 id before it is written,
@@ -26,7 +28,7 @@ use crate::repo::{Import, ImportBase, ObjectKind, Repository, DOT_DIR};
 use crate::store::{ChunkId, CommitId, Hash32, ObjectId};
 
 use super::layout::{
-    check_layout, corrupt, idx_key, load_index, pack_key, remote_heads, RemoteIndex,
+    check_layout, corrupt, idx_key, load_index, pack_key, remote_heads, Loc, RemoteIndex,
 };
 use super::pack::{self, Kind};
 use super::{Progress, Remote, RemoteError};
@@ -58,9 +60,13 @@ pub struct FetchReport {
     pub logical_bytes: u64,
     /// Objects written to the local store.
     pub objects: u64,
-    /// Packs downloaded (or found complete from an interrupted fetch).
+    /// Packs read from, whole (downloaded, or found complete from an
+    /// interrupted fetch) or in part.
     pub packs: u64,
     pub bytes_received: u64,
+    /// Reads of part of a pack (a shallow fetch reads the entries it needs
+    /// by range where that is less than the whole pack).
+    pub range_reads: u64,
     /// Chunks stored as full snapshots because their delta base was left
     /// behind (shallow fetch).
     pub reencoded: u64,
@@ -71,16 +77,41 @@ pub struct FetchReport {
     pub bases_held_peak: u64,
 }
 
-/// A staged pack file and where each of its entries is (offset, length).
-type StagedPack = (fs::File, HashMap<(Kind, [u8; 32]), (u64, u64)>);
+/// A range read reaches over a gap of unneeded bytes up to this long
+/// between two needed entries (one request instead of two).
+const MERGE_GAP: u64 = 64 << 10;
 
-/// Downloaded packs, kept in `.ckvc/fetch/` until the fetch completes.
+/// A pack whose needed entries add up to at least this share of it
+/// (numerator / 8) is downloaded whole (and verified by its name).
+const WHOLE_EIGHTHS: u64 = 7;
+
+/// An entry to read: its kind, id, and where the index places it.
+type Wanted = (Kind, [u8; 32], Loc);
+
+/// A staged pack: a file in `.ckvc/fetch/` and where each entry it holds
+/// is in it (offset, length). A whole pack was downloaded entire and
+/// verified against its name; a partial one (`<name>.part`, sparse) holds
+/// only the entries read by range, at their offsets in the pack.
+struct StagedPack {
+    file: fs::File,
+    map: HashMap<(Kind, [u8; 32]), (u64, u64)>,
+    whole: bool,
+}
+
+/// Downloaded packs and pack entries, kept in `.ckvc/fetch/` until the
+/// fetch completes.
 struct Stage<'a> {
     dir: PathBuf,
     remote: &'a dyn Remote,
     index: &'a RemoteIndex,
     loaded: HashMap<Hash32, StagedPack>,
     bytes_received: u64,
+    /// Requests that read part of a pack.
+    range_reads: u64,
+    /// Read single entries by range where that reads less than the whole
+    /// pack (a shallow fetch needs a few entries of many packs); otherwise
+    /// every pack holding a needed object is downloaded whole.
+    ranged: bool,
     progress: &'a dyn Progress,
 }
 
@@ -92,9 +123,9 @@ impl Stage<'_> {
         }
     }
 
-    /// Make sure pack `name` is staged and verified.
+    /// Make sure pack `name` is staged whole and verified.
     fn load(&mut self, name: &Hash32) -> Result<(), RemoteError> {
-        if self.loaded.contains_key(name) {
+        if self.loaded.get(name).is_some_and(|p| p.whole) {
             return Ok(());
         }
         fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
@@ -118,12 +149,7 @@ impl Stage<'_> {
                 let bytes = self
                     .remote
                     .get_limited(&pack_key(name), limit)?
-                    .ok_or_else(|| {
-                        corrupt(
-                            &what,
-                            "is missing (its index exists; the remote is damaged or was pruned)",
-                        )
-                    })?;
+                    .ok_or_else(|| missing_pack(&what))?;
                 if bytes.len() as u64 > pack::MAX_PACK_BYTES {
                     return Err(corrupt(&what, "larger than the pack size limit"));
                 }
@@ -141,12 +167,21 @@ impl Stage<'_> {
             .into_iter()
             .map(|e| ((e.kind, e.id), (e.offset, e.len)))
             .collect();
-        self.loaded.insert(*name, (file, map));
+        self.loaded.insert(
+            *name,
+            StagedPack {
+                file,
+                map,
+                whole: true,
+            },
+        );
+        // Entries read by range before are in the whole pack too.
+        let _ = fs::remove_file(self.dir.join(format!("{name}.part")));
         Ok(())
     }
 
-    /// The pack the remote's index names for an object.
-    fn pack_of(&self, kind: Kind, id: &[u8; 32]) -> Result<Hash32, RemoteError> {
+    /// Where the remote's index says an object is.
+    fn loc(&self, kind: Kind, id: &[u8; 32]) -> Result<Loc, RemoteError> {
         let what = || format!("{} {}", kind.name(), crate::store::to_hex(&id[..6]));
         self.index.entries.get(&(kind, *id)).copied().ok_or_else(|| {
             corrupt(
@@ -156,31 +191,195 @@ impl Stage<'_> {
         })
     }
 
-    /// The bytes of an object the remote holds, staging its pack first.
+    fn is_staged(&self, kind: Kind, id: &[u8; 32]) -> Result<bool, RemoteError> {
+        let loc = self.loc(kind, id)?;
+        Ok(self
+            .loaded
+            .get(&loc.pack)
+            .is_some_and(|p| p.whole || p.map.contains_key(&(kind, *id))))
+    }
+
+    /// Stage every object of `want`, pack by pack: a whole pack when the
+    /// fetch is not ranged or the wanted entries make up most of it, else
+    /// the wanted entries by range reads (neighbours a short gap apart in
+    /// one read).
+    fn ensure(
+        &mut self,
+        want: impl IntoIterator<Item = (Kind, [u8; 32])>,
+    ) -> Result<(), RemoteError> {
+        let mut by_pack: BTreeMap<Hash32, Vec<Wanted>> = BTreeMap::new();
+        for (kind, id) in want {
+            if !self.is_staged(kind, &id)? {
+                let loc = self.loc(kind, &id)?;
+                by_pack.entry(loc.pack).or_default().push((kind, id, loc));
+            }
+        }
+        for (name, mut entries) in by_pack {
+            if !self.ranged {
+                self.load(&name)?;
+                continue;
+            }
+            entries.sort_by_key(|e| e.2.offset);
+            entries.dedup_by_key(|e| (e.0, e.1));
+            let what = format!("pack index {}", idx_key(&name));
+            // Each read spans entry headers and bytes: start, end, entries.
+            let mut reads: Vec<(u64, u64, Vec<Wanted>)> = Vec::new();
+            for e in entries {
+                let start =
+                    e.2.offset
+                        .checked_sub(pack::ENTRY_HEADER as u64)
+                        .filter(|&s| s >= pack::PACK_HEADER as u64)
+                        .ok_or_else(|| corrupt(&what, "an entry overlaps the pack header"))?;
+                let end = e.2.offset + e.2.len; // checked against the pack's length on load
+                match reads.last_mut() {
+                    Some(r) if start <= r.1.saturating_add(MERGE_GAP) => {
+                        r.1 = r.1.max(end);
+                        r.2.push(e);
+                    }
+                    _ => reads.push((start, end, vec![e])),
+                }
+            }
+            let total: u64 = reads.iter().map(|r| r.1 - r.0).sum();
+            let pack_len = self.index.packs.get(&name).copied().unwrap_or(0);
+            if total.saturating_mul(8) >= pack_len.saturating_mul(WHOLE_EIGHTHS) {
+                self.load(&name)?;
+            } else {
+                for (start, end, entries) in reads {
+                    self.read_range(&name, start, end, &entries)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Read bytes `start..end` of pack `name` and stage the entries in
+    /// them, each checked against its index entry (the pack's own header
+    /// for it names the same kind, id and length). The content itself is
+    /// verified as every received object is: by its hash.
+    fn read_range(
+        &mut self,
+        name: &Hash32,
+        start: u64,
+        end: u64,
+        entries: &[Wanted],
+    ) -> Result<(), RemoteError> {
+        let key = pack_key(name);
+        let what = format!("pack {key}");
+        let bytes = self
+            .remote
+            .get_range(&key, start, end - start)?
+            .ok_or_else(|| missing_pack(&what))?;
+        if bytes.len() as u64 != end - start {
+            return Err(corrupt(&what, "a range read returned another length"));
+        }
+        self.bytes_received += bytes.len() as u64;
+        self.range_reads += 1;
+        self.progress.advance(bytes.len() as u64, 0);
+        for (kind, id, loc) in entries {
+            let h = (loc.offset - start) as usize - pack::ENTRY_HEADER;
+            let header = &bytes[h..h + pack::ENTRY_HEADER];
+            if header[0] != *kind as u8
+                || header[1..33] != id[..]
+                || header[33..41] != loc.len.to_le_bytes()
+            {
+                return Err(corrupt(
+                    &what,
+                    format!(
+                        "holds something else at offset {} than its index lists ({} {})",
+                        loc.offset,
+                        kind.name(),
+                        crate::store::to_hex(&id[..6])
+                    ),
+                ));
+            }
+        }
+        if !self.loaded.contains_key(name) {
+            fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
+            let path = self.dir.join(format!("{name}.part"));
+            // Never reused: only entries read by this fetch are trusted.
+            let file = fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .map_err(Self::io(&path))?;
+            self.loaded.insert(
+                *name,
+                StagedPack {
+                    file,
+                    map: HashMap::new(),
+                    whole: false,
+                },
+            );
+        }
+        let staged = self
+            .loaded
+            .get_mut(name)
+            .ok_or_else(|| corrupt(&what, "was not staged (a bug)"))?;
+        staged
+            .file
+            .write_all_at(&bytes, start)
+            .map_err(Self::io(&self.dir))?;
+        for (kind, id, loc) in entries {
+            staged.map.insert((*kind, *id), (loc.offset, loc.len));
+        }
+        Ok(())
+    }
+
+    /// The bytes of an object the remote holds, staging it first (a
+    /// commit, tree or manifest brings every such object of its pack: the
+    /// walk will want its neighbours next).
     fn get(&mut self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
-        let name = self.pack_of(kind, id)?;
-        self.load(&name)?;
+        if !self.is_staged(kind, id)? {
+            let loc = self.loc(kind, id)?;
+            if kind == Kind::Chunk || !self.ranged {
+                self.ensure([(kind, *id)])?;
+            } else {
+                let objects: Vec<(Kind, [u8; 32])> = self
+                    .index
+                    .contents
+                    .get(&loc.pack)
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e.kind != Kind::Chunk)
+                    .map(|e| (e.kind, e.id))
+                    .collect();
+                self.ensure(objects)?;
+            }
+        }
         self.get_staged(kind, id)
     }
 
-    /// The bytes of an object whose pack is staged already.
+    /// The bytes of an object that is staged already.
     fn get_staged(&self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
         let what = || format!("{} {}", kind.name(), crate::store::to_hex(&id[..6]));
-        let name = self.pack_of(kind, id)?;
-        let (file, map) = self.loaded.get(&name).ok_or_else(|| {
+        let name = self.loc(kind, id)?.pack;
+        let staged = self.loaded.get(&name).ok_or_else(|| {
             corrupt(
                 format!("pack {}", pack_key(&name)),
                 "was not staged before verifying (a bug)",
             )
         })?;
-        let &(off, len) = map.get(&(kind, *id)).ok_or_else(|| {
-            corrupt(
-                format!("pack index {}", idx_key(&name)),
-                format!("lists {} but the pack does not hold it", what()),
-            )
-        })?;
+        let &(off, len) = match staged.map.get(&(kind, *id)) {
+            Some(e) => e,
+            None if staged.whole => {
+                return Err(corrupt(
+                    format!("pack index {}", idx_key(&name)),
+                    format!("lists {} but the pack does not hold it", what()),
+                ))
+            }
+            None => {
+                return Err(corrupt(
+                    format!("{} of pack {}", what(), pack_key(&name)),
+                    "was not staged before verifying (a bug)",
+                ))
+            }
+        };
         let mut buf = vec![0u8; len as usize];
-        file.read_exact_at(&mut buf, off)
+        staged
+            .file
+            .read_exact_at(&mut buf, off)
             .map_err(Self::io(&self.dir))?;
         Ok(buf)
     }
@@ -188,6 +387,13 @@ impl Stage<'_> {
     fn cleanup(self) {
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+fn missing_pack(what: &str) -> RemoteError {
+    corrupt(
+        what,
+        "is missing (its index exists; the remote is damaged or was pruned)",
+    )
 }
 
 /// Verifies the fetched chunks through the repository's import, one walk
@@ -298,6 +504,8 @@ pub fn fetch(
             index: &ix,
             loaded: HashMap::new(),
             bytes_received: 0,
+            range_reads: 0,
+            ranged: opts.depth.is_some(),
             progress,
         };
         progress.start("download", 0, ix.packs.len() as u64);
@@ -346,12 +554,9 @@ pub fn fetch(
         if !rest.is_empty() {
             walks.push(rest);
         }
-        // Every pack the walks read is staged now (planning read their
-        // headers), so the walks only read the stage.
-        for (_, id) in &order {
-            let pack = stage.pack_of(Kind::Chunk, id.as_bytes())?;
-            stage.load(&pack)?;
-        }
+        // Every record the walks read (the chunks, and the left-out bases
+        // that re-encoded chunks are decoded through) was staged while
+        // planning read its header, so the walks only read the stage.
         progress.start("verify", 0, order.len() as u64);
         let v = Verifier {
             repo,
@@ -373,6 +578,7 @@ pub fn fetch(
         report.reencoded = import.reencoded();
         report.packs = stage.loaded.len() as u64;
         report.bytes_received = stage.bytes_received;
+        report.range_reads = stage.range_reads;
         add_tracking_moves(repo, &heads, remote_name, &mut import, &mut report)?;
         import.commit()?;
         stage.cleanup();
@@ -487,37 +693,53 @@ fn plan_fetch(
             }
         }
     }
-    // Chunks the local store lacks, and their delta bases.
-    let mut work: Vec<(ChunkId, bool)> = Vec::new();
+    // Chunks the local store lacks, and their delta bases, a round at a
+    // time (each round's records are staged together, so a shallow fetch
+    // reads each pack's needed entries in few requests). A shallow fetch
+    // stores a chunk whose base is left behind whole: it is decoded
+    // through its base chain, whose records are read (staged) but never
+    // stored (`chain`).
+    let mut round: Vec<ChunkId> = Vec::new();
     for c in named_chunks {
         if !plan.chunks.contains_key(&c) && !repo.has_object(ObjectKind::Chunk, c.as_bytes())? {
             plan.chunks.insert(c, (0, None, true));
-            work.push((c, true));
+            round.push(c);
         }
     }
-    let mut headers = HashMap::new();
-    while let Some((c, named)) = work.pop() {
-        let bytes = stage.get(Kind::Chunk, c.as_bytes())?;
-        let h = ChunkRecord::decode_header(&bytes).map_err(|r| {
-            corrupt(
-                format!("chunk {} received from the remote", c.short(12)),
-                r.to_string(),
-            )
-        })?;
-        plan.chunks.insert(c, (h.depth, h.base, named));
-        headers.insert(c, h);
-        if let Some(b) = h.base {
-            let local = repo.has_object(ObjectKind::Chunk, b.as_bytes())?;
-            if local || plan.chunks.contains_key(&b) {
-                continue;
+    let mut chain: HashSet<ChunkId> = HashSet::new();
+    while !round.is_empty() {
+        stage.ensure(round.iter().map(|c| (Kind::Chunk, *c.as_bytes())))?;
+        let mut next = Vec::new();
+        for c in round {
+            let bytes = stage.get_staged(Kind::Chunk, c.as_bytes())?;
+            let h = ChunkRecord::decode_header(&bytes).map_err(|r| {
+                corrupt(
+                    format!("chunk {} received from the remote", c.short(12)),
+                    r.to_string(),
+                )
+            })?;
+            let in_chain = chain.contains(&c);
+            if !in_chain {
+                let named = plan.chunks.get(&c).is_some_and(|e| e.2);
+                plan.chunks.insert(c, (h.depth, h.base, named));
+            }
+            let Some(b) = h.base else { continue };
+            if plan.chunks.contains_key(&b) || repo.has_object(ObjectKind::Chunk, b.as_bytes())? {
+                continue; // stored as received: its base is or will be here
             }
             if depth.is_some() {
-                plan.reencode.insert(c);
+                if !in_chain {
+                    plan.reencode.insert(c);
+                }
+                if chain.insert(b) {
+                    next.push(b);
+                }
             } else {
                 plan.chunks.insert(b, (0, None, false));
-                work.push((b, false));
+                next.push(b);
             }
         }
+        round = next;
     }
     Ok(plan)
 }

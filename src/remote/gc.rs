@@ -123,7 +123,7 @@ fn mark(
     };
     let mut reachable = HashSet::new();
     let mut read = |kind: Kind, id: &[u8; 32]| -> Result<Option<Vec<u8>>, RemoteError> {
-        let Some(name) = index.entries.get(&(kind, *id)) else {
+        let Some(super::layout::Loc { pack: name, .. }) = index.entries.get(&(kind, *id)) else {
             return Ok(None); // not on the remote (a shallow history's edge)
         };
         reachable.insert(*name);

@@ -93,11 +93,23 @@ pub(crate) fn remote_heads(remote: &dyn Remote) -> Result<BTreeMap<String, Commi
     Ok(out)
 }
 
+/// Where an object is on the remote: its pack, and where its bytes are in
+/// it (as the pack's index says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) pack: Hash32,
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+}
+
 /// Where each object on the remote is: the union of the pack indexes.
 #[derive(Default)]
 pub(crate) struct RemoteIndex {
-    pub(crate) entries: HashMap<(Kind, [u8; 32]), Hash32>,
+    pub(crate) entries: HashMap<(Kind, [u8; 32]), Loc>,
+    /// Each pack's length.
     pub(crate) packs: HashMap<Hash32, u64>,
+    /// Each pack's entries, as its index lists them.
+    pub(crate) contents: HashMap<Hash32, Vec<pack::Entry>>,
 }
 
 impl RemoteIndex {
@@ -133,9 +145,15 @@ pub(crate) fn load_index(remote: &dyn Remote) -> Result<RemoteIndex, RemoteError
             ));
         }
         for e in &idx.entries {
-            ix.entries.insert((e.kind, e.id), name);
+            let loc = Loc {
+                pack: name,
+                offset: e.offset,
+                len: e.len,
+            };
+            ix.entries.insert((e.kind, e.id), loc);
         }
         ix.packs.insert(name, idx.pack_len);
+        ix.contents.insert(name, idx.entries);
     }
     Ok(ix)
 }

@@ -38,6 +38,15 @@ impl Remote for MemRemote {
         Ok(self.files().get(key).cloned())
     }
 
+    fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        check_key(key)?;
+        let end = super::range_end(key, start, len)?;
+        match self.files().get(key) {
+            Some(b) => super::cut_range(key, b, start, end).map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
         check_key(key)?;
         Ok(self.files().get(key).map(|d| (d.clone(), version_of(d))))

@@ -199,6 +199,19 @@ pub trait Remote: Send + Sync {
         }
     }
 
+    /// `len` bytes of the file from byte `start` (a ranged read: a fetch
+    /// takes single entries out of a pack this way), or `None` if the file
+    /// does not exist. A file that ends before `start + len` is
+    /// [`RemoteError::Corrupt`]. The default reads the whole file and cuts
+    /// the range out.
+    fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        let end = range_end(key, start, len)?;
+        match self.get(key)? {
+            Some(b) => cut_range(key, &b, start, end).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Delete what killed writers left behind (a directory remote's
     /// temporary files older than `older_than`); returns how many. A no-op
     /// where writes leave nothing (S3's PUT is atomic).
@@ -227,6 +240,29 @@ pub trait Remote: Send + Sync {
 
     /// Remove a file (a no-op when absent).
     fn delete(&self, key: &str) -> Result<(), RemoteError>;
+}
+
+/// The end of a range read, refused when it overflows.
+fn range_end(key: &str, start: u64, len: u64) -> Result<u64, RemoteError> {
+    start.checked_add(len).ok_or_else(|| RemoteError::BadPath {
+        key: key.into(),
+        reason: format!("range {start}+{len} overflows"),
+    })
+}
+
+/// Bytes `start..end` of a file read whole.
+fn cut_range(key: &str, b: &[u8], start: u64, end: u64) -> Result<Vec<u8>, RemoteError> {
+    match b.get(start as usize..end as usize) {
+        Some(r) if end <= b.len() as u64 => Ok(r.to_vec()),
+        _ => Err(short_file(key, b.len() as u64, end)),
+    }
+}
+
+fn short_file(key: &str, len: u64, end: u64) -> RemoteError {
+    RemoteError::Corrupt {
+        what: key.into(),
+        reason: format!("is {len} bytes, shorter than the {end} its index promises"),
+    }
 }
 
 /// Keys are relative, `/`-separated, made of ASCII letters, digits and

@@ -12,8 +12,10 @@ use super::RemoteError;
 pub const PACK_VERSION: u8 = 1;
 const PACK_MAGIC: &[u8; 8] = b"CKVCPACK";
 const IDX_MAGIC: &[u8; 8] = b"CKVCIDX\0";
-const PACK_HEADER: usize = 16;
-const ENTRY_HEADER: usize = 1 + 32 + 8;
+/// The bytes before a pack's first entry.
+pub const PACK_HEADER: usize = 16;
+/// The bytes before each entry's bytes: kind, id, length.
+pub const ENTRY_HEADER: usize = 1 + 32 + 8;
 const IDX_ENTRY: usize = 1 + 32 + 8 + 8;
 /// No pack a reader accepts is larger (it is read into memory to verify).
 pub const MAX_PACK_BYTES: u64 = 2 << 30;

@@ -148,9 +148,29 @@ pub fn push(
     // What to send: chunks first, then manifests, trees, commits (parents
     // first), so a pack never holds an object whose content it precedes.
     let mut todo: Vec<(Kind, [u8; 32])> = Vec::new();
-    let mut chunk_ids: Vec<ChunkId> = reach.all_chunks().copied().collect();
+    // Chunks grouped by the commit the walk found them in (then by file
+    // and tensor), so that a commit's chunks lie together and a shallow
+    // fetch reads them in few ranges; bases no manifest names come last.
+    let position: std::collections::HashMap<&CommitId, usize> = reach
+        .commits
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c, i))
+        .collect();
+    let mut chunk_ids: Vec<(usize, &str, &str, ChunkId)> = reach
+        .all_chunks()
+        .map(|c| match reach.chunks.get(c) {
+            Some(u) => (
+                position.get(&u.commit).copied().unwrap_or(usize::MAX),
+                u.path.as_str(),
+                u.tensor.as_deref().unwrap_or(""),
+                *c,
+            ),
+            None => (usize::MAX, "", "", *c),
+        })
+        .collect();
     chunk_ids.sort();
-    for c in chunk_ids {
+    for (.., c) in chunk_ids {
         todo.push((Kind::Chunk, *c.as_bytes()));
     }
     let mut manifests: Vec<ObjectId> = reach.manifests.keys().copied().collect();

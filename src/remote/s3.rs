@@ -212,6 +212,27 @@ impl Remote for S3Remote {
         })
     }
 
+    fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        let path = self.path(key)?;
+        let end = super::range_end(key, start, len)?;
+        self.rt.block_on(async {
+            if len == 0 {
+                return match self.store.head(&path).await {
+                    Ok(_) => Ok(Some(Vec::new())),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.err(key, e)),
+                };
+            }
+            match self.store.get_range(&path, start..end).await {
+                // A server that sends another length is not trusted.
+                Ok(b) if b.len() as u64 == len => Ok(Some(b.to_vec())),
+                Ok(b) => Err(super::short_file(key, start + b.len() as u64, end)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(self.err(key, e)),
+            }
+        })
+    }
+
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
         match self.fetch(key)? {
             None => Ok(None),

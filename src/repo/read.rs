@@ -21,7 +21,11 @@ use super::{RepoError, Repository};
 
 impl Repository {
     /// The manifest of file `path` of `commit`, and the commit's step.
-    fn manifest_at(&self, commit: &CommitId, path: &str) -> Result<(FileManifest, u64), RepoError> {
+    pub(super) fn manifest_at(
+        &self,
+        commit: &CommitId,
+        path: &str,
+    ) -> Result<(FileManifest, u64), RepoError> {
         let c = self.commit_object(commit)?;
         let tree = self.tree(&c.tree)?;
         let mid = tree

@@ -242,3 +242,41 @@ impl Repository {
         Ok(s)
     }
 }
+
+/// Files larger than this are not read for optimizer parameter names (a
+/// display hint is not worth decoding gigabytes).
+const PARAM_NAMES_MAX_FILE: u64 = 1 << 30;
+
+impl Repository {
+    /// The parameter names of the optimizer state tensors (`state.<i>.…`)
+    /// of torch zip file `path` of `commit`, index -> name, when the file
+    /// itself records them (every param group lists `param_names`, as
+    /// torch >= 2.6 saves for an optimizer given named parameters). `None`
+    /// otherwise: no `state.` tensors, names not recorded (transformers'
+    /// Trainer passes bare parameters, and a model file cannot tell which
+    /// index is which: safetensors sorts its keys and the Trainer orders
+    /// the indices by weight-decay group), a file over 1 GiB, or a pickle
+    /// that does not parse. Display only: nothing is stored. Reads and
+    /// verifies the whole file.
+    pub fn optimizer_param_names(
+        &self,
+        commit: &CommitId,
+        path: &str,
+    ) -> Result<Option<std::collections::BTreeMap<u64, String>>, RepoError> {
+        let (m, _) = self.manifest_at(commit, path)?;
+        let has_state = m
+            .segments
+            .iter()
+            .any(|s| matches!(s, SegmentRef::Tensor { name, .. } if name.starts_with("state.")));
+        if m.kind != FileKind::TorchZip || !has_state || m.len > PARAM_NAMES_MAX_FILE {
+            return Ok(None);
+        }
+        let bytes = self.read_file(commit, path)?;
+        let len = bytes.len() as u64;
+        Ok(
+            crate::format::optimizer_param_names(&mut std::io::Cursor::new(bytes), len)
+                .ok()
+                .flatten(),
+        )
+    }
+}

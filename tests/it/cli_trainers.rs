@@ -478,3 +478,97 @@ fn every_repository_command_prints_json_with_json() {
         assert!(v["event"] == "skipped" || v["event"] == "committed", "{v}");
     }
 }
+
+/// `tests/fixtures/optim/<which>/checkpoint-<step>` (see its generate.py).
+fn optim_fixture(which: &str, step: u64) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/optim")
+        .join(which)
+        .join(format!("checkpoint-{step}"))
+}
+
+/// The tensor `name` of `file` in `show --json` output.
+fn json_tensor<'a>(v: &'a serde_json::Value, file: &str, name: &str) -> &'a serde_json::Value {
+    let f = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == file)
+        .unwrap();
+    f["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap()
+}
+
+#[test]
+fn optimizer_tensors_are_shown_with_their_parameter_names_when_the_optimizer_records_them() {
+    // A Trainer-style checkpoint (model.safetensors + optimizer.pt with the
+    // weight-decay group first) whose optimizer was given named
+    // parameters: torch records `param_names`, and index 2 is norm.weight
+    // (the second group's first), not the model file's third key.
+    let (_tmp, root) = repo();
+    for step in [1, 2] {
+        let d = optim_fixture("named", step);
+        let (code, _, err) = run_ckvc(&root, &["commit", d.to_str().unwrap()]);
+        assert_eq!(code, Some(0), "{err}");
+    }
+    let (code, out, err) = run_ckvc(&root, &["show", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("state.0.exp_avg (embed.weight)"), "{out}");
+    assert!(out.contains("state.2.exp_avg_sq (norm.weight)"), "{out}");
+    assert!(out.contains("state.4.step (proj.bias)"), "{out}");
+    let (_, out, _) = run_ckvc(&root, &["show", "2", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        json_tensor(&v, "optimizer.pt", "state.1.exp_avg")["param"],
+        "proj.weight"
+    );
+    assert_eq!(
+        json_tensor(&v, "optimizer.pt", "state.3.exp_avg")["param"],
+        "norm.bias"
+    );
+    // Model tensors are named already: no `param` field.
+    assert!(json_tensor(&v, "model.safetensors", "proj.bias")
+        .get("param")
+        .is_none());
+    let (code, out, err) = run_ckvc(&root, &["diff", "1", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("state.1.exp_avg (proj.weight)"), "{out}");
+    let (_, out, _) = run_ckvc(&root, &["diff", "1", "2", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let f = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "optimizer.pt")
+        .unwrap();
+    let t = f["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "state.2.exp_avg")
+        .unwrap();
+    assert_eq!(t["param"], "norm.weight", "{t}");
+}
+
+#[test]
+fn optimizer_tensors_keep_bare_indices_when_the_optimizer_records_no_names() {
+    // As transformers' Trainer saves it: indices only, and the model file
+    // (keys sorted) cannot say which index is which, so nothing is guessed.
+    let (_tmp, root) = repo();
+    let d = optim_fixture("unnamed", 1);
+    let (code, _, err) = run_ckvc(&root, &["commit", d.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = run_ckvc(&root, &["show", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("state.0.exp_avg "), "{out}");
+    assert!(!out.contains("state.0.exp_avg ("), "{out}");
+    let (_, out, _) = run_ckvc(&root, &["show", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(json_tensor(&v, "optimizer.pt", "state.0.exp_avg")
+        .get("param")
+        .is_none());
+}
