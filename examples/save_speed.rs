@@ -8,7 +8,10 @@
 use std::path::Path;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use ckvc::repo::{CommitOptions, Config, Repository};
+use ckvc::store::{Mode, RocksOptions, RocksStore};
 
 fn cpu_secs() -> f64 {
     // utime + stime of this process, in clock ticks (100 Hz on Linux).
@@ -26,7 +29,18 @@ fn main() {
         std::process::exit(2);
     };
     let _ = std::fs::remove_dir_all(repo_dir);
-    let repo = Repository::init(Path::new(repo_dir), Config::default()).expect("init");
+    let options = RocksOptions {
+        direct_writes: std::env::var_os("SAVE_SPEED_BUFFERED").is_none(),
+        ..RocksOptions::default()
+    };
+    let store = RocksStore::open_with(Path::new(repo_dir).join("db"), Mode::ReadWrite, &options)
+        .expect("open store");
+    let repo = Repository::init_store(
+        Path::new(repo_dir).into(),
+        Arc::new(store),
+        Config::default(),
+    )
+    .expect("init");
     for (i, d) in dirs.iter().enumerate() {
         let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)
             .expect("read dir")
