@@ -153,10 +153,28 @@ pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
 /// A chunk ready to store: id, encoded record, delta depth.
 type Encoded = (ChunkId, Vec<u8>, u16);
 
+/// A chunk's raw bytes in the pipeline.
+enum Raw<'d> {
+    /// Read from a file into a pooled buffer.
+    Owned(Vec<u8>),
+    /// A slice of an in-memory file ([`Source::Bytes`]): not copied.
+    Borrowed(&'d [u8]),
+}
+
+impl std::ops::Deref for Raw<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Raw::Owned(v) => v,
+            Raw::Borrowed(b) => b,
+        }
+    }
+}
+
 /// A chunk read from the checkpoint, not yet in the store.
-struct Job {
+struct Job<'d> {
     id: ChunkId,
-    raw: Vec<u8>,
+    raw: Raw<'d>,
     /// `None` for opaque bytes (zstd).
     dtype: Option<DType>,
     base: Option<BaseRef>,
@@ -323,7 +341,7 @@ impl Repository {
         let budget = self.config.memory_budget;
         let (queue, batch) = pipeline_sizes(budget, self.config.chunk_bytes);
         let pool = BufPool::default();
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(queue);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job<'_>>(queue);
         let (etx, erx) = std::sync::mpsc::sync_channel::<Encoded>(queue);
         let total: u64 = files
             .iter()
@@ -359,10 +377,11 @@ impl Repository {
                             let mut f = std::fs::File::open(path).map_err(io)?;
                             let meta = f.metadata().map_err(io)?;
                             let mode = file_mode(&meta);
-                            w.file(&mut f, meta.len(), mode, path, rel, ctx, &parents)?
+                            let input = Input::File(&mut f);
+                            w.file(input, meta.len(), mode, path, rel, ctx, &parents)?
                         }
                         Source::Bytes(b) => w.file(
-                            &mut std::io::Cursor::new(*b),
+                            Input::Bytes(b),
                             b.len() as u64,
                             0o644,
                             Path::new(rel),
@@ -564,16 +583,20 @@ pub(crate) fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// A file being committed, read through the format layer.
+trait ReadSeek: Read + Seek {}
+impl<T: Read + Seek> ReadSeek for T {}
+
 /// The reading stage of a commit: streams files into chunks, hashes them,
 /// and queues the new ones for the encoder stage
 /// ([`Repository::encode_stream`]), which runs beside it.
-struct Writer<'a> {
+struct Writer<'a, 'd> {
     repo: &'a Repository,
     /// Chunks of this commit already queued or stored.
     seen: HashSet<ChunkId>,
     stats: CommitStats,
     /// The queue to the encoder (bounded); `None` once closed.
-    tx: Option<SyncSender<Job>>,
+    tx: Option<SyncSender<Job<'d>>>,
     pool: &'a BufPool,
     /// The parent's files opened for delta bases, by path (`None`: absent).
     handles: HashMap<String, Option<Arc<std::fs::File>>>,
@@ -633,7 +656,14 @@ fn tensor_offsets(m: &FileManifest) -> HashMap<&str, (&SegmentRef, u64)> {
         .collect()
 }
 
-impl Writer<'_> {
+/// What [`Writer::file`] reads a file from.
+enum Input<'f, 'd> {
+    File(&'f mut std::fs::File),
+    /// The whole file in memory: its chunks are handed on as slices.
+    Bytes(&'d [u8]),
+}
+
+impl<'d> Writer<'_, 'd> {
     /// The parent's file `rel` in the directory it was committed from,
     /// opened once, when it is still a file of the parent's length (its
     /// bytes are checked against the chunk ids before use).
@@ -659,9 +689,9 @@ impl Writer<'_> {
     /// `path` names it in errors), queue its new chunks, return its
     /// manifest.
     #[allow(clippy::too_many_arguments)]
-    fn file<R: Read + Seek>(
+    fn file(
         &mut self,
-        f: &mut R,
+        input: Input<'_, 'd>,
         len: u64,
         mode: u32,
         path: &Path,
@@ -673,10 +703,20 @@ impl Writer<'_> {
             path: path.to_path_buf(),
             source,
         };
-        let layout = ctx.parse(rel, f, len).map_err(|source| RepoError::Format {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let mut cursor;
+        let (mut f, whole): (&mut dyn ReadSeek, Option<&'d [u8]>) = match input {
+            Input::File(f) => (f, None),
+            Input::Bytes(b) => {
+                cursor = std::io::Cursor::new(b);
+                (&mut cursor, Some(b))
+            }
+        };
+        let layout = ctx
+            .parse(rel, &mut f, len)
+            .map_err(|source| RepoError::Format {
+                path: path.to_path_buf(),
+                source,
+            })?;
         layout.validate().map_err(|source| RepoError::Format {
             path: path.to_path_buf(),
             source,
@@ -689,6 +729,8 @@ impl Writer<'_> {
             .map(tensor_offsets)
             .unwrap_or_default();
         let mut hasher = blake3::Hasher::new();
+        // Bytes of the file not yet cut into chunks.
+        let mut file_left = len;
         let mut segments = Vec::with_capacity(layout.segments.len());
         // Remotes refuse chunks of more than 64 MiB (`remote::pack::MAX_CHUNK_RAW`).
         let chunk_bytes = self.repo.config.chunk_bytes.clamp(64, MAX_CHUNK_BYTES) as usize;
@@ -732,11 +774,26 @@ impl Writer<'_> {
             let mut left = seg_len;
             while left > 0 {
                 let n = left.min(piece as u64) as usize;
-                let mut raw = self.pool.get(n);
-                f.read_exact(&mut raw).map_err(|e| RepoError::BadInput {
-                    path: path.to_path_buf(),
-                    reason: format!("file changed or could not be read while committing: {e}"),
-                })?;
+                let raw = match whole {
+                    Some(b) => {
+                        let at = (len - file_left) as usize;
+                        Raw::Borrowed(b.get(at..at + n).ok_or_else(|| RepoError::BadInput {
+                            path: path.to_path_buf(),
+                            reason: "the file's layout runs past its end".into(),
+                        })?)
+                    }
+                    None => {
+                        let mut raw = self.pool.get(n);
+                        f.read_exact(&mut raw).map_err(|e| RepoError::BadInput {
+                            path: path.to_path_buf(),
+                            reason: format!(
+                                "file changed or could not be read while committing: {e}"
+                            ),
+                        })?;
+                        Raw::Owned(raw)
+                    }
+                };
+                file_left -= n as u64;
                 hasher.update(&raw);
                 self.progress.advance(n as u64, 0);
                 let id = ChunkId::digest(&raw);
@@ -767,7 +824,7 @@ impl Writer<'_> {
                         Some(tx) if tx.send(job).is_ok() => {}
                         _ => return Err(stopped("encoder")),
                     }
-                } else {
+                } else if let Raw::Owned(raw) = raw {
                     self.pool.put(raw);
                 }
             }
@@ -784,7 +841,7 @@ impl Writer<'_> {
         }
         // The file must not have grown behind our back either.
         let mut probe = [0u8; 1];
-        if f.read(&mut probe).map_err(io)? != 0 {
+        if whole.is_none() && f.read(&mut probe).map_err(io)? != 0 {
             return Err(RepoError::BadInput {
                 path: path.to_path_buf(),
                 reason: "file grew while being committed".into(),
@@ -807,7 +864,7 @@ impl Repository {
     /// back to `pool`. Ends when the queue closes.
     fn encode_stream(
         &self,
-        rx: Receiver<Job>,
+        rx: Receiver<Job<'_>>,
         out: SyncSender<Encoded>,
         pool: &BufPool,
     ) -> Result<(), RepoError> {
@@ -839,7 +896,9 @@ impl Repository {
                     level,
                     scratch,
                 )?;
-                pool.put(job.raw);
+                if let Raw::Owned(raw) = job.raw {
+                    pool.put(raw);
+                }
                 if base.is_some() {
                     pool.put(base_raw);
                 }

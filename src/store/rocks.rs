@@ -72,6 +72,12 @@ pub struct RocksOptions {
     pub min_blob_size: u64,
     /// Memtable size of `Space::Chunks`. Default 64 MiB.
     pub chunk_write_buffer: usize,
+    /// Write table and blob files with `O_DIRECT` (flushes and
+    /// compactions), where the store's file system accepts it (probed at
+    /// a read-write open). Default `true`: chunk data then goes from the
+    /// memtable to the disk without a copy into the page cache, which cost
+    /// more CPU than the rest of a commit (measured on 1.39 GiB).
+    pub direct_writes: bool,
 }
 
 impl Default for RocksOptions {
@@ -81,6 +87,7 @@ impl Default for RocksOptions {
             blob_files: true,
             min_blob_size: 4 << 10,
             chunk_write_buffer: 64 << 20,
+            direct_writes: true,
         }
     }
 }
@@ -320,6 +327,37 @@ fn writer_active(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether files in `dir` (the store's parent directory: a probe left by a
+/// crash must not make the store directory look damaged) can be written
+/// with `O_DIRECT`: a probe file gets one aligned block and is removed. RocksDB
+/// fails a flush (and then every write) on a file system that refuses
+/// direct I/O (tmpfs before Linux 6.6, some FUSE and network mounts), so
+/// it is only asked for where this works.
+#[cfg(target_os = "linux")]
+fn direct_io_works(dir: &Path) -> bool {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    const BLOCK: usize = 4096;
+    let probe = dir.join(format!("ckvc-direct-probe-{}", std::process::id()));
+    // An aligned block inside a buffer of two, without an aligned allocator.
+    let buf = vec![0u8; 2 * BLOCK];
+    let skip = buf.as_ptr().align_offset(BLOCK).min(BLOCK);
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(&buf[skip..skip + BLOCK]))
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
+#[cfg(not(target_os = "linux"))]
+fn direct_io_works(_: &Path) -> bool {
+    false
+}
+
 /// Whether a store directory holds anything (a missing one does not).
 fn has_entries(path: &Path) -> Result<bool, StoreError> {
     match std::fs::read_dir(path) {
@@ -361,9 +399,11 @@ fn column_families(options: &RocksOptions) -> Vec<ColumnFamilyDescriptor> {
                     cf.set_min_blob_size(options.min_blob_size);
                     cf.set_blob_compression_type(DBCompressionType::None);
                     cf.set_blob_file_size(256 << 20);
-                    // Reclaims the space of deleted chunks (gc) when
-                    // compaction meets the oldest blob files.
-                    cf.set_enable_blob_gc(true);
+                    // Off except in `compact` (which gc runs after deleting):
+                    // on, every routine compaction relocated the values of
+                    // the oldest blob files, garbage or not, rewriting
+                    // about 40% of a fresh commit's chunk bytes again.
+                    cf.set_enable_blob_gc(false);
                 }
             }
             ColumnFamilyDescriptor::new(space.name(), cf)
@@ -407,6 +447,9 @@ impl RocksStore {
                 };
                 ensure_free(room, MIN_FREE)?;
                 std::fs::create_dir_all(&path).map_err(|e| io(&path, e))?;
+                if options.direct_writes && direct_io_works(path.parent().unwrap_or(&path)) {
+                    db_opts.set_use_direct_io_for_flush_and_compaction(true);
+                }
                 db_opts.create_if_missing(fresh);
                 db_opts.create_missing_column_families(fresh);
                 let db = DB::open_cf_descriptors(&db_opts, &path, column_families(options))
@@ -647,7 +690,13 @@ impl Store for RocksStore {
                 // Relocate the live values of every blob file during this
                 // compaction, so files holding garbage are dropped.
                 self.db
-                    .set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "1.0")])
+                    .set_options_cf(
+                        cf,
+                        &[
+                            ("enable_blob_garbage_collection", "true"),
+                            ("blob_garbage_collection_age_cutoff", "1.0"),
+                        ],
+                    )
                     .map_err(backend)?;
             }
             let mut co = rocksdb::CompactOptions::default();
@@ -656,7 +705,7 @@ impl Store for RocksStore {
                 .compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &co);
             if blobs {
                 self.db
-                    .set_options_cf(cf, &[("blob_garbage_collection_age_cutoff", "0.25")])
+                    .set_options_cf(cf, &[("enable_blob_garbage_collection", "false")])
                     .map_err(backend)?;
             }
         }
