@@ -261,8 +261,8 @@ const PACKED_SLACK: f64 = 0.01;
 pub struct EncodeScratch {
     /// The Huffman encoder's pair tables and lane regions.
     pub huffman: huffman::EncodeScratch,
-    /// The repeat probe's hash table (positions + 1).
-    probe: Vec<u32>,
+    /// The repeat probe's hash table (the strings seen).
+    probe: Vec<u64>,
     /// A zstd compression context and its level, and its last output.
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
     zstd_out: Vec<u8>,
@@ -290,28 +290,22 @@ fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch) -> Option
 /// How many of a block's 8-byte strings at every 8th position occurred
 /// before at a position the probe's hash table (4096 entries) still
 /// holds: a cheap lower bound on what an LZ coder's matches could find.
-fn repeats(syms: &[u8], table: &mut Vec<u32>) -> usize {
+/// A run of one byte does not count: it is no news to the entropy coders.
+fn repeats(syms: &[u8], table: &mut Vec<u64>) -> usize {
+    // The table holds the strings themselves; a slot never written holds
+    // 0, a run, which never counts.
     table.clear();
     table.resize(1 << PROBE_LOG2, 0);
-    let word = |i: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&syms[i..i + 8]);
-        u64::from_le_bytes(b)
-    };
     let mut hits = 0;
-    let mut i = 0;
-    while i + 8 <= syms.len() {
-        let v = word(i);
+    for c in syms.chunks_exact(PROBE_STEP) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&c[..8]);
+        let v = u64::from_le_bytes(b);
         let h = (v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PROBE_LOG2)) as usize;
-        let p = table[h] as usize;
-        // A run of one byte is no news to the entropy coders.
-        if p != 0 && word(p - 1) == v && v != (v & 0xff) * 0x0101_0101_0101_0101 {
-            hits += PROBE_STEP;
-        }
-        table[h] = i as u32 + 1;
-        i += PROBE_STEP;
+        hits += usize::from(table[h] == v && v != (v & 0xff) * 0x0101_0101_0101_0101);
+        table[h] = v;
     }
-    hits
+    hits * PROBE_STEP
 }
 
 const PROBE_LOG2: u32 = 12;
