@@ -19,7 +19,7 @@ fn main() {
     let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let o = Options::default();
     // [stream][mode] -> (symbols, bytes)
-    let mut stats = vec![[(0u64, 0u64); 6]; 8];
+    let mut stats = vec![[(0u64, 0u64); 7]; 8];
     let mut kinds = [0u64; 3];
     for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
         let f = codec::encode(&t.data, base, t.dtype, &o);
@@ -68,7 +68,9 @@ fn main() {
         "frames: none {} per-stream {} ulp {}",
         kinds[0], kinds[1], kinds[2]
     );
-    let names = ["raw", "const", "huffman", "rans", "ctx-rans", "packed"];
+    let names = [
+        "raw", "const", "huffman", "rans", "ctx-rans", "packed", "zstd",
+    ];
     for (k, st) in stats.iter().enumerate() {
         for (m, &(syms, bytes)) in st.iter().enumerate() {
             if syms > 0 {

@@ -77,6 +77,11 @@ fn main() {
                 seeds.codec(dtype, false, &t.data[..len], Some(&b[..len]));
             }
         }
+        // A zstd block (format version 5): a row of 256 symbols of 23
+        // values, unevenly (evenly spread 16 values would be bit-packed
+        // before zstd is tried), repeated.
+        let row: Vec<u8> = (0..256u32).map(|i| (i * i % 23) as u8).collect();
+        seeds.codec(DType::U8, false, &row.repeat(16), None);
         // More than one 64 KiB block per stream (no base: the decode seed's
         // base would need a u16-length frame).
         let big = &t.data[..t.data.len().min(200_000)];

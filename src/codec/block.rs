@@ -1,12 +1,12 @@
 //! Per-block entropy coding: each 64 KiB block of a stream is stored as the
-//! smallest of raw, constant run, Huffman, rANS and bit-packed.
+//! smallest of raw, constant run, Huffman, rANS, bit-packed and zstd.
 //!
 //! Owns: the block mode byte ([`BlockMode`]), the choice of a block's mode
 //! from size estimates (sampled for large blocks), and the dispatch of a
 //! block's encode and decode to the coder of its mode. Must not: code
-//! symbols itself (`huffman`, `rans`, `context`, `packed` do) or compute
-//! statistics (`stats` does); it stands on those, and none of them
-//! imports it.
+//! symbols itself (`huffman`, `rans`, `context`, `packed` and the zstd
+//! library do) or compute statistics (`stats` does); it stands on those,
+//! and none of them imports it.
 
 use std::f64::consts::LN_2;
 
@@ -28,6 +28,9 @@ pub enum BlockMode {
     /// Every symbol the block's least plus a field of 1-7 bits, shifted
     /// (from format version 3).
     Packed = 5,
+    /// A zstd frame (RFC 8878) of the block's symbols (from format
+    /// version 5): matches, which order-0 coding cannot see.
+    Zstd = 6,
 }
 
 impl BlockMode {
@@ -39,6 +42,7 @@ impl BlockMode {
             3 => Some(BlockMode::Rans),
             4 => Some(BlockMode::RansCtx),
             5 => Some(BlockMode::Packed),
+            6 => Some(BlockMode::Zstd),
             _ => None,
         }
     }
@@ -61,7 +65,7 @@ pub fn encode(
     ctx: Option<(&CtxModel, &[u8])>,
     opts: &Options,
     out: &mut Vec<u8>,
-    scratch: &mut huffman::EncodeScratch,
+    scratch: &mut EncodeScratch,
 ) -> BlockMode {
     let n = syms.len();
     let keep_raw_above = n as f64 * (1.0 - opts.min_gain as f64);
@@ -210,6 +214,22 @@ pub fn encode(
     if packed_bytes <= best.0 * (1.0 + PACKED_SLACK) {
         best = (packed_bytes, BlockMode::Packed);
     }
+    // zstd (format version 5), for the matches order-0 coding cannot see:
+    // tried only where a quick probe finds repeated 8-byte strings.
+    let mut zbytes = false;
+    if opts.zstd_level != 0
+        && ctx.is_none()
+        && n >= ZSTD_MIN_SYMBOLS
+        && ideal <= ZSTD_MAX_BITS / 8.0 * n as f64
+        && repeats(syms, &mut scratch.probe) * ZSTD_MIN_REPEATS >= n
+    {
+        if let Some(z) = zstd_compress(syms, opts.zstd_level, scratch) {
+            if (z as f64) < best.0 * (1.0 - opts.zstd_min_gain as f64) {
+                best = (z as f64, BlockMode::Zstd);
+                zbytes = true;
+            }
+        }
+    }
     if best.0 >= keep_raw_above {
         return BlockMode::Raw;
     }
@@ -221,7 +241,8 @@ pub fn encode(
             context::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
         }
         BlockMode::Packed => packed::encode(syms, packing.expect("set with Packed"), out),
-        _ => huffman::encode(syms, &lens, out, scratch),
+        BlockMode::Zstd if zbytes => out.extend_from_slice(&scratch.zstd_out),
+        _ => huffman::encode(syms, &lens, out, &mut scratch.huffman),
     }
     // Sizes from a sample are estimates: a block that did not pay is raw.
     if !exact && (out.len() - start) as f64 >= keep_raw_above {
@@ -234,6 +255,72 @@ pub fn encode(
 /// A packed block may be this much larger than the best other coding of it
 /// and still be chosen: it decodes several times faster.
 const PACKED_SLACK: f64 = 0.01;
+
+/// Encoder state kept between blocks (one per thread).
+#[derive(Default)]
+pub struct EncodeScratch {
+    /// The Huffman encoder's pair tables and lane regions.
+    pub huffman: huffman::EncodeScratch,
+    /// The repeat probe's hash table (the strings seen).
+    probe: Vec<u64>,
+    /// A zstd compression context and its level, and its last output.
+    zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    zstd_out: Vec<u8>,
+}
+
+/// The zstd frame of `syms` at `level` in `scratch.zstd_out`; its length,
+/// or None if zstd failed (then the block takes another mode).
+fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch) -> Option<usize> {
+    if scratch.zstd.as_ref().is_none_or(|(l, _)| *l != level) {
+        let mut c = zstd::bulk::Compressor::new(level).ok()?;
+        // The decoder knows the block's length: no checksum, no size.
+        c.include_checksum(false).ok()?;
+        c.include_contentsize(false).ok()?;
+        c.include_dictid(false).ok()?;
+        scratch.zstd = Some((level, c));
+    }
+    let (_, c) = scratch.zstd.as_mut()?;
+    scratch.zstd_out.clear();
+    scratch
+        .zstd_out
+        .reserve(zstd::zstd_safe::compress_bound(syms.len()));
+    c.compress_to_buffer(syms, &mut scratch.zstd_out).ok()
+}
+
+/// How many of a block's 8-byte strings at every 8th position occurred
+/// before at a position the probe's hash table (4096 entries) still
+/// holds: a cheap lower bound on what an LZ coder's matches could find.
+/// A run of one byte does not count: it is no news to the entropy coders.
+fn repeats(syms: &[u8], table: &mut Vec<u64>) -> usize {
+    // The table holds the strings themselves; a slot never written holds
+    // 0, a run, which never counts.
+    table.clear();
+    table.resize(1 << PROBE_LOG2, 0);
+    let mut hits = 0;
+    for c in syms.chunks_exact(PROBE_STEP) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&c[..8]);
+        let v = u64::from_le_bytes(b);
+        let h = (v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PROBE_LOG2)) as usize;
+        hits += usize::from(table[h] == v && v != (v & 0xff) * 0x0101_0101_0101_0101);
+        table[h] = v;
+    }
+    hits * PROBE_STEP
+}
+
+const PROBE_LOG2: u32 = 12;
+/// The probe looks at the 8 bytes at every `PROBE_STEP`-th position, so
+/// it sees matches whose distance is a multiple of 8 (a tensor's rows).
+const PROBE_STEP: usize = 8;
+/// zstd is tried on a block when the probe finds at least one repeated
+/// symbol in `ZSTD_MIN_REPEATS`.
+const ZSTD_MIN_REPEATS: usize = 8;
+/// Smallest block zstd is tried on.
+const ZSTD_MIN_SYMBOLS: usize = 4096;
+
+/// zstd is tried only on blocks whose order-0 entropy is at most this many
+/// bits a symbol (exponent streams): matches in noise are rare.
+const ZSTD_MAX_BITS: f64 = 6.0;
 
 /// Least and greatest symbol a histogram counts ((0, 0) if none).
 fn hist_range(h: &[u32; 256]) -> (u8, u8) {
@@ -308,6 +395,8 @@ dispatch!(min_max, min_max_body, (s: &[u8]) -> (u8, u8, u8));
 pub struct Tables {
     pub huffman: huffman::DecodeTable,
     pub rans: Vec<u32>,
+    /// A zstd decompression context (format version 5).
+    pub zstd: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 /// Decode one block whose payload is `frame[start..start+len]` into `out`;
@@ -352,6 +441,25 @@ pub fn decode(
             return Err(corrupt("packed block in a frame before format version 3"))
         }
         BlockMode::Packed => packed::decode(payload, start as u64, out)?,
+        BlockMode::Zstd if version < 5 => {
+            return Err(corrupt("zstd block in a frame before format version 5"))
+        }
+        BlockMode::Zstd => {
+            let bad = || corrupt("zstd block does not decode to its symbol count");
+            if tables.zstd.is_none() {
+                tables.zstd = Some(zstd::bulk::Decompressor::new().map_err(|_| bad())?);
+            }
+            // Exactly one zstd frame, spanning the payload (zstd would
+            // decode frames after it too).
+            if zstd::zstd_safe::find_frame_compressed_size(payload) != Ok(len) {
+                return Err(bad());
+            }
+            let d = tables.zstd.as_mut().ok_or_else(bad)?;
+            match d.decompress_to_buffer(payload, out) {
+                Ok(m) if m == out.len() => {}
+                _ => return Err(bad()),
+            }
+        }
     }
     Ok(())
 }

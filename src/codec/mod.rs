@@ -53,7 +53,7 @@ pub use stats::{entropy_bits, histogram};
 pub const MAGIC: [u8; 2] = *b"CK";
 /// The frame format version this build writes; it reads this one and every
 /// earlier one.
-pub const FORMAT_VERSION: u8 = 4;
+pub const FORMAT_VERSION: u8 = 5;
 /// Codec id of the grouped-entropy codec (the only one so far).
 pub const CODEC_GROUPED: u8 = 1;
 /// Block size of each stream: a fresh entropy code every 64 KiB.
@@ -128,6 +128,16 @@ pub struct Options {
     /// that are zero, or equal to the base's in a delta frame, listed in
     /// runs or a bitmap and left out of the streams.
     pub element_map: ElementMap,
+    /// zstd's compression level for zstd blocks (format version 5: a
+    /// block's symbols as a zstd frame, for the repeated strings of
+    /// symbols order-0 coding cannot see, such as rows of Adam's second
+    /// moment with the same exponents); 0 never writes them. Tried only on
+    /// skewed blocks (exponent streams of whole frames) where a cheap probe
+    /// finds repeated 8-byte strings.
+    pub zstd_level: i32,
+    /// A zstd block must save this fraction of the best other coding to be
+    /// chosen (it decodes slower than Huffman or bit-packing).
+    pub zstd_min_gain: f32,
 }
 
 impl Default for Options {
@@ -141,6 +151,8 @@ impl Default for Options {
             plain_rans_min_gain: 0.03,
             packed: true,
             element_map: ElementMap::Auto,
+            zstd_level: 1,
+            zstd_min_gain: 0.1,
         }
     }
 }
@@ -158,6 +170,8 @@ impl Options {
             plain_rans_min_gain: 0.0,
             packed: false,
             element_map: ElementMap::Never,
+            zstd_level: 0,
+            zstd_min_gain: 0.0,
         }
     }
 }
@@ -257,8 +271,9 @@ pub struct Scratch {
     base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
     classes: Vec<u8>,
-    /// The Huffman encoder's pair tables and lane regions.
-    huffman: huffman::EncodeScratch,
+    /// The block encoder's state: Huffman's pair tables and lane regions,
+    /// zstd's context.
+    blocks: block::EncodeScratch,
     tmp: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
@@ -359,7 +374,7 @@ fn encode_elements(
         tmp,
         ctx,
         classes,
-        huffman: huff,
+        blocks: huff,
         ..
     } = scratch;
     // Context coding takes blocks of `RANS_CTX_MIN_SYMBOLS` or more: a

@@ -55,6 +55,13 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|f| f.to_le_bytes()).collect()
 }
 
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+        .collect()
+}
+
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter()
         .flat_map(|&f| half::bf16::from_f32(f).to_le_bytes())
@@ -154,7 +161,7 @@ fn symbols_the_sample_misses_are_still_coded() {
                 None,
                 &opts,
                 &mut out,
-                &mut huffman::EncodeScratch::default(),
+                &mut block::EncodeScratch::default(),
             );
             assert!(
                 matches!(mode, BlockMode::Huffman | BlockMode::Rans),
@@ -213,7 +220,7 @@ fn the_noise_screen_keeps_blocks_that_pay() {
     let noise: Vec<u8> = (0..n).map(|_| next() as u8).collect();
     let near: Vec<u8> = (0..n).map(|_| (next() % 240) as u8).collect();
     let opts = Options::default();
-    let mut scratch = huffman::EncodeScratch::default();
+    let mut scratch = block::EncodeScratch::default();
     let mut out = Vec::new();
     let mode = block::encode(&noise, None, &opts, &mut out, &mut scratch);
     // Raw: nothing appended, the caller keeps the symbols where they are.
@@ -279,11 +286,11 @@ fn known_answer_frames() {
     let f = encode(&raw, None, DType::BF16, &never);
     assert_eq!(
         hex(&f),
-        "434b040108041000060000000000000000030000000300000001007f807e"
+        "434b050108041000060000000000000000030000000300000001007f807e"
     );
     // 5 bytes of u8 all equal: one constant block, no tail.
     let f = encode(&[9u8; 5], None, DType::U8, &never);
-    assert_eq!(hex(&f), "434b04010100100005000000000000000101000009");
+    assert_eq!(hex(&f), "434b05010100100005000000000000000101000009");
     // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
     // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
     let mut raw = f32_bytes(&[0.25, 0.5]);
@@ -291,7 +298,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &never);
     assert_eq!(
         hex(&f),
-        "434b04010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
+        "434b05010b0410000b00000000000000010203010100000101000001010000000200000000007d7e"
     );
     // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
     // four stream ops, every stream one constant block of zeros.
@@ -299,7 +306,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &never);
     assert_eq!(
         hex(&f),
-        "434b04010b0510000001000000000000010101010101000001010000010100000101000000000000"
+        "434b05010b0510000001000000000000010101010101000001010000010100000101000000000000"
     );
     // 16 u8 of 10, 12, 14, 16 (the least plus 2 bits shifted by 1): one
     // packed block (mode 5), `lo 0a | bits 02 | shift 01` and 2 bits a
@@ -308,25 +315,19 @@ fn known_answer_frames() {
     let f = encode(&raw, None, DType::U8, &never);
     assert_eq!(
         hex(&f),
-        "434b040101001000100000000000000005070000\
+        "434b050101001000100000000000000005070000\
          0a0201e4e4e4e4"
     );
 }
 
-/// Frames written by format versions 1, 2 and 3 (the known answers above
-/// before version 2, 3 and 4: the same bytes but the version) still
+/// Frames written by format versions 1 to 4 (the known answers above
+/// before version 2, 3, 4 and 5: the same bytes but the version) still
 /// decode, and still say their version; a packed block (version 3) in a
-/// version 2 frame is an error, and so is an element map (version 4) in a
-/// version 3 frame.
+/// version 2 frame is an error, so is an element map (version 4) in a
+/// version 3 frame, and a zstd block (version 5) in a version 4 frame.
 #[test]
-fn version_1_2_and_3_frames_still_decode() {
-    let unhex = |h: &str| -> Vec<u8> {
-        (0..h.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
-            .collect()
-    };
-    for v in ["01", "02", "03"] {
+fn version_1_to_4_frames_still_decode() {
+    for v in ["01", "02", "03", "04"] {
         let f = unhex(&format!(
             "434b{v}0108041000060000000000000000030000000300000001007f807e"
         ));
@@ -351,6 +352,107 @@ fn version_1_2_and_3_frames_still_decode() {
         decode(&mapped, None),
         Err(DecodeError::Corrupt { reason, .. }) if reason.contains("reserved transform bits")
     ));
+    // The version 5 zstd known answer below, as a version 4 frame.
+    let mut zstd = unhex(ZSTD_KAT);
+    zstd[2] = 4;
+    assert!(matches!(
+        decode(&zstd, None),
+        Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 5")
+    ));
+}
+
+/// 4096 u8 of 16 distinct values (4 bits each, order-0) in a pattern of
+/// 256 repeated: one zstd block (mode 6, 162 bytes), whose payload is a
+/// zstd frame (magic 28b52ffd) without checksum or content size, as zstd
+/// 1.5 level 1 writes it.
+const ZSTD_KAT: &str = "434b050101001000001000000000000006a20000\
+    28b52ffd0010cd04000690230610287d814f0d210020002000cdbc1167aa3846239df7041559c642\
+    b795652d97da61ba4e8a26947648b0625806db41b1c70633947e43baba024660e881a80fdc33f081\
+    864d7ecf8a881efd716126c161fa2b123fdbe222fd184f7928251ab8b61b64b8078072e11d09e774\
+    158172599ac5f7295e363c2c5e45c84f5924024915192c488db1660182b6b3f26b2b010000fd1ef0\
+    d714";
+
+/// The input of [`ZSTD_KAT`]: 256 symbols of 0..16, repeated 16 times.
+fn zstd_kat_input() -> Vec<u8> {
+    let mut next = random_u32s(5);
+    let row: Vec<u8> = (0..256).map(|_| (next() % 16) as u8).collect();
+    row.repeat(16)
+}
+
+/// Known answer of a zstd block (version 5): the bytes of a block whose
+/// strings repeat, as this encoder writes and every decoder must read
+/// them.
+#[test]
+fn zstd_block_known_answer() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let raw = zstd_kat_input();
+    let f = unhex(ZSTD_KAT);
+    assert_eq!(decode(&f, None).unwrap(), raw);
+    // This encoder writes it so (another zstd release may pick other
+    // matches: then only the frame's header and mode are pinned here).
+    let ours = encode(&raw, None, DType::U8, &Options::default());
+    assert_eq!(hex(&ours[..20]), ZSTD_KAT[..40]);
+    assert_eq!(decode(&ours, None).unwrap(), raw);
+    assert_eq!(hex(&ours), ZSTD_KAT);
+    // A zstd block that decodes to fewer or more symbols than the block
+    // has, or is not a zstd frame, is corrupt, never a panic.
+    let mut short = f.clone();
+    short[8] = 0xff; // raw length 4095: the block holds one symbol less
+    let mut long = f.clone();
+    long[9] = 0x20; // raw length 8192, one block of 8192 symbols
+    let mut magic = f.clone();
+    magic[20] ^= 0xff;
+    // An empty zstd frame after the block's (the table's length grown to
+    // cover it): zstd alone would decode both, to the same 4096 symbols.
+    let mut two = f.clone();
+    let empty = zstd::bulk::compress(&[], 1).unwrap();
+    two.extend_from_slice(&empty);
+    let len = (0xa2 + empty.len() as u32) << 8 | 6;
+    two[16..20].copy_from_slice(&len.to_le_bytes());
+    let mut flipped = f.clone();
+    let l = flipped.len();
+    flipped[l - 3] ^= 0x55;
+    for bad in [short, long, magic, two] {
+        assert!(matches!(
+            decode(&bad, None),
+            Err(DecodeError::Corrupt { reason, .. }) if reason.contains("zstd block")
+        ));
+    }
+    assert!(decode(&flipped, None).map_or(true, |d| d != raw));
+}
+
+/// Rows of f32 whose exponents repeat from row to row (a row scale times a
+/// column scale, as in Adam's second moment) while every mantissa is
+/// noise: the exponent stream is a zstd block, smaller than without it,
+/// and the frame round trips, FULL, with the element map, and with a zstd
+/// level of 0 (no zstd block) too.
+#[test]
+fn zstd_blocks_catch_repeated_exponent_rows() {
+    let mut next = random_u32s(11);
+    let cols: Vec<f32> = (0..256)
+        .map(|_| 2f32.powi(-((next() % 24) as i32)))
+        .collect();
+    let v: Vec<f32> = (0..64 * 256)
+        .map(|i| cols[i % 256] * (1.0 + (next() % 1000) as f32 / 1001.0))
+        .collect();
+    let raw = f32_bytes(&v);
+    let f = rt(&raw, None, DType::F32, &Options::default());
+    let off = Options {
+        zstd_level: 0,
+        ..Options::default()
+    };
+    let without = rt(&raw, None, DType::F32, &off);
+    assert!(
+        f.len() * 10 < without.len() * 9,
+        "{} vs {}",
+        f.len(),
+        without.len()
+    );
+    // Stream 3 (exponents) is one block after the table of 4: mode byte 6.
+    assert_eq!(f[16 + 12], BlockMode::Zstd as u8);
+    for opts in all_options() {
+        rt(&raw, None, DType::F32, &opts);
+    }
 }
 
 /// Known answers of the element map (version 4): the skipped elements are
@@ -371,7 +473,7 @@ fn element_map_known_answers() {
     let f = encode(&raw, None, DType::F32, &always);
     assert_eq!(
         hex(&f),
-        "434b04010b0c100020000000000000000201000000cf010100000101000001010000000200000000007f80"
+        "434b05010b0c100020000000000000000201000000cf010100000101000001010000000200000000007f80"
     );
     assert_eq!(decode(&f, None).unwrap(), raw);
     // 64 f32: 40 zeros, then 24 of 1.0; runs 0 kept, 40 skipped, 24 kept
@@ -383,7 +485,7 @@ fn element_map_known_answers() {
     let f = encode(&raw, None, DType::F32, &always);
     assert_eq!(
         hex(&f),
-        "434b04010b0c100000010000000000000103000000002818010100000101000001010000010100000000007f"
+        "434b05010b0c100000010000000000000103000000002818010100000101000001010000010100000000007f"
     );
     assert_eq!(decode(&f, None).unwrap(), raw);
     // Against a base, elements equal to the base's are skipped: here all
