@@ -63,6 +63,11 @@ pub enum StepSource {
     TrainerState,
     /// The trailing number of the directory name.
     DirName,
+    /// The number of accelerate's `checkpoint_<N>` directory (a
+    /// `save_state` layout: `random_states_*.pkl` beside the weights).
+    /// accelerate numbers its saves, not training steps, and none of its
+    /// files records the global step, so the commit line says so.
+    AccelerateSaveIndex,
 }
 
 impl StepSource {
@@ -71,6 +76,10 @@ impl StepSource {
             StepSource::Given => "given",
             StepSource::TrainerState => "from trainer_state.json",
             StepSource::DirName => "from the directory name",
+            StepSource::AccelerateSaveIndex => {
+                "from accelerate's checkpoint_N, which counts saves, not training steps \
+                 (no accelerate file records the step): pass --step to commit the real one"
+            }
         }
     }
 }
@@ -1108,10 +1117,31 @@ fn detect_step(dir: &Path) -> Result<(u64, StepSource), RepoError> {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_default();
+    let source = if is_accelerate_save(dir, &name) {
+        StepSource::AccelerateSaveIndex
+    } else {
+        StepSource::DirName
+    };
     format::step_of_dir_name(&name)
-        .map(|s| (s, StepSource::DirName))
+        .map(|s| (s, source))
         .ok_or(RepoError::NoStep {
             dir: dir.to_path_buf(),
+        })
+}
+
+/// Whether `dir` (named `name`) is accelerate's `save_state` output:
+/// named `checkpoint_<N>` and holding `random_states_<rank>.pkl`.
+fn is_accelerate_save(dir: &Path, name: &str) -> bool {
+    let numbered = name
+        .strip_prefix("checkpoint_")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    numbered
+        && std::fs::read_dir(dir).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                let f = e.file_name();
+                let f = f.to_string_lossy();
+                f.starts_with("random_states_") && f.ends_with(".pkl")
+            })
         })
 }
 

@@ -150,6 +150,23 @@ fn commit_line_says_where_the_step_came_from() {
         out.contains("step 3:") && out.contains("step from the directory name"),
         "{out}"
     );
+    // With accelerate's RNG files it is accelerate's save counter, and the
+    // commit line says that it is not a training step.
+    let acc = tmp.path().join("checkpoint_4");
+    std::fs::create_dir(&acc).unwrap();
+    std::fs::copy(
+        steps()[1].1.join("model.bf16.safetensors"),
+        acc.join("model.safetensors"),
+    )
+    .unwrap();
+    std::fs::write(acc.join("random_states_0.pkl"), b"not read").unwrap();
+    let out = commit(&root, &[acc.to_str().unwrap()]);
+    assert!(
+        out.contains("step 4:")
+            && out.contains("counts saves, not training steps")
+            && out.contains("--step"),
+        "{out}"
+    );
     let hf = hf_checkpoint(tmp.path(), 1, 40);
     let out = commit(&root, &[hf.to_str().unwrap()]);
     assert!(
