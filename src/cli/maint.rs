@@ -12,6 +12,9 @@ use super::{exit, out, out_json, Failure};
 pub enum MaintCommand {
     /// Delete what no ref, tag or recent ref-log entry reaches; with
     /// --compact bound delta chains; with --keep drop commits by policy.
+    ///
+    /// Examples: `ckvc gc --dry-run --keep last=3 --keep every=1000 --keep best=2:eval_loss`;
+    /// `ckvc gc --compact`; `ckvc gc --remote origin --grace 7d`.
     Gc {
         /// Rewrite delta chains so no chunk needs more than the
         /// repository's `compact_chain` delta steps to decode.
@@ -44,6 +47,9 @@ pub enum MaintCommand {
     },
     /// Prove the repository whole: every object reachable from every ref is
     /// present and every file reassembles to its hash. Exit 3 if damaged.
+    ///
+    /// Examples: `ckvc fsck`; `ckvc fsck --json` (each damaged object, where it
+    /// is used and why, as fields).
     Fsck {
         /// Check presence and headers only, do not decode.
         #[arg(long)]
@@ -54,6 +60,8 @@ pub enum MaintCommand {
         json: bool,
     },
     /// What moved branches and tags, newest first.
+    ///
+    /// Example: `ckvc reflog main`.
     Reflog {
         /// A branch or tag (default: every ref).
         name: Option<String>,

@@ -248,6 +248,27 @@ mod tests {
         assert!(f.render().starts_with("error[busy]: "));
     }
 
+    /// `ckvc help <command>` gives an example for every user command
+    /// (issue 20); the developer tools under `debug` are exempt.
+    #[test]
+    fn every_command_help_has_an_example() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        let missing: Vec<&str> = cli
+            .get_subcommands()
+            .filter(|c| c.get_name() != "debug")
+            .filter(|c| {
+                let long = c
+                    .get_long_about()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                !long.contains("Example")
+            })
+            .map(|c| c.get_name())
+            .collect();
+        assert!(missing.is_empty(), "no example in the help of: {missing:?}");
+    }
+
     #[test]
     fn escape_sequences_in_output_are_escaped() {
         assert_eq!(escape_controls("plain\ttext\n"), "plain\ttext\n");

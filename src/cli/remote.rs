@@ -18,9 +18,14 @@ use super::{exit, out, out_json, Failure};
 #[derive(Subcommand)]
 pub enum RemoteCommand {
     /// List, add or remove remotes.
+    ///
+    /// Examples: `ckvc remote add origin s3://bucket/ckpts --endpoint http://host:9000`;
+    /// `ckvc remote -v`; `ckvc remote remove origin`.
     Remote(RemoteArgs),
     /// Send a branch's commits the remote lacks, then move its branch
     /// (fast-forward only unless --force).
+    ///
+    /// Examples: `ckvc push` (the current branch to origin); `ckvc push origin exp`.
     Push {
         /// Remote name (default: origin).
         remote: Option<String>,
@@ -38,6 +43,8 @@ pub enum RemoteCommand {
         json: bool,
     },
     /// Download the remote's branches into refs/remotes/<remote>/.
+    ///
+    /// Example: `ckvc fetch origin`, then `ckvc log origin/main`.
     Fetch {
         /// Remote name (default: origin).
         remote: Option<String>,
@@ -46,6 +53,8 @@ pub enum RemoteCommand {
         json: bool,
     },
     /// Fetch a branch and fast-forward the local one to it.
+    ///
+    /// Example: `ckvc pull origin main`.
     Pull {
         /// Remote name (default: origin).
         remote: Option<String>,
@@ -56,6 +65,9 @@ pub enum RemoteCommand {
         json: bool,
     },
     /// Create a repository from a remote (as origin).
+    ///
+    /// Examples: `ckvc clone /mnt/shared/ckpts repo/`; `ckvc clone s3://bucket/ckpts
+    /// repo/ --depth 1` (only the newest commit of each branch).
     Clone {
         /// A directory path, file:///path, or s3://bucket/prefix.
         url: String,

@@ -55,6 +55,8 @@ impl Where {
 #[derive(Subcommand)]
 pub enum RepoCommand {
     /// Create a repository (data in DIR/.ckvc).
+    ///
+    /// Example: `ckvc init runs/exp1-repo` (or `ckvc init` in the current directory).
     Init {
         /// Where to create it (default: the current directory, or -C DIR);
         /// the data goes into DIR/.ckvc.
@@ -109,6 +111,8 @@ pub enum RepoCommand {
         json: bool,
     },
     /// Show the history of a branch, newest first.
+    ///
+    /// Examples: `ckvc log`; `ckvc log exp -n 5`; `ckvc log --json`.
     Log {
         /// Branch or revision to start from (default: the current branch).
         rev: Option<String>,
@@ -120,6 +124,9 @@ pub enum RepoCommand {
         json: bool,
     },
     /// Write a commit's checkpoint files into a directory.
+    ///
+    /// Examples: `ckvc checkout 500 -o resume/` (a step); `ckvc checkout exp -o out/`
+    /// (a branch head); `ckvc checkout 3632c89a -o out/ --force` (a commit id).
     Checkout {
         /// A step, branch, commit id (prefix), HEAD~N or branch@step.
         rev: String,
@@ -173,6 +180,8 @@ pub enum RepoCommand {
         json: bool,
     },
     /// A commit's metadata, files and tensors, and how they are stored.
+    ///
+    /// Examples: `ckvc show` (HEAD); `ckvc show 300 --json`.
     Show {
         /// A step, branch, commit id (prefix), HEAD~N or branch@step.
         #[arg(default_value = "HEAD")]
@@ -194,6 +203,8 @@ pub enum RepoCommand {
         json: bool,
     },
     /// The repository, current branch, HEAD step and sizes.
+    ///
+    /// Example: `ckvc status --json`.
     Status {
         /// Print JSON.
         #[arg(long)]
