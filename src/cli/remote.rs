@@ -95,6 +95,18 @@ pub struct RemoteArgs {
     /// Show URLs.
     #[arg(short, long)]
     verbose: bool,
+    /// Print the remotes (or the one added or removed) as JSON: name, url
+    /// and S3 endpoint/region (never credentials).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// A remote as `remote --json` prints it.
+#[derive(serde::Serialize)]
+struct NamedRemote<'a> {
+    name: &'a str,
+    #[serde(flatten)]
+    config: &'a RemoteConfig,
 }
 
 #[derive(Subcommand)]
@@ -183,8 +195,16 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
         RemoteCommand::Remote(args) => match args.action {
             None => {
                 let repo = w.open(false)?;
+                let remotes = config::remotes(&repo).map_err(rfail)?;
+                if args.json {
+                    let list: Vec<NamedRemote<'_>> = remotes
+                        .iter()
+                        .map(|(name, config)| NamedRemote { name, config })
+                        .collect();
+                    return out_json(&list);
+                }
                 let mut s = String::new();
-                for (name, cfg) in config::remotes(&repo).map_err(rfail)? {
+                for (name, cfg) in remotes {
                     if args.verbose {
                         let mut extra = String::new();
                         if let Some(e) = &cfg.s3.endpoint {
@@ -200,11 +220,20 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
             Some(RemoteAction::Add { name, url, s3 }) => {
                 let repo = w.open(true)?;
                 let cfg = config::add_remote(&repo, &name, &url, s3.options()).map_err(rfail)?;
+                if args.json {
+                    return out_json(&NamedRemote {
+                        name: &name,
+                        config: &cfg,
+                    });
+                }
                 out(&format!("added remote {name} at {}\n", cfg.url))
             }
             Some(RemoteAction::Remove { name }) => {
                 let repo = w.open(true)?;
                 config::remove_remote(&repo, &name).map_err(rfail)?;
+                if args.json {
+                    return out_json(&serde_json::json!({ "removed": name }));
+                }
                 out(&format!("removed remote {name}\n"))
             }
         },

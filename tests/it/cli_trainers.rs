@@ -477,6 +477,24 @@ fn every_repository_command_prints_json_with_json() {
     let v = json(&["reflog", "--json"]);
     assert!(v.as_array().unwrap().len() >= 3, "{v}");
     assert!(json(&["branch", "-d", "exp", "--json"])["was"].is_string());
+    let shared = tmp.path().join("shared");
+    let v = json(&[
+        "remote",
+        "add",
+        "origin",
+        shared.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(v["name"], "origin");
+    assert!(v["url"].as_str().unwrap().ends_with("shared"), "{v}");
+    let v = json(&["remote", "-v", "--json"]);
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["name"], "origin");
+    assert_eq!(
+        json(&["remote", "remove", "origin", "--json"])["removed"],
+        "origin"
+    );
+    assert_eq!(json(&["remote", "--json"]).as_array().unwrap().len(), 0);
     for args in [
         &["log", "--json"][..],
         &["show", "--json"],
