@@ -314,7 +314,7 @@ const PROBE_LOG2: u32 = 12;
 const PROBE_STEP: usize = 8;
 /// zstd is tried on a block when the probe finds at least one repeated
 /// symbol in `ZSTD_MIN_REPEATS`.
-const ZSTD_MIN_REPEATS: usize = 8;
+const ZSTD_MIN_REPEATS: usize = 4;
 /// Smallest block zstd is tried on.
 const ZSTD_MIN_SYMBOLS: usize = 4096;
 
