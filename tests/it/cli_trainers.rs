@@ -607,3 +607,30 @@ fn optimizer_tensors_keep_bare_indices_when_the_optimizer_records_no_names() {
         .get("param")
         .is_none());
 }
+
+/// Issue 20: a legacy `torch.save(..., _use_new_zipfile_serialization=False)`
+/// file went in as opaque bytes; it is read as tensors (never executing its
+/// pickle) and checks out byte for byte.
+#[test]
+fn legacy_torch_save_files_are_committed_as_tensors_and_check_out_exactly() {
+    let (tmp, root) = repo();
+    let dir = tmp.path().join("step-1");
+    std::fs::create_dir(&dir).unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch-legacy/legacy.pt");
+    std::fs::copy(&fixture, dir.join("optimizer.pt")).unwrap();
+    let line = commit(&root, &[dir.to_str().unwrap()]);
+    assert!(line.contains("as tensors"), "{line}");
+    let (code, out, err) = run_ckvc(&root, &["show", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let f = &v["files"][0];
+    assert_eq!(f["kind"], "torch-legacy", "{f}");
+    assert!(f["warning"].is_null(), "{f}");
+    // model 2 weights + 2 biases, AdamW 4 x 3, a bf16 and an int64 tensor.
+    assert_eq!(f["tensors"].as_array().unwrap().len(), 18, "{f}");
+    let out = root.join("out");
+    let (code, _, err) = run_ckvc(&root, &["checkout", "1", "-o", out.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    same_tree(&dir, &out);
+}
