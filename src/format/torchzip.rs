@@ -71,15 +71,7 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
             }
         }
     }
-    let bytes = read_at(
-        r,
-        len,
-        pkl.data_offset,
-        pkl.size,
-        MAX_PICKLE,
-        "torch data.pkl",
-    )?;
-    let tree = pickle::read(&bytes, pkl.data_offset)?;
+    let tree = read_data_pkl(r, len, pkl)?;
     let storages = storages(&tree, pkl.data_offset)?;
 
     // Every data entry must be referenced, every reference must have an entry.
@@ -167,6 +159,16 @@ pub fn optimizer_param_names<R: Read + Seek>(
     if !pkl.is_plain() {
         return Ok(None);
     }
+    Ok(param_names_of(&read_data_pkl(r, len, pkl)?))
+}
+
+/// The archive's `data.pkl` entry, read (at most [`MAX_PICKLE`] bytes) and
+/// parsed by the non-executing pickle reader.
+fn read_data_pkl<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+    pkl: &zip::Entry,
+) -> Result<Pickle, FormatError> {
     let bytes = read_at(
         r,
         len,
@@ -175,8 +177,7 @@ pub fn optimizer_param_names<R: Read + Seek>(
         MAX_PICKLE,
         "torch data.pkl",
     )?;
-    let tree = pickle::read(&bytes, pkl.data_offset)?;
-    Ok(param_names_of(&tree))
+    pickle::read(&bytes, pkl.data_offset)
 }
 
 fn param_names_of(tree: &Pickle) -> Option<BTreeMap<u64, String>> {
