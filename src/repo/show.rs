@@ -243,10 +243,6 @@ impl Repository {
     }
 }
 
-/// Files larger than this are not read for optimizer parameter names (a
-/// display hint is not worth decoding gigabytes).
-const PARAM_NAMES_MAX_FILE: u64 = 1 << 30;
-
 impl Repository {
     /// The parameter names of the optimizer state tensors (`state.<i>.…`)
     /// of torch zip file `path` of `commit`, index -> name, when the file
@@ -255,9 +251,10 @@ impl Repository {
     /// otherwise: no `state.` tensors, names not recorded (transformers'
     /// Trainer passes bare parameters, and a model file cannot tell which
     /// index is which: safetensors sorts its keys and the Trainer orders
-    /// the indices by weight-decay group), a file over 1 GiB, or a pickle
-    /// that does not parse. Display only: nothing is stored. Reads and
-    /// verifies the whole file.
+    /// the indices by weight-decay group), or a pickle that does not
+    /// parse. Display only: nothing is stored. Reads only the file's opaque
+    /// segments (the zip directory and the pickle; each chunk verified
+    /// against its id), never its tensor data.
     pub fn optimizer_param_names(
         &self,
         commit: &CommitId,
@@ -268,15 +265,80 @@ impl Repository {
             .segments
             .iter()
             .any(|s| matches!(s, SegmentRef::Tensor { name, .. } if name.starts_with("state.")));
-        if m.kind != FileKind::TorchZip || !has_state || m.len > PARAM_NAMES_MAX_FILE {
+        let opaque_len: u64 = m
+            .segments
+            .iter()
+            .filter(|s| matches!(s, SegmentRef::Opaque { .. }))
+            .map(SegmentRef::len)
+            .sum();
+        if m.kind != FileKind::TorchZip || !has_state || opaque_len > PARAM_NAMES_MAX_OPAQUE {
             return Ok(None);
         }
-        let bytes = self.read_file(commit, path)?;
-        let len = bytes.len() as u64;
-        Ok(
-            crate::format::optimizer_param_names(&mut std::io::Cursor::new(bytes), len)
-                .ok()
-                .flatten(),
-        )
+        let mut opaque = Vec::new();
+        let mut at = 0u64;
+        for seg in &m.segments {
+            if let SegmentRef::Opaque { chunks, .. } = seg {
+                let mut bytes = Vec::new();
+                for id in chunks {
+                    bytes.extend_from_slice(&self.read_chunk(id)?);
+                }
+                opaque.push((at, bytes));
+            }
+            at += seg.len();
+        }
+        let mut file = OpaqueOnly {
+            parts: opaque,
+            len: m.len,
+            pos: 0,
+        };
+        Ok(crate::format::optimizer_param_names(&mut file, m.len)
+            .ok()
+            .flatten())
+    }
+}
+
+/// Files whose opaque bytes (zip directory, pickle, anything not a tensor)
+/// exceed this are not read for optimizer parameter names (a display hint
+/// is not worth decoding that much).
+const PARAM_NAMES_MAX_OPAQUE: u64 = 256 << 20;
+
+/// A file of which only the opaque segments were read: reads of tensor
+/// bytes give zeros (the zip and pickle readers never look at them).
+struct OpaqueOnly {
+    /// (offset, bytes) of each opaque segment, in file order.
+    parts: Vec<(u64, Vec<u8>)>,
+    len: u64,
+    pos: u64,
+}
+
+impl std::io::Read for OpaqueOnly {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.len.saturating_sub(self.pos)).min(buf.len() as u64) as usize;
+        let out = &mut buf[..n];
+        out.fill(0);
+        let (start, end) = (self.pos, self.pos + n as u64);
+        for (off, bytes) in &self.parts {
+            let (lo, hi) = (start.max(*off), end.min(off + bytes.len() as u64));
+            if lo < hi {
+                out[(lo - start) as usize..(hi - start) as usize]
+                    .copy_from_slice(&bytes[(lo - off) as usize..(hi - off) as usize]);
+            }
+        }
+        self.pos = end;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for OpaqueOnly {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let pos = match to {
+            std::io::SeekFrom::Start(p) => Some(p),
+            std::io::SeekFrom::End(d) => self.len.checked_add_signed(d),
+            std::io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start")
+        })?;
+        Ok(self.pos)
     }
 }
