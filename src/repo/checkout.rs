@@ -112,14 +112,10 @@ impl Repository {
                 continue;
             }
             check_path(rel).map_err(|e| RepoError::BadObject {
-                site: Box::new(Site {
-                    object: Some(ObjectRef::Tree { id: c.tree }),
-                    place: Place {
-                        commit: Some(*commit),
-                        step: Some(c.step),
-                        ..Place::default()
-                    },
-                    from: None,
+                site: Site::of(ObjectRef::Tree { id: c.tree }).with_place(Place {
+                    commit: Some(*commit),
+                    step: Some(c.step),
+                    ..Place::default()
                 }),
                 source: e.into(),
             })?;

@@ -154,6 +154,12 @@ impl Site {
         Site::of(ObjectRef::Chunk { id })
     }
 
+    /// This site, used at `place`.
+    pub fn with_place(mut self: Box<Self>, place: Place) -> Box<Site> {
+        self.place = place;
+        self
+    }
+
     /// This site, with its bytes received from `from`.
     pub fn received(mut self: Box<Self>, from: &str) -> Box<Site> {
         if !from.is_empty() {

@@ -172,12 +172,7 @@ fn unlogged_batch() -> Batch {
 impl Import<'_> {
     /// The site of incoming object `object` used at `place`.
     fn site(&self, object: ObjectRef, place: Place) -> Box<Site> {
-        Box::new(Site {
-            object: Some(object),
-            place,
-            from: None,
-        })
-        .received(&self.from)
+        Site::of(object).with_place(place).received(&self.from)
     }
 
     /// Check that `bytes` hash to `id` and stage them under `key`.

@@ -211,13 +211,9 @@ impl Repository {
                 Some(i) => *i,
                 None => {
                     let site = || {
-                        Box::new(super::Site {
-                            object: Some(super::ObjectRef::Chunk { id: *id }),
-                            place: super::Place {
-                                file: Some(path.to_string()),
-                                ..Default::default()
-                            },
-                            from: None,
+                        super::Site::chunk(*id).with_place(super::Place {
+                            file: Some(path.to_string()),
+                            ..Default::default()
                         })
                     };
                     let bytes = self
