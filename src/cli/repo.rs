@@ -126,9 +126,12 @@ pub enum RepoCommand {
     /// Write a commit's checkpoint files into a directory.
     ///
     /// Examples: `ckvc checkout 500 -o resume/` (a step); `ckvc checkout exp -o out/`
-    /// (a branch head); `ckvc checkout 3632c89a -o out/ --force` (a commit id).
+    /// (a branch head); `ckvc checkout 3632c89a -o out/ --force` (a commit id);
+    /// `ckvc checkout` (HEAD, e.g. right after `ckvc clone`).
     Checkout {
-        /// A step, branch, commit id (prefix), HEAD~N or branch@step.
+        /// A step, branch, commit id (prefix), HEAD~N or branch@step
+        /// (default HEAD: the current branch's newest commit).
+        #[arg(default_value = "HEAD")]
         rev: String,
         /// Output directory (default: step-<N>).
         #[arg(short, long)]

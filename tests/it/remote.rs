@@ -1556,3 +1556,20 @@ fn shallow_fetch_refuses_a_bit_flipped_pack_it_reads_by_range() {
     std::fs::write(&commit_pack, &good).unwrap();
     remote::fetch(&b, "origin", &r, &shallow, &NoProgress).unwrap();
 }
+
+/// `ckvc checkout` needed a revision even right after a clone; without one
+/// it now writes HEAD (the newest step) into `step-<N>`.
+#[test]
+fn checkout_without_a_revision_after_clone_writes_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    ok(super::run_ckvc(
+        t,
+        &["clone", remote.to_str().unwrap(), "b"],
+    ));
+    let out = ok(super::run_ckvc(&t.join("b"), &["checkout"]));
+    let (step, dir) = &steps()[1];
+    assert!(out.contains(&format!("step {step}")), "{out}");
+    same_tree(dir, &t.join("b").join(format!("step-{step}")));
+}
