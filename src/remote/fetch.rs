@@ -2,10 +2,12 @@
 //! branches into `refs/remotes/<remote>/`.
 //!
 //! Read the remote refs, walk from them through objects the local store
-//! lacks, downloading the packs that hold them into `.ckvc/fetch/` (kept
-//! across an interrupted fetch; each verified against its name before use)
-//! or, in a shallow fetch, only the entries needed, by range reads placed
-//! by the pack indexes; and planning which chunks to fetch (shallow: which
+//! lacks (commits, trees and manifests read by range, placed by the pack
+//! indexes), then bring in the chunks: a pack whose entries are mostly
+//! needed is downloaded whole into `.ckvc/fetch/` (kept across an
+//! interrupted fetch; verified against its name before use), otherwise
+//! (a shallow fetch, a pack partly held already) only the entries needed,
+//! by range reads; several requests at a time. And planning which chunks to fetch (shallow: which
 //! to store whole, and the left-out base chains to read for that).
 //! Everything received goes through the repository's verified import
 //! ([`Repository::import`]): objects hash to their ids, every chunk is
@@ -85,6 +87,13 @@ const MERGE_GAP: u64 = 64 << 10;
 /// (numerator / 8) is downloaded whole (and verified by its name).
 const WHOLE_EIGHTHS: u64 = 7;
 
+/// Requests of a fetch in flight at once.
+const FETCH_PARALLEL: usize = 4;
+
+/// Bytes one wave of parallel requests may bring into memory (a single
+/// larger pack is downloaded alone).
+const FETCH_WAVE_BYTES: u64 = 256 << 20;
+
 /// An entry to read: its kind, id, and where the index places it.
 type Wanted = (Kind, [u8; 32], Loc);
 
@@ -108,10 +117,6 @@ struct Stage<'a> {
     bytes_received: u64,
     /// Requests that read part of a pack.
     range_reads: u64,
-    /// Read single entries by range where that reads less than the whole
-    /// pack (a shallow fetch needs a few entries of many packs); otherwise
-    /// every pack holding a needed object is downloaded whole.
-    ranged: bool,
     progress: &'a dyn Progress,
 }
 
@@ -123,46 +128,48 @@ impl Stage<'_> {
         }
     }
 
-    /// Make sure pack `name` is staged whole and verified.
-    fn load(&mut self, name: &Hash32) -> Result<(), RemoteError> {
-        if self.loaded.get(name).is_some_and(|p| p.whole) {
-            return Ok(());
-        }
-        fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
+    /// Stage pack `name` from an interrupted fetch's copy in `.ckvc/fetch/`
+    /// if there is one and it verifies against its name; false otherwise.
+    fn reuse(&mut self, name: &Hash32) -> Result<bool, RemoteError> {
         let path = self.dir.join(format!("{name}.pack"));
         let what = format!("pack {}", pack_key(name));
-        // A pack staged by an interrupted fetch is reused if it verifies.
-        let staged = match fs::read(&path) {
-            Ok(b) => pack::verify_pack(&b, name, &what).ok(),
-            Err(_) => None,
+        let entries = match fs::read(&path) {
+            Ok(b) => match pack::verify_pack(&b, name, &what) {
+                Ok(e) => e,
+                Err(_) => return Ok(false),
+            },
+            Err(_) => return Ok(false),
         };
-        let entries = match staged {
-            Some(e) => e,
-            None => {
-                // No more than the index says the pack holds.
-                let limit = self
-                    .index
-                    .packs
-                    .get(name)
-                    .copied()
-                    .unwrap_or(pack::MAX_PACK_BYTES);
-                let bytes = self
-                    .remote
-                    .get_limited(&pack_key(name), limit)?
-                    .ok_or_else(|| missing_pack(&what))?;
-                if bytes.len() as u64 > pack::MAX_PACK_BYTES {
-                    return Err(corrupt(&what, "larger than the pack size limit"));
-                }
-                let entries = pack::verify_pack(&bytes, name, &what)?;
-                self.bytes_received += bytes.len() as u64;
-                self.progress.advance(bytes.len() as u64, 1);
-                let tmp = self.dir.join(format!(".{name}.tmp"));
-                fs::write(&tmp, &bytes).map_err(Self::io(&tmp))?;
-                fs::rename(&tmp, &path).map_err(Self::io(&path))?;
-                entries
-            }
-        };
-        let file = fs::File::open(&path).map_err(Self::io(&path))?;
+        self.stage_whole(name, &path, entries)?;
+        Ok(true)
+    }
+
+    /// Stage a pack downloaded and verified by [`download_pack`], written
+    /// to `.ckvc/fetch/<name>.pack` (through a temporary file, so an
+    /// interrupted fetch leaves only whole packs under that name).
+    fn install(
+        &mut self,
+        name: &Hash32,
+        bytes: &[u8],
+        entries: Vec<pack::Entry>,
+    ) -> Result<(), RemoteError> {
+        fs::create_dir_all(&self.dir).map_err(Self::io(&self.dir))?;
+        let path = self.dir.join(format!("{name}.pack"));
+        self.bytes_received += bytes.len() as u64;
+        self.progress.advance(bytes.len() as u64, 1);
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        fs::write(&tmp, bytes).map_err(Self::io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(Self::io(&path))?;
+        self.stage_whole(name, &path, entries)
+    }
+
+    fn stage_whole(
+        &mut self,
+        name: &Hash32,
+        path: &Path,
+        entries: Vec<pack::Entry>,
+    ) -> Result<(), RemoteError> {
+        let file = fs::File::open(path).map_err(Self::io(path))?;
         let map = entries
             .into_iter()
             .map(|e| ((e.kind, e.id), (e.offset, e.len)))
@@ -200,9 +207,9 @@ impl Stage<'_> {
     }
 
     /// Stage every object of `want`, pack by pack: a whole pack when the
-    /// fetch is not ranged or the wanted entries make up most of it, else
-    /// the wanted entries by range reads (neighbours a short gap apart in
-    /// one read).
+    /// wanted entries make up most of it, else the wanted entries by range
+    /// reads (neighbours a short gap apart in one read); the requests run
+    /// several at a time ([`run_jobs`]).
     fn ensure(
         &mut self,
         want: impl IntoIterator<Item = (Kind, [u8; 32])>,
@@ -214,11 +221,8 @@ impl Stage<'_> {
                 by_pack.entry(loc.pack).or_default().push((kind, id, loc));
             }
         }
+        let mut jobs = Vec::new();
         for (name, mut entries) in by_pack {
-            if !self.ranged {
-                self.load(&name)?;
-                continue;
-            }
             entries.sort_by_key(|e| e.2.offset);
             entries.dedup_by_key(|e| (e.0, e.1));
             let what = format!("pack index {}", idx_key(&name));
@@ -242,36 +246,39 @@ impl Stage<'_> {
             let total: u64 = reads.iter().map(|r| r.1 - r.0).sum();
             let pack_len = self.index.packs.get(&name).copied().unwrap_or(0);
             if total.saturating_mul(8) >= pack_len.saturating_mul(WHOLE_EIGHTHS) {
-                self.load(&name)?;
+                if !self.reuse(&name)? {
+                    jobs.push(Job::Whole(name));
+                }
             } else {
                 for (start, end, entries) in reads {
-                    self.read_range(&name, start, end, &entries)?;
+                    jobs.push(Job::Range(name, start, end, entries));
                 }
             }
         }
-        Ok(())
+        let (remote, index) = (self.remote, self.index);
+        run_jobs(remote, index, jobs, |job, got| match (job, got) {
+            (Job::Whole(name), Got::Whole(bytes, entries)) => self.install(&name, &bytes, entries),
+            (Job::Range(name, start, end, entries), Got::Range(bytes)) => {
+                self.stage_range(&name, start, end, &entries, &bytes)
+            }
+            _ => Err(corrupt("a download", "got another kind of result (a bug)")),
+        })
     }
 
-    /// Read bytes `start..end` of pack `name` and stage the entries in
-    /// them, each checked against its index entry (the pack's own header
-    /// for it names the same kind, id and length). The content itself is
-    /// verified as every received object is: by its hash.
-    fn read_range(
+    /// Stage bytes `start..end` of pack `name`, read by range, and the
+    /// entries in them, each checked against its index entry (the pack's
+    /// own header for it names the same kind, id and length). The content
+    /// itself is verified as every received object is: by its hash.
+    fn stage_range(
         &mut self,
         name: &Hash32,
         start: u64,
         end: u64,
         entries: &[Wanted],
+        bytes: &[u8],
     ) -> Result<(), RemoteError> {
-        let key = pack_key(name);
-        let what = format!("pack {key}");
-        let bytes = self
-            .remote
-            .get_range(&key, start, end - start)?
-            .ok_or_else(|| missing_pack(&what))?;
-        if bytes.len() as u64 != end - start {
-            return Err(corrupt(&what, "a range read returned another length"));
-        }
+        let what = format!("pack {}", pack_key(name));
+        debug_assert_eq!(bytes.len() as u64, end - start);
         self.bytes_received += bytes.len() as u64;
         self.range_reads += 1;
         self.progress.advance(bytes.len() as u64, 0);
@@ -319,7 +326,7 @@ impl Stage<'_> {
             .ok_or_else(|| corrupt(&what, "was not staged (a bug)"))?;
         staged
             .file
-            .write_all_at(&bytes, start)
+            .write_all_at(bytes, start)
             .map_err(Self::io(&self.dir))?;
         for (kind, id, loc) in entries {
             staged.map.insert((*kind, *id), (loc.offset, loc.len));
@@ -333,7 +340,7 @@ impl Stage<'_> {
     fn get(&mut self, kind: Kind, id: &[u8; 32]) -> Result<Vec<u8>, RemoteError> {
         if !self.is_staged(kind, id)? {
             let loc = self.loc(kind, id)?;
-            if kind == Kind::Chunk || !self.ranged {
+            if kind == Kind::Chunk {
                 self.ensure([(kind, *id)])?;
             } else {
                 let objects: Vec<(Kind, [u8; 32])> = self
@@ -394,6 +401,125 @@ fn missing_pack(what: &str) -> RemoteError {
         what,
         "is missing (its index exists; the remote is damaged or was pruned)",
     )
+}
+
+/// Download pack `name` (no more than the index says it holds) and verify
+/// it against its name: its bytes and entries.
+fn download_pack(
+    remote: &dyn Remote,
+    index: &RemoteIndex,
+    name: &Hash32,
+) -> Result<(Vec<u8>, Vec<pack::Entry>), RemoteError> {
+    let what = format!("pack {}", pack_key(name));
+    let limit = index
+        .packs
+        .get(name)
+        .copied()
+        .unwrap_or(pack::MAX_PACK_BYTES);
+    let bytes = remote
+        .get_limited(&pack_key(name), limit)?
+        .ok_or_else(|| missing_pack(&what))?;
+    if bytes.len() as u64 > pack::MAX_PACK_BYTES {
+        return Err(corrupt(&what, "larger than the pack size limit"));
+    }
+    let entries = pack::verify_pack(&bytes, name, &what)?;
+    Ok((bytes, entries))
+}
+
+/// One request of a fetch: a whole pack, or bytes `start..end` of a pack
+/// holding the listed entries.
+enum Job {
+    Whole(Hash32),
+    Range(Hash32, u64, u64, Vec<Wanted>),
+}
+
+impl Job {
+    /// The most bytes it brings into memory.
+    fn bytes(&self, index: &RemoteIndex) -> u64 {
+        match self {
+            Job::Whole(name) => index
+                .packs
+                .get(name)
+                .copied()
+                .unwrap_or(pack::MAX_PACK_BYTES),
+            Job::Range(_, start, end, _) => end - start,
+        }
+    }
+}
+
+/// What a job brought: a verified whole pack, or a range's bytes.
+enum Got {
+    Whole(Vec<u8>, Vec<pack::Entry>),
+    Range(Vec<u8>),
+}
+
+/// Run `jobs`' requests, up to [`FETCH_PARALLEL`] at once (a remote's
+/// latency, not its bandwidth, bounds one request at a time), in waves of at
+/// most [`FETCH_WAVE_BYTES`] (one larger job runs alone); `stage` takes each
+/// wave's results in job order, so what is staged does not depend on
+/// timing.
+fn run_jobs(
+    remote: &dyn Remote,
+    index: &RemoteIndex,
+    jobs: Vec<Job>,
+    mut stage: impl FnMut(Job, Got) -> Result<(), RemoteError>,
+) -> Result<(), RemoteError> {
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        let mut wave = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(j) = jobs.peek() {
+            let b = j.bytes(index);
+            if !wave.is_empty()
+                && (wave.len() >= FETCH_PARALLEL || bytes.saturating_add(b) > FETCH_WAVE_BYTES)
+            {
+                break;
+            }
+            bytes = bytes.saturating_add(b);
+            wave.extend(jobs.next());
+        }
+        let got: Vec<Result<Got, RemoteError>> = if wave.len() == 1 {
+            vec![run_job(remote, index, &wave[0])]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = wave
+                    .iter()
+                    .map(|j| s.spawn(move || run_job(remote, index, j)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(corrupt("a download", "its thread panicked (a bug)"))
+                        })
+                    })
+                    .collect()
+            })
+        };
+        for (job, got) in wave.into_iter().zip(got) {
+            stage(job, got?)?;
+        }
+    }
+    Ok(())
+}
+
+fn run_job(remote: &dyn Remote, index: &RemoteIndex, job: &Job) -> Result<Got, RemoteError> {
+    match job {
+        Job::Whole(name) => {
+            let (bytes, entries) = download_pack(remote, index, name)?;
+            Ok(Got::Whole(bytes, entries))
+        }
+        Job::Range(name, start, end, _) => {
+            let what = format!("pack {}", pack_key(name));
+            let bytes = remote
+                .get_range(&pack_key(name), *start, end - start)?
+                .ok_or_else(|| missing_pack(&what))?;
+            if bytes.len() as u64 != end - start {
+                return Err(corrupt(&what, "a range read returned another length"));
+            }
+            Ok(Got::Range(bytes))
+        }
+    }
 }
 
 /// Verifies the fetched chunks through the repository's import, one walk
@@ -505,7 +631,6 @@ pub fn fetch(
             loaded: HashMap::new(),
             bytes_received: 0,
             range_reads: 0,
-            ranged: opts.depth.is_some(),
             progress,
         };
         progress.start("download", 0, ix.packs.len() as u64);

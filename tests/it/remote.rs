@@ -304,7 +304,14 @@ fn remote_directory_push_clone_pull_round_trip_the_corpus() {
     let pulled = remote::pull(&a, "origin", &r, None, &NoProgress).unwrap();
     assert_eq!(pulled.new, Some(pb.new));
     assert_eq!(pulled.fetch.commits as usize, rest.len());
-    assert!(pulled.fetch.bytes_received <= pb.bytes_sent + 4096);
+    // The walk reads commits, trees and manifests by range before the
+    // packs holding them come whole: those are read twice (~0.3%).
+    assert!(
+        pulled.fetch.bytes_received <= pb.bytes_sent + pb.bytes_sent / 50 + 4096,
+        "{:?} {:?}",
+        pulled.fetch,
+        pb
+    );
     let (step, dir) = &all[all.len() - 1];
     let out = tmp.path().join("a-out");
     a.checkout(
@@ -686,7 +693,7 @@ fn remote_truncated_or_bit_flipped_packs_are_refused() {
     let pack = packs(&url, "pack")[0].clone();
     let good = std::fs::read(&pack).unwrap();
     std::fs::write(&pack, &good[..good.len() / 2]).unwrap();
-    fetch_fails(&url, &b, "truncated or bit-flipped");
+    fetch_fails(&url, &b, "shorter than");
     let mut flipped = good.clone();
     flipped[good.len() / 3] ^= 0x10;
     std::fs::write(&pack, &flipped).unwrap();
@@ -1309,6 +1316,9 @@ struct Counting<R> {
     inner: R,
     bytes: std::sync::atomic::AtomicU64,
     reads: std::sync::atomic::AtomicU64,
+    /// Pack reads running now, and the most at once.
+    in_flight: std::sync::atomic::AtomicU64,
+    peak_in_flight: std::sync::atomic::AtomicU64,
 }
 
 impl<R: Remote> Counting<R> {
@@ -1317,7 +1327,31 @@ impl<R: Remote> Counting<R> {
             inner,
             bytes: 0.into(),
             reads: 0.into(),
+            in_flight: 0.into(),
+            peak_in_flight: 0.into(),
         }
+    }
+    /// Run a pack read, noting how many run at once: each read waits (up
+    /// to a second) for another to start, so reads issued together are
+    /// seen together whatever the scheduling.
+    fn pack_read<T>(&self, key: &str, read: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !key.starts_with("packs/") {
+            return read();
+        }
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.peak_in_flight.fetch_max(now, SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.peak_in_flight.load(SeqCst) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let r = read();
+        self.in_flight.fetch_sub(1, SeqCst);
+        r
+    }
+    fn peak_in_flight(&self) -> u64 {
+        self.peak_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
     fn count<T: AsRef<[u8]>>(&self, r: &Option<T>) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -1341,12 +1375,12 @@ impl<R: Remote> Remote for Counting<R> {
         Ok(r)
     }
     fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
-        let r = self.inner.get_limited(key, max)?;
+        let r = self.pack_read(key, || self.inner.get_limited(key, max))?;
         self.count(&r);
         Ok(r)
     }
     fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
-        let r = self.inner.get_range(key, start, len)?;
+        let r = self.pack_read(key, || self.inner.get_range(key, start, len))?;
         self.count(&r);
         Ok(r)
     }
@@ -1503,6 +1537,9 @@ fn shallow_clone_downloads_little_more_than_its_commit_needs() {
         "read {got} bytes, the commit needs {needed}"
     );
     assert!(rep.bytes_received <= got);
+    // Its range reads are issued several at a time (a remote's latency,
+    // not its bandwidth, bounds one request at a time).
+    assert!(r.peak_in_flight() > 1, "one range read at a time");
     let out = t.join("b-out");
     b.checkout(&head, &out, &CheckoutOptions::default())
         .unwrap();
@@ -1512,10 +1549,17 @@ fn shallow_clone_downloads_little_more_than_its_commit_needs() {
     let r = Counting::new(DirRemote::new(url));
     let rep = remote::fetch(&c, "origin", &r, &Default::default(), &NoProgress).unwrap();
     assert_eq!(rep.commits, 4);
+    // (Commits, trees and manifests are read by range first, and again
+    // in their whole packs: ~0.3%.)
     assert!(
-        r.bytes() >= pushed && rep.bytes_received <= pushed,
+        r.bytes() >= pushed && rep.bytes_received <= pushed + pushed / 50,
         "{rep:?}"
     );
+    assert!(r.peak_in_flight() > 1, "one pack download at a time");
+    let out = t.join("c-out");
+    c.checkout(&head, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&steps()[3].1, &out);
 }
 
 #[test]
