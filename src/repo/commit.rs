@@ -208,13 +208,15 @@ const COMMIT_SOURCE: &[u8] = b"commit-source";
 /// The pipeline's queue length (chunks between reader and encoder, and
 /// between encoder and writer) and store batch bytes for a memory budget.
 /// Alive at once: the queued chunks and records, one chunk, base and frame
-/// per encoding thread, one chunk per reading thread, and the batch being
-/// gathered; the store's
+/// per encoding thread, one chunk per reading thread, the batch being
+/// gathered and the decoded bases kept for the next commit; the store's
 /// memtables come on top (see `docs/format/store.md`).
 fn pipeline_sizes(budget: u64, chunk_bytes: u64, readers: usize) -> (usize, usize) {
     let threads = rayon::current_num_threads() as u64;
     let chunk = chunk_bytes.clamp(64, MAX_CHUNK_BYTES);
-    let free = budget.saturating_sub((3 * threads + readers as u64) * chunk);
+    let free = budget
+        .saturating_sub(super::base_cache_bytes(budget))
+        .saturating_sub((3 * threads + readers as u64) * chunk);
     // The reader outruns the encoders, so a short queue keeps them fed.
     let queue = (free / 8 / chunk).clamp(1, 4) as usize;
     // Unlogged batches cost little each; small ones keep the copies short.
@@ -1003,6 +1005,10 @@ impl Repository {
                     level,
                     scratch,
                 )?;
+                // The next commit's base for this chunk (in its own
+                // base's place): hashed to `job.id` by the reader.
+                self.bases
+                    .insert(job.id, &job.raw, job.base.as_ref().map(|b| &b.id));
                 if let Raw::Owned(raw) = job.raw {
                     pool.put(raw);
                 }
@@ -1057,6 +1063,11 @@ impl Repository {
         let rec = self.chunk_record(&b.id)?;
         if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
             return Ok(None);
+        }
+        if let Some(raw) = self.bases.get(&b.id) {
+            let mut buf = pool.get(0);
+            buf.extend_from_slice(&raw);
+            return Ok(Some((buf, rec.depth)));
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
