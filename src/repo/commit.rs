@@ -238,7 +238,7 @@ struct Shared {
     seen: Mutex<HashSet<ChunkId>>,
     /// The index of the next file to read.
     next: AtomicUsize,
-    /// A reader failed: the others stop at their next file.
+    /// A reader failed: the others stop at their next chunk.
     failed: AtomicBool,
 }
 
@@ -878,6 +878,10 @@ impl<'d> Writer<'_, 'd> {
             let mut chunks = Vec::new();
             let mut left = seg_len;
             while left > 0 {
+                // Another reader failed: its error is the commit's.
+                if self.shared.failed.load(Ordering::Relaxed) {
+                    return Err(stopped("another reader"));
+                }
                 let n = left.min(piece as u64) as usize;
                 let raw = match whole {
                     Some(b) => {
