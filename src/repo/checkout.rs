@@ -138,7 +138,8 @@ impl Repository {
         // written and verified before any error are made durable together
         // and renamed into place, then their directories are synced: one
         // barrier per checkout instead of one per file.
-        let window = window_bytes(self.config.memory_budget);
+        let budget = self.config.memory_budget;
+        let window = window_bytes(budget.saturating_sub(super::base_cache_bytes(budget)));
         let total = files.iter().map(|f| f.m.len).sum();
         progress.start("checkout", total, files.len() as u64);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Decoded>>(1);

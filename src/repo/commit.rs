@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -207,17 +208,38 @@ const COMMIT_SOURCE: &[u8] = b"commit-source";
 /// The pipeline's queue length (chunks between reader and encoder, and
 /// between encoder and writer) and store batch bytes for a memory budget.
 /// Alive at once: the queued chunks and records, one chunk, base and frame
-/// per encoding thread, and the batch being gathered; the store's
+/// per encoding thread, one chunk per reading thread, the batch being
+/// gathered and the decoded bases kept for the next commit; the store's
 /// memtables come on top (see `docs/format/store.md`).
-fn pipeline_sizes(budget: u64, chunk_bytes: u64) -> (usize, usize) {
+fn pipeline_sizes(budget: u64, chunk_bytes: u64, readers: usize) -> (usize, usize) {
     let threads = rayon::current_num_threads() as u64;
     let chunk = chunk_bytes.clamp(64, MAX_CHUNK_BYTES);
-    let free = budget.saturating_sub(3 * threads * chunk);
+    let free = budget
+        .saturating_sub(super::base_cache_bytes(budget))
+        .saturating_sub((3 * threads + readers as u64) * chunk);
     // The reader outruns the encoders, so a short queue keeps them fed.
     let queue = (free / 8 / chunk).clamp(1, 4) as usize;
     // Unlogged batches cost little each; small ones keep the copies short.
     let batch = (free / 16).clamp(4 << 20, 16 << 20) as usize;
     (queue, batch)
+}
+
+/// How many threads read the files of a commit: one per core, at most
+/// one per file. Each parses, hashes and cuts a whole file, so a
+/// checkpoint of several files (ranks, shards, model + optimizer) keeps
+/// every core busy even when reading, not encoding, is the slow stage.
+fn reader_threads(files: usize) -> usize {
+    rayon::current_num_threads().clamp(1, files.max(1))
+}
+
+/// What the reading threads of a commit share.
+struct Shared {
+    /// Chunks of this commit already queued or stored.
+    seen: Mutex<HashSet<ChunkId>>,
+    /// The index of the next file to read.
+    next: AtomicUsize,
+    /// A reader failed: the others stop at their next chunk.
+    failed: AtomicBool,
 }
 
 /// Chunk buffers handed back by the encoder for the reader to fill again,
@@ -348,7 +370,8 @@ impl Repository {
         }
         let parents = ParentFiles::new(&parent_files, source);
         let budget = self.config.memory_budget;
-        let (queue, batch) = pipeline_sizes(budget, self.config.chunk_bytes);
+        let readers = reader_threads(files.len());
+        let (queue, batch) = pipeline_sizes(budget, self.config.chunk_bytes, readers);
         let pool = BufPool::default();
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job<'_>>(queue);
         let (etx, erx) = std::sync::mpsc::sync_channel::<Encoded>(queue);
@@ -360,72 +383,58 @@ impl Repository {
             })
             .sum();
         progress.start("commit", total, files.len() as u64);
-        let mut entries = Vec::new();
-        let mut objects = Batch::new();
-        let (mut tensor_bytes, mut large_opaque) = (0u64, Vec::new());
+        let shared = Shared {
+            seen: Mutex::new(HashSet::new()),
+            next: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        };
         let (read, encoded, written) = std::thread::scope(|s| {
             let writer = s.spawn(|| self.write_stream(erx, batch));
             let encoder = s.spawn(|| self.encode_stream(rx, etx, &pool));
-            let mut w = Writer {
-                repo: self,
-                seen: HashSet::new(),
-                stats: CommitStats::default(),
-                tx: Some(tx),
-                pool: &pool,
-                handles: HashMap::new(),
-                progress,
-            };
-            let read = (|| {
-                for (rel, src) in files {
-                    let manifest = match src {
-                        Source::Path(path) => {
-                            let io = |source| RepoError::Io {
-                                path: path.clone(),
-                                source,
-                            };
-                            let mut f = std::fs::File::open(path).map_err(io)?;
-                            let meta = f.metadata().map_err(io)?;
-                            let mode = file_mode(&meta);
-                            let input = Input::File(&mut f);
-                            w.file(input, meta.len(), mode, path, rel, ctx, &parents)?
-                        }
-                        Source::Bytes(b) => w.file(
-                            Input::Bytes(b),
-                            b.len() as u64,
-                            0o644,
-                            Path::new(rel),
-                            rel,
-                            ctx,
-                            &parents,
-                        )?,
+            // Files are taken in order by `readers` threads, each parsing,
+            // hashing and queueing one file at a time; the manifests are put
+            // back in file order below, so the tree never depends on which
+            // thread read what.
+            let mut handles = Vec::with_capacity(readers);
+            for _ in 0..readers {
+                let (tx, shared, pool, parents) = (tx.clone(), &shared, &pool, &parents);
+                handles.push(s.spawn(move || {
+                    let mut w = Writer {
+                        repo: self,
+                        shared,
+                        stats: CommitStats::default(),
+                        tx: Some(tx),
+                        pool,
+                        handles: HashMap::new(),
+                        progress,
                     };
-                    let bytes = manifest.encode();
-                    let id = ObjectId::digest(&bytes);
-                    let key = object_key(KIND_MANIFEST, &id);
-                    if !self.store.contains(Space::Objects, &key)? {
-                        w.stats.stored_bytes += bytes.len() as u64;
-                        objects.put(Space::Objects, &key, bytes);
+                    let mut done = Vec::new();
+                    loop {
+                        if shared.failed.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let i = shared.next.fetch_add(1, Ordering::Relaxed);
+                        let Some((rel, src)) = files.get(i) else {
+                            break;
+                        };
+                        match w.read_source(rel, src, ctx, parents) {
+                            Ok(m) => done.push((i, m)),
+                            Err(e) => {
+                                shared.failed.store(true, Ordering::Relaxed);
+                                return Err((i, e));
+                            }
+                        }
                     }
-                    entries.push((rel.clone(), id));
-                    w.progress.advance(0, 1);
-                    w.stats.files += 1;
-                    w.stats.logical_bytes += manifest.len;
-                    let tensors: u64 = manifest
-                        .segments
-                        .iter()
-                        .filter(|s| matches!(s, SegmentRef::Tensor { .. }))
-                        .map(|s| s.len())
-                        .sum();
-                    tensor_bytes += tensors;
-                    if tensors == 0 && manifest.len >= LARGE_OPAQUE {
-                        large_opaque.push((rel.clone(), manifest.len));
-                    }
-                }
-                Ok::<_, RepoError>(w.stats)
-            })();
-            // Closing the queue ends the encoder, then the writer, once they
-            // have stored what they got.
-            drop(w.tx.take());
+                    Ok((done, w.stats))
+                }));
+            }
+            // Closing the queue (every reader's sender gone) ends the
+            // encoder, then the writer, once they have stored what they got.
+            drop(tx);
+            let read: Vec<_> = handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect();
             let encoded = encoder
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p));
@@ -436,13 +445,67 @@ impl Repository {
         });
         progress.finish();
         // A stage that stopped because the next one went away reports that
-        // one's error.
+        // one's error; of the readers' errors, the first in file order that
+        // is not a reader stopping for another's.
+        let mut manifests = Vec::with_capacity(files.len());
+        let mut stats = CommitStats::default();
+        let mut failed: Option<(usize, RepoError)> = None;
+        for r in read {
+            match r {
+                Ok((done, s)) => {
+                    manifests.extend(done);
+                    stats.chunks += s.chunks;
+                }
+                Err((i, e)) => {
+                    let stop = matches!(e, RepoError::Stopped { .. });
+                    let better = match &failed {
+                        None => true,
+                        Some((j, f)) => {
+                            let f_stop = matches!(f, RepoError::Stopped { .. });
+                            (f_stop && !stop) || (f_stop == stop && i < *j)
+                        }
+                    };
+                    if better {
+                        failed = Some((i, e));
+                    }
+                }
+            }
+        }
         let written = written?;
         encoded?;
-        let mut stats = read?;
+        if let Some((_, e)) = failed {
+            return Err(e);
+        }
         stats.new_chunks += written.new_chunks;
         stats.stored_bytes += written.stored_bytes;
         stats.max_depth = stats.max_depth.max(written.max_depth);
+        manifests.sort_by_key(|(i, _)| *i);
+        let mut entries = Vec::with_capacity(manifests.len());
+        let mut objects = Batch::new();
+        let (mut tensor_bytes, mut large_opaque) = (0u64, Vec::new());
+        for (i, manifest) in manifests {
+            let rel = &files[i].0;
+            let bytes = manifest.encode();
+            let id = ObjectId::digest(&bytes);
+            let key = object_key(KIND_MANIFEST, &id);
+            if !self.store.contains(Space::Objects, &key)? {
+                stats.stored_bytes += bytes.len() as u64;
+                objects.put(Space::Objects, &key, bytes);
+            }
+            entries.push((rel.clone(), id));
+            stats.files += 1;
+            stats.logical_bytes += manifest.len;
+            let tensors: u64 = manifest
+                .segments
+                .iter()
+                .filter(|s| matches!(s, SegmentRef::Tensor { .. }))
+                .map(|s| s.len())
+                .sum();
+            tensor_bytes += tensors;
+            if tensors == 0 && manifest.len >= LARGE_OPAQUE {
+                large_opaque.push((rel.clone(), manifest.len));
+            }
+        }
         // The chunk batches skipped the WAL: make them durable before the
         // batch that references them moves the branch.
         self.store.flush()?;
@@ -601,8 +664,7 @@ impl<T: Read + Seek> ReadSeek for T {}
 /// ([`Repository::encode_stream`]), which runs beside it.
 struct Writer<'a, 'd> {
     repo: &'a Repository,
-    /// Chunks of this commit already queued or stored.
-    seen: HashSet<ChunkId>,
+    shared: &'a Shared,
     stats: CommitStats,
     /// The queue to the encoder (bounded); `None` once closed.
     tx: Option<SyncSender<Job<'d>>>,
@@ -673,6 +735,40 @@ enum Input<'f, 'd> {
 }
 
 impl<'d> Writer<'_, 'd> {
+    /// Read the file `rel` from `src` and queue its new chunks; its manifest.
+    fn read_source(
+        &mut self,
+        rel: &str,
+        src: &Source<'d>,
+        ctx: &format::DirContext,
+        parents: &ParentFiles<'_>,
+    ) -> Result<FileManifest, RepoError> {
+        let manifest = match src {
+            Source::Path(path) => {
+                let io = |source| RepoError::Io {
+                    path: path.clone(),
+                    source,
+                };
+                let mut f = std::fs::File::open(path).map_err(io)?;
+                let meta = f.metadata().map_err(io)?;
+                let mode = file_mode(&meta);
+                let input = Input::File(&mut f);
+                self.file(input, meta.len(), mode, path, rel, ctx, parents)?
+            }
+            Source::Bytes(b) => self.file(
+                Input::Bytes(b),
+                b.len() as u64,
+                0o644,
+                Path::new(rel),
+                rel,
+                ctx,
+                parents,
+            )?,
+        };
+        self.progress.advance(0, 1);
+        Ok(manifest)
+    }
+
     /// The parent's file `rel` in the directory it was committed from,
     /// opened once, when it is still a file of the parent's length (its
     /// bytes are checked against the chunk ids before use).
@@ -782,6 +878,10 @@ impl<'d> Writer<'_, 'd> {
             let mut chunks = Vec::new();
             let mut left = seg_len;
             while left > 0 {
+                // Another reader failed: its error is the commit's.
+                if self.shared.failed.load(Ordering::Relaxed) {
+                    return Err(stopped("another reader"));
+                }
                 let n = left.min(piece as u64) as usize;
                 let raw = match whole {
                     Some(b) => {
@@ -809,9 +909,13 @@ impl<'d> Writer<'_, 'd> {
                 chunks.push(id);
                 self.stats.chunks += 1;
                 left -= n as u64;
-                if self.seen.insert(id)
-                    && !self.repo.store.contains(Space::Chunks, id.as_bytes())?
-                {
+                let first = self
+                    .shared
+                    .seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id);
+                if first && !self.repo.store.contains(Space::Chunks, id.as_bytes())? {
                     let k = chunks.len() - 1;
                     let base = base_chunks
                         .get(k)
@@ -905,6 +1009,10 @@ impl Repository {
                     level,
                     scratch,
                 )?;
+                // The next commit's base for this chunk (in its own
+                // base's place): hashed to `job.id` by the reader.
+                self.bases
+                    .insert(job.id, &job.raw, job.base.as_ref().map(|b| &b.id));
                 if let Raw::Owned(raw) = job.raw {
                     pool.put(raw);
                 }
@@ -959,6 +1067,11 @@ impl Repository {
         let rec = self.chunk_record(&b.id)?;
         if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
             return Ok(None);
+        }
+        if let Some(raw) = self.bases.get(&b.id) {
+            let mut buf = pool.get(0);
+            buf.extend_from_slice(&raw);
+            return Ok(Some((buf, rec.depth)));
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);

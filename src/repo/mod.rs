@@ -22,6 +22,7 @@ use crate::store::{
     ChunkId, CommitId, Mode, ObjectId, RocksStore, Space, Store, StoreError, StoreExt,
 };
 
+mod bases;
 mod branch;
 mod chain;
 mod checkout;
@@ -375,6 +376,19 @@ pub struct Repository {
     root: PathBuf,
     store: Arc<dyn Store>,
     config: Config,
+    /// Decoded chunks kept as the next delta base (a share of the memory
+    /// budget, see [`base_cache_bytes`]).
+    bases: bases::BaseCache,
+}
+
+/// The share of a memory budget held by decoded delta bases between the
+/// chunks of this process's commits and checkouts.
+pub(crate) fn base_cache_bytes(budget: u64) -> u64 {
+    // Measured on a 3-step DCP run (152 MiB a step, budget 256 MiB): a
+    // quarter of the budget added 60-100 MiB to peak RSS for no CPU time
+    // saved that the noise of a loaded machine let us see; an eighth keeps
+    // the prefix of each chain that a walk in step order reuses.
+    budget / 8
 }
 
 impl std::fmt::Debug for Repository {
@@ -457,6 +471,7 @@ impl Repository {
         Ok(Repository {
             root,
             store,
+            bases: bases::BaseCache::new(base_cache_bytes(config.memory_budget)),
             config,
         })
     }
@@ -520,6 +535,7 @@ impl Repository {
         Ok(Repository {
             root,
             store,
+            bases: bases::BaseCache::new(base_cache_bytes(config.memory_budget)),
             config,
         })
     }
@@ -534,6 +550,7 @@ impl Repository {
     /// checkouts (the stored setting is unchanged).
     pub fn set_memory_budget(&mut self, bytes: u64) {
         self.config.memory_budget = bytes;
+        self.bases.set_cap(base_cache_bytes(bytes));
     }
     /// The store underneath, for tests that damage or inspect it on
     /// purpose (the `testing` feature). Everything else goes through the
@@ -750,6 +767,12 @@ impl Repository {
         rec: ChunkRecord,
         cache: Option<&std::collections::HashMap<ChunkId, Vec<u8>>>,
     ) -> Result<(Vec<u8>, u16), RepoError> {
+        // The base decoded last time this process read or committed it,
+        // when kept (verified bytes): then the chain below is not decoded.
+        // The chunk's own record is always decoded and checked, so damage
+        // to it is found whatever is kept.
+        let base = rec.base;
+        let kept = base.and_then(|b| self.bases.get(&b).map(|raw| (b, raw)));
         let (raw, rec) = chain::decode_chain(
             id,
             rec,
@@ -758,9 +781,14 @@ impl Repository {
             |e| e,
             |b| match cache.and_then(|c| c.get(b)) {
                 Some(raw) => Ok::<_, RepoError>(chain::Link::Raw(raw.as_slice().into())),
-                None => Ok(chain::Link::Record(self.chunk_record(b)?)),
+                None => match &kept {
+                    Some((k, raw)) if k == b => Ok(chain::Link::Raw((&raw[..]).into())),
+                    _ => Ok(chain::Link::Record(self.chunk_record(b)?)),
+                },
             },
         )?;
+        // The next step of this chain will want these bytes as its base.
+        self.bases.insert(*id, &raw, base.as_ref());
         Ok((raw, rec.depth))
     }
 

@@ -11,6 +11,7 @@ mod gc_model;
 mod golden;
 mod hostile;
 mod layers;
+mod pipeline;
 mod remote;
 mod repo_bench;
 mod repo_corpus;

@@ -1,0 +1,178 @@
+//! Decoded delta bases kept between the chunks of one process's commits
+//! and checkouts, so a chunk whose base was decoded (or committed) a moment
+//! ago is not decoded again through its whole chain.
+//!
+//! Owns the bytes cap: the cache never holds more than its share of the
+//! memory budget. Entries are raw chunk bytes already verified against
+//! their blake3 id (decoded and checked, or hashed when committed), keyed
+//! by that id, so a hit is as good as a decode.
+//!
+//! The policy fits how bases are used: chunk `k` of a tensor at one step is
+//! the base of chunk `k` at the next step. A new entry is admitted while
+//! there is room; one that replaces its own delta base (the next step of
+//! that chain) is always admitted, in the base's place. So a sweep over a
+//! checkpoint larger than the cache keeps the same prefix of its chains
+//! from step to step instead of evicting everything before it is used
+//! again (what least-recently-used would do), and when the cap shrinks
+//! the oldest entries go first.
+//!
+//! Must not: read the store.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use crate::store::ChunkId;
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct BaseCache {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    cap: u64,
+    bytes: u64,
+    map: HashMap<ChunkId, Arc<[u8]>>,
+    /// Insertion order (ids no longer in `map` are skipped when evicting).
+    order: VecDeque<ChunkId>,
+}
+
+impl BaseCache {
+    /// An empty cache of at most `cap` bytes.
+    pub(crate) fn new(cap: u64) -> Self {
+        BaseCache {
+            inner: Mutex::new(Inner {
+                cap,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new cap; entries over it are evicted, oldest first.
+    pub(crate) fn set_cap(&self, cap: u64) {
+        let mut g = self.lock();
+        g.cap = cap;
+        g.evict();
+    }
+
+    /// The verified bytes of chunk `id`, if cached.
+    pub(crate) fn get(&self, id: &ChunkId) -> Option<Arc<[u8]>> {
+        self.lock().map.get(id).cloned()
+    }
+
+    /// Keep `raw`, the verified bytes of chunk `id`, whose delta base is
+    /// `base` (if any): in that base's place when it is cached, else only
+    /// if it fits beside what is held.
+    pub(crate) fn insert(&self, id: ChunkId, raw: &[u8], base: Option<&ChunkId>) {
+        let len = raw.len() as u64;
+        let mut g = self.lock();
+        if len > g.cap || g.map.contains_key(&id) {
+            return;
+        }
+        let replaced = base.and_then(|b| g.map.remove(b));
+        if let Some(old) = &replaced {
+            g.bytes -= old.len() as u64;
+        }
+        if replaced.is_none() && g.bytes + len > g.cap {
+            return;
+        }
+        g.bytes += len;
+        g.map.insert(id, Arc::from(raw));
+        g.order.push_back(id);
+        g.evict();
+    }
+
+    /// Bytes held.
+    #[cfg(test)]
+    fn bytes(&self) -> u64 {
+        self.lock().bytes
+    }
+}
+
+impl Inner {
+    fn evict(&mut self) {
+        while self.bytes > self.cap {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(raw) = self.map.remove(&old) {
+                self.bytes -= raw.len() as u64;
+            }
+        }
+        // Ids of entries replaced in place pile up in `order`: drop them
+        // once they outnumber the live entries.
+        if self.order.len() > 2 * self.map.len() + 16 {
+            let map = &self.map;
+            self.order.retain(|id| map.contains_key(id));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(n: u8, len: usize) -> (ChunkId, Vec<u8>) {
+        let raw = vec![n; len];
+        (ChunkId::digest(&raw), raw)
+    }
+
+    #[test]
+    fn gives_back_the_same_bytes() {
+        let c = BaseCache::new(1000);
+        let (id, raw) = chunk(1, 100);
+        assert!(c.get(&id).is_none());
+        c.insert(id, &raw, None);
+        assert_eq!(c.get(&id).as_deref(), Some(raw.as_slice()));
+    }
+
+    #[test]
+    fn never_holds_more_than_its_cap() {
+        let c = BaseCache::new(250);
+        let chunks: Vec<_> = (0..5).map(|n| chunk(n, 100)).collect();
+        for (id, raw) in &chunks {
+            c.insert(*id, raw, None);
+            assert!(c.bytes() <= 250);
+        }
+        // Admitted while there was room; later ones were not.
+        assert!(c.get(&chunks[0].0).is_some() && c.get(&chunks[1].0).is_some());
+        assert!(c.get(&chunks[2].0).is_none());
+        // An entry bigger than the cap is never kept.
+        let (big, raw) = chunk(9, 300);
+        c.insert(big, &raw, None);
+        assert!(c.get(&big).is_none());
+        // The next step of a cached chain takes its base's place.
+        let (next, raw) = chunk(7, 100);
+        c.insert(next, &raw, Some(&chunks[0].0));
+        assert!(c.get(&chunks[0].0).is_none());
+        assert_eq!(c.get(&next).as_deref(), Some(raw.as_slice()));
+        assert_eq!(c.bytes(), 200);
+        // A smaller cap evicts the oldest first.
+        c.set_cap(100);
+        assert!(c.get(&chunks[1].0).is_none());
+        assert!(c.get(&next).is_some());
+        assert!(c.bytes() <= 100);
+        c.set_cap(0);
+        assert_eq!(c.bytes(), 0);
+    }
+
+    #[test]
+    fn replacing_in_place_forever_stays_bounded() {
+        let c = BaseCache::new(1000);
+        let (mut prev, raw) = chunk(0, 10);
+        c.insert(prev, &raw, None);
+        for n in 1..=255u8 {
+            let (id, raw) = chunk(n, 10);
+            c.insert(id, &raw, Some(&prev));
+            prev = id;
+        }
+        assert_eq!(c.bytes(), 10);
+        let g = c.lock();
+        assert!(g.order.len() <= 2 * g.map.len() + 16);
+    }
+}

@@ -1,0 +1,201 @@
+//! The commit pipeline reads the files of a checkpoint on several threads:
+//! what it stores must not depend on how many, or on which thread read
+//! which file.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ckvc::repo::{CheckoutOptions, CommitOptions, Config, Repository};
+use ckvc::store::{CommitId, MemStore, ObjectId};
+
+use super::{copy_dir, same_tree, steps, Instrumented};
+
+/// A checkpoint of many files: two corpus steps side by side as two
+/// "ranks", one file twice (its chunks are new in two files at once) and
+/// a 2-rank DCP save.
+fn multi_file_checkpoint(out: &Path, a: &Path, b: &Path) {
+    copy_dir(a, &out.join("rank0"));
+    copy_dir(b, &out.join("rank1"));
+    std::fs::create_dir_all(out.join("rank2")).unwrap();
+    std::fs::copy(
+        b.join("optimizer.pt"),
+        out.join("rank2").join("optimizer.pt"),
+    )
+    .unwrap();
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dcp/ranks2-step-1"),
+        &out.join("dcp"),
+    );
+}
+
+/// A commit's id, tree, files, chunks and new chunks.
+type Row = (CommitId, ObjectId, u64, u64, u64);
+
+/// Commits `dirs` in order into a fresh repository with `threads` rayon
+/// threads (so as many reading threads); each commit's tree, file and
+/// chunk counts.
+fn commit_with_threads(
+    root: &Path,
+    threads: usize,
+    dirs: &[(u64, std::path::PathBuf)],
+) -> (Repository, Vec<Row>) {
+    let config = Config {
+        // Many chunks per file, a short queue: the readers interleave.
+        chunk_bytes: 64 << 10,
+        memory_budget: 4 << 20,
+        ..Config::default()
+    };
+    let repo = Repository::init(root, config).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for (step, dir) in dirs {
+        let opts = CommitOptions {
+            step: Some(*step),
+            ..CommitOptions::default()
+        };
+        let r = pool.install(|| repo.commit(dir, &opts)).unwrap();
+        let c = repo.commit_object(&r.id).unwrap();
+        out.push((
+            r.id,
+            c.tree,
+            r.stats.files,
+            r.stats.chunks,
+            r.stats.new_chunks,
+        ));
+    }
+    (repo, out)
+}
+
+#[test]
+fn a_multi_file_commit_stores_the_same_trees_whatever_the_reader_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = steps();
+    let mut dirs = Vec::new();
+    for (n, pair) in s.windows(2).take(3).enumerate() {
+        let d = tmp.path().join(format!("step-{n}"));
+        multi_file_checkpoint(&d, &pair[0].1, &pair[1].1);
+        dirs.push((n as u64 + 1, d));
+    }
+    let (one, a) = commit_with_threads(&tmp.path().join("one"), 1, &dirs);
+    let (four, b) = commit_with_threads(&tmp.path().join("four"), 4, &dirs);
+    // Trees (and so manifests) and counts are equal; commit ids differ
+    // only by the commit time.
+    let trees = |v: &[Row]| {
+        v.iter()
+            .map(|&(_, t, f, c, n)| (t, f, c, n))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(trees(&a), trees(&b));
+    assert!(a.iter().all(|&(_, _, files, _, _)| files >= 8), "{a:?}");
+    for (repo, ids) in [(&one, &a), (&four, &b)] {
+        for ((_, dir), (id, ..)) in dirs.iter().zip(ids.iter()) {
+            let out = tempfile::tempdir().unwrap();
+            repo.checkout(id, out.path(), &CheckoutOptions::default())
+                .unwrap();
+            same_tree(dir, out.path());
+        }
+    }
+}
+
+/// A commit's id, tree, stored bytes, new chunks and deepest chain.
+type Stored = (CommitId, ObjectId, u64, u64, u16);
+
+/// Commits steps of the corpus, each from a copy removed after its commit
+/// (so no delta base is read back from the parent's directory), into a
+/// repository over `store`: with one handle throughout (`keep`: decoded
+/// bases kept between commits) or a fresh handle per commit.
+fn commit_copies(
+    tmp: &Path,
+    store: &Arc<Instrumented<MemStore>>,
+    keep: bool,
+) -> (Repository, Vec<Stored>) {
+    let config = Config {
+        chunk_bytes: 64 << 10,
+        // Bases kept: an eighth, more than a corpus step.
+        memory_budget: 128 << 20,
+        ..Config::default()
+    };
+    let root = tmp.join(if keep { "kept" } else { "fresh" });
+    let mut repo = Repository::init_store(root.clone(), store.clone(), config).unwrap();
+    let mut rows = Vec::new();
+    for (n, (step, dir)) in steps().into_iter().take(4).enumerate() {
+        if !keep {
+            repo = Repository::open_store(root.clone(), store.clone()).unwrap();
+        }
+        let copy = tmp.join(format!("copy-{keep}-{n}"));
+        copy_dir(&dir, &copy);
+        let opts = CommitOptions {
+            step: Some(step),
+            ..CommitOptions::default()
+        };
+        let r = repo.commit(&copy, &opts).unwrap();
+        std::fs::remove_dir_all(&copy).unwrap();
+        let c = repo.commit_object(&r.id).unwrap();
+        rows.push((
+            r.id,
+            c.tree,
+            r.stats.stored_bytes,
+            r.stats.new_chunks,
+            r.stats.max_depth,
+        ));
+    }
+    (repo, rows)
+}
+
+#[test]
+fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_fewer_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kept_store = Arc::new(Instrumented::new(MemStore::default()));
+    let fresh_store = Arc::new(Instrumented::new(MemStore::default()));
+    let (kept, a) = commit_copies(tmp.path(), &kept_store, true);
+    let (_, b) = commit_copies(tmp.path(), &fresh_store, false);
+    let gets = |s: &Arc<Instrumented<MemStore>>| s.chunk_gets.load(Ordering::Relaxed);
+    // The same bases whether kept or decoded: the same records, trees
+    // and stored bytes.
+    let same = |v: &[Stored]| {
+        v.iter()
+            .map(|&(_, t, s, n, d)| (t, s, n, d))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(same(&a), same(&b));
+    assert!(a.iter().any(|&(.., d)| d >= 2), "{a:?}");
+    assert!(
+        gets(&kept_store) < gets(&fresh_store),
+        "kept {} fresh {}",
+        gets(&kept_store),
+        gets(&fresh_store)
+    );
+    // A checkout after one of the step before takes its bases from what
+    // that one decoded; a fresh handle decodes their chains; both
+    // byte-exact.
+    let all = steps();
+    let (step, dir) = all[3].clone();
+    let (head, ..) = a[3];
+    let warm_handle = Repository::open_store(tmp.path().join("kept"), kept_store.clone()).unwrap();
+    let out = tmp.path().join("out-prev");
+    warm_handle
+        .checkout(&a[2].0, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&all[2].1, &out);
+    let before = gets(&kept_store);
+    let out = tmp.path().join(format!("out-warm-{step}"));
+    warm_handle
+        .checkout(&head, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&dir, &out);
+    let warm = gets(&kept_store) - before;
+    let fresh = Repository::open_store(tmp.path().join("kept"), kept_store.clone()).unwrap();
+    let before = gets(&kept_store);
+    let out = tmp.path().join(format!("out-fresh-{step}"));
+    fresh
+        .checkout(&head, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&dir, &out);
+    let cold = gets(&kept_store) - before;
+    assert!(warm < cold, "warm {warm} cold {cold}");
+    drop(kept);
+}
