@@ -594,9 +594,8 @@ fn encode_elements(
     }
     // A small chunk of integers may be smaller as one zstd frame of all
     // its streams (version 6): tried before the blocks overwrite the
-    // streams. Not for floats: zstd's matches rarely pay on float bytes,
-    // and a compression per small tensor (biases, norms) costs a fifth of
-    // the encode time of bert-ft's fp32 rows.
+    // streams. Not for floats: zstd rarely pays on float bytes, and it
+    // would cost one more compression per small tensor (biases, norms).
     let whole =
         (opts.zstd_level != 0 && !dtype.is_float() && raw_len <= opts.small_zstd_max && n > 0)
             .then(|| block::zstd_compress(&out[at..at + w * n], SMALL_ZSTD_LEVEL, huff))
