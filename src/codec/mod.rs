@@ -369,6 +369,9 @@ pub struct Scratch {
     compact: Vec<u8>,
     compact_base: Vec<u8>,
     map_section: Vec<u8>,
+    /// The chunk's streams as one zstd frame (version 6), kept apart from
+    /// the block coder's zstd output, which the blocks overwrite.
+    whole: Vec<u8>,
 }
 
 /// Encode one chunk. `base`, when given and of the same length, is the same
@@ -479,6 +482,7 @@ fn encode_elements(
         ctx,
         classes,
         blocks: huff,
+        whole: whole_out,
         ..
     } = scratch;
     // Context coding takes blocks of `RANS_CTX_MIN_SYMBOLS` or more: a
@@ -600,6 +604,9 @@ fn encode_elements(
         (opts.zstd_level != 0 && !dtype.is_float() && raw_len <= opts.small_zstd_max && n > 0)
             .then(|| block::zstd_compress(&out[at..at + w * n], SMALL_ZSTD_LEVEL, huff))
             .flatten();
+    if whole.is_some() {
+        std::mem::swap(&mut huff.zstd_out, whole_out);
+    }
     let mut cur = at;
     let mut entry = table_at;
     for k in 0..w {
@@ -640,7 +647,7 @@ fn encode_elements(
     out.truncate(cur);
     if let Some(z) = whole.filter(|&z| table_at + z < cur) {
         out.truncate(table_at);
-        out.extend_from_slice(&huff.zstd_out[..z]);
+        out.extend_from_slice(&whole_out[..z]);
         out[5] |= 0x40;
     }
 }
