@@ -873,3 +873,90 @@ fn fixture_frames_of_versions_4_to_6_decode() {
         }
     }
 }
+
+/// Measurement, not a check (issue 16, palette mode): what this build
+/// makes of tensors with few distinct values, beside the bound a palette
+/// mode would reach (the order-0 entropy of the value indices, plus the
+/// palette). `cargo test --lib palette_measurement -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn palette_measurement() {
+    let n = 1 << 18;
+    let mut next = random_u32s(23);
+    let g = gaussian_f32(n, 29, 0.02);
+    let mut cases: Vec<(String, DType, Vec<u8>, usize)> = Vec::new();
+    for levels in [16u32, 256] {
+        // Uniform quantization of N(0, 0.02) to `levels` levels over
+        // +-3 sigma, an arbitrary step (not a power of two).
+        let step = 0.12 / levels as f32;
+        let q: Vec<f32> = g
+            .iter()
+            .map(|&x| {
+                ((x / step)
+                    .round()
+                    .clamp(-(levels as f32) / 2.0, levels as f32 / 2.0 - 1.0))
+                    * step
+            })
+            .collect();
+        cases.push((
+            format!("f32 {levels} levels"),
+            DType::F32,
+            f32_bytes(&q),
+            levels as usize,
+        ));
+        let b: Vec<u8> = q.iter().flat_map(|&x| half_bf16(x)).collect();
+        cases.push((
+            format!("bf16 {levels} levels"),
+            DType::BF16,
+            b,
+            levels as usize,
+        ));
+    }
+    // k-means-like clusters: 16 centroids of arbitrary values.
+    let centroids: Vec<f32> = (0..16)
+        .map(|_| (next() as f32 / u32::MAX as f32 - 0.5) * 0.1)
+        .collect();
+    let c: Vec<f32> = (0..n).map(|_| centroids[(next() % 16) as usize]).collect();
+    cases.push((
+        "f32 16 clusters, uniform".into(),
+        DType::F32,
+        f32_bytes(&c),
+        16,
+    ));
+    // A 0/1 mask as f32 (attention mask, pruning mask), 10% ones.
+    let m: Vec<f32> = (0..n)
+        .map(|_| if next() % 10 == 0 { 1.0 } else { 0.0 })
+        .collect();
+    cases.push(("f32 mask 10% ones".into(), DType::F32, f32_bytes(&m), 2));
+    for (name, dtype, raw, k) in cases {
+        let w = dtype.width();
+        let mut counts = std::collections::HashMap::new();
+        for e in raw.chunks_exact(w) {
+            *counts.entry(e.to_vec()).or_insert(0u64) += 1;
+        }
+        let total = (raw.len() / w) as f64;
+        let h: f64 = counts
+            .values()
+            .map(|&c| {
+                let p = c as f64 / total;
+                -p * p.log2()
+            })
+            .sum();
+        let palette = (h * total / 8.0) as usize + counts.len() * w;
+        let f = encode(&raw, None, dtype, &Options::default());
+        let z = zstd::bulk::compress(&raw, 19).unwrap().len();
+        println!(
+            "{name:<26} distinct {:>4} (<= {k}): ckvc {:.4}  palette bound {:.4}  zstd -19 {:.4}",
+            counts.len(),
+            f.len() as f64 / raw.len() as f64,
+            palette as f64 / raw.len() as f64,
+            z as f64 / raw.len() as f64
+        );
+    }
+}
+
+fn half_bf16(x: f32) -> [u8; 2] {
+    let b = x.to_bits();
+    let r = (b + 0x7fff + ((b >> 16) & 1)) >> 16;
+    (r as u16).to_le_bytes()
+}
