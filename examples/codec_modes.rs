@@ -21,12 +21,13 @@ fn main() {
     // [stream][mode] -> (symbols, bytes)
     let mut stats = vec![[(0u64, 0u64); 7]; 8];
     let mut kinds = [0u64; 3];
+    let mut whole = 0u64;
     for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
         let f = codec::encode(&t.data, base, t.dtype, &o);
         let info = FrameInfo::parse(&f).expect("own frame");
-        let w = t.dtype.width();
+        let w = info.group_width;
         let mut n = t.data.len() / w;
-        let mut pos = 16 + (info.raw_len as usize % w);
+        let mut pos = info.header_len + (info.raw_len as usize % w);
         kinds[match info.delta {
             codec::Delta::None => 0,
             codec::Delta::PerStream => {
@@ -51,6 +52,11 @@ fn main() {
                 })
                 .count();
         }
+        if info.whole_zstd {
+            // One zstd frame of all streams (format version 6): no table.
+            whole += 1;
+            continue;
+        }
         let block = 1usize << BLOCK_LOG2;
         let nb = n.div_ceil(block);
         for (k, st) in stats.iter_mut().enumerate().take(w) {
@@ -65,7 +71,7 @@ fn main() {
         }
     }
     println!(
-        "frames: none {} per-stream {} ulp {}",
+        "frames: none {} per-stream {} ulp {}; one zstd frame {whole}",
         kinds[0], kinds[1], kinds[2]
     );
     let names = [

@@ -82,6 +82,12 @@ fn main() {
         // before zstd is tried), repeated.
         let row: Vec<u8> = (0..256u32).map(|i| (i * i % 23) as u8).collect();
         seeds.codec(DType::U8, false, &row.repeat(16), None);
+        // An RNG state (format version 6): 32-bit words in 64-bit slots,
+        // stored as u8; grouped by 8-byte words, one zstd frame.
+        let words: Vec<u8> = (0..200u64)
+            .flat_map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).to_le_bytes())
+            .collect();
+        seeds.codec(DType::U8, false, &words, None);
         // More than one 64 KiB block per stream (no base: the decode seed's
         // base would need a u16-length frame).
         let big = &t.data[..t.data.len().min(200_000)];

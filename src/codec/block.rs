@@ -265,13 +265,17 @@ pub struct EncodeScratch {
     probe: Vec<u64>,
     /// A zstd compression context and its level, and its last output.
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
-    zstd_out: Vec<u8>,
+    pub(super) zstd_out: Vec<u8>,
 }
 
 /// The zstd frame of `syms` at `level` in `scratch.zstd_out`; its length,
 /// or None if zstd failed (then the block takes another mode).
-fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch) -> Option<usize> {
-    if scratch.zstd.as_ref().is_none_or(|(l, _)| *l != level) {
+pub(super) fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch) -> Option<usize> {
+    if let Some((l, c)) = scratch.zstd.as_mut().filter(|(l, _)| *l != level) {
+        c.set_compression_level(level).ok()?;
+        *l = level;
+    }
+    if scratch.zstd.is_none() {
         let mut c = zstd::bulk::Compressor::new(level).ok()?;
         // The decoder knows the block's length: no checksum, no size.
         c.include_checksum(false).ok()?;
@@ -397,6 +401,8 @@ pub struct Tables {
     pub rans: Vec<u32>,
     /// A zstd decompression context (format version 5).
     pub zstd: Option<zstd::bulk::Decompressor<'static>>,
+    /// The streams of a frame stored as one zstd frame (version 6).
+    pub whole: Vec<u8>,
 }
 
 /// Decode one block whose payload is `frame[start..start+len]` into `out`;

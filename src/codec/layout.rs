@@ -85,16 +85,24 @@ fn group_parts(raw: &[u8], w: usize, rotate: bool, parts: &mut [&mut [MaybeUnini
         }
         (2, [s0, s1]) => group2(raw, s0, s1, rotate),
         (4, [s0, s1, s2, s3]) => group4(raw, [s0, s1, s2, s3], rotate),
-        (8, parts) => {
-            for (i, c) in raw.chunks_exact(8).enumerate() {
+        (8, [s0, s1, s2, s3, s4, s5, s6, s7]) => {
+            // Each part cut to exactly `n`: no bounds checks in the loop.
+            let s = [s0, s1, s2, s3, s4, s5, s6, s7].map(|p| &mut p[..n]);
+            let [s0, s1, s2, s3, s4, s5, s6, s7] = s;
+            for (i, c) in raw.chunks_exact(8).enumerate().take(n) {
                 let mut v = u64::from_le_bytes(c.try_into().expect("chunk of 8"));
                 if rotate {
                     let hi = rot2((v >> 48) as u16) as u64;
                     v = (v & 0x0000_ffff_ffff_ffff) | (hi << 48);
                 }
-                for (k, s) in parts.iter_mut().enumerate() {
-                    s[i].write((v >> (8 * k)) as u8);
-                }
+                s0[i].write(v as u8);
+                s1[i].write((v >> 8) as u8);
+                s2[i].write((v >> 16) as u8);
+                s3[i].write((v >> 24) as u8);
+                s4[i].write((v >> 32) as u8);
+                s5[i].write((v >> 40) as u8);
+                s6[i].write((v >> 48) as u8);
+                s7[i].write((v >> 56) as u8);
             }
         }
         _ => unreachable!("element width is 1, 2, 4 or 8"),

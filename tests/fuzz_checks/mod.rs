@@ -96,7 +96,10 @@ pub fn decode_input(frame: &[u8], base: Option<&[u8]>) -> Vec<u8> {
 /// base of the same length), 2 `raw = rest` and the base is `raw` with a
 /// sparse perturbation (a likely delta), 3 `raw = rest` and a base one byte
 /// short (which the encoder must ignore); bit 3 forces an element map
-/// (format version 4) into the frame, whatever it saves.
+/// (format version 4) into the frame, whatever it saves; bit 4 turns off
+/// storing a small chunk as one zstd frame and bit 5 grouping integer
+/// bytes by a wider word (format version 6), so that fuzzed inputs, all
+/// small, still reach the block coders and the dtype's own width.
 ///
 /// Checks: the frame's header states the dtype and length, and decoding it
 /// (with the base when its header asks for one) returns `raw`, also under a
@@ -113,6 +116,12 @@ pub fn check_roundtrip(data: &[u8]) {
     };
     if flags & 8 != 0 {
         opts.element_map = codec::ElementMap::Always;
+    }
+    if flags & 16 != 0 {
+        opts.small_zstd_max = 0;
+    }
+    if flags & 32 != 0 {
+        opts.regroup = false;
     }
     let (raw, base): (&[u8], Option<Vec<u8>>) = match (flags >> 1) & 3 {
         0 => (rest, None),
