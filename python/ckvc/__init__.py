@@ -323,9 +323,11 @@ class Repository:
             background = not blocking and staging == "background" and _state._TORCH
             tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()
-            if deferred:
+            if any(clone is None for _, _, clone in deferred):
                 _add_step_hook(fut)
             else:
+                # only clones left to put in place: the caller's tensors
+                # may change already
                 fut._staged.set()
             files = [(_state.STATE_FILE, p.state_json), (_state.TENSORS_FILE, tensors)]
             now_msg = message

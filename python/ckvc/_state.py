@@ -364,7 +364,7 @@ class Staging:
     def __init__(self) -> None:
         self.buf: Optional[np.ndarray] = None
 
-    def stage(self, p: Plan, background: bool = False) -> Tuple[memoryview, List[Tuple[Leaf, int]]]:
+    def stage(self, p: Plan, background: bool = False) -> Tuple[memoryview, List[Tuple[Leaf, Any, Any]]]:
         """Copy the header and the tensors of ``p`` into the buffer; the
         returned view is the whole ``tensors.safetensors`` file once
         ``copy_deferred`` has copied the deferred tensors.
@@ -372,8 +372,14 @@ class Staging:
         With ``background``, torch tensors of at least
         ``BACKGROUND_MIN_BYTES`` that have a version counter are not copied
         here but returned with their ``_version`` at the call, for
-        ``copy_deferred`` (in another thread); everything else (numpy
-        arrays, small tensors) is copied now."""
+        ``copy_deferred`` (in another thread); smaller torch tensors are
+        cloned now and put in place by ``copy_deferred`` (they lie all over
+        the buffer: writing them into it here would fault in a page per
+        tensor, a fresh 2 MiB one each on the first save); numpy arrays are
+        copied into the buffer now.
+
+        The deferred entries are ``(leaf, version at the call or None, the
+        clone to copy from or None)``."""
         n = p.file_len
         if self.buf is None or self.buf.nbytes < n:
             self.buf = None  # free the old one before allocating the new
@@ -381,22 +387,26 @@ class Staging:
         buf = self.buf
         h = len(p.header)
         buf[:h] = np.frombuffer(p.header, dtype=np.uint8)
-        deferred: List[Tuple[Leaf, int]] = []
+        deferred: List[Tuple[Leaf, Any, Any]] = []
         tbuf = None
         for leaf in p.leaves:
             if leaf.nbytes == 0:
                 continue
-            if background and leaf.kind == "torch" and leaf.nbytes >= BACKGROUND_MIN_BYTES:
-                v = _version(leaf.obj)
-                if v is not None:
-                    deferred.append((leaf, v))
+            if background and leaf.kind == "torch":
+                if leaf.nbytes >= BACKGROUND_MIN_BYTES:
+                    v = _version(leaf.obj)
+                    if v is not None:
+                        deferred.append((leaf, v, None))
+                        continue
+                else:
+                    deferred.append((leaf, None, leaf.obj.detach().clone()))
                     continue
             if leaf.kind == "torch" and tbuf is None:
                 tbuf = torch.from_numpy(buf)
             _copy_leaf(buf, tbuf, h, leaf)
         return memoryview(buf)[: p.file_len], deferred
 
-    def copy_deferred(self, p: Plan, deferred: List[Tuple[Leaf, int]]) -> None:
+    def copy_deferred(self, p: Plan, deferred: List[Tuple[Leaf, Any, Any]]) -> None:
         """Copy the tensors ``stage`` deferred (in the staging thread; the
         copies release the GIL). Each tensor's ``_version`` is compared
         after its copy with the one at the call, and all of them again at
@@ -408,7 +418,10 @@ class Staging:
         assert buf is not None
         h = len(p.header)
         tbuf = torch.from_numpy(buf)
-        for leaf, v in deferred:
+        for leaf, v, clone in deferred:
+            if clone is not None:
+                _copy_leaf(buf, tbuf, h, leaf, clone)
+                continue
             hook = _before_background_copy
             if hook is not None:
                 hook(leaf.key)
@@ -417,8 +430,9 @@ class Staging:
         # An in-place op bumps the version after its kernel: one that was
         # still writing a tensor when that tensor's copy ended has finished
         # by now unless it runs at this very instant.
-        for leaf, v in deferred:
-            _check_version(leaf, v)
+        for leaf, v, clone in deferred:
+            if clone is None:
+                _check_version(leaf, v)
 
 
 def _check_version(leaf: Leaf, v: int) -> None:
@@ -427,12 +441,13 @@ def _check_version(leaf: Leaf, v: int) -> None:
         raise TensorModifiedError(leaf.key, v, -1 if seen is None else seen)
 
 
-def _copy_leaf(buf: np.ndarray, tbuf, h: int, leaf: Leaf) -> None:
-    """Copy one tensor's bytes to its place in the staging buffer."""
+def _copy_leaf(buf: np.ndarray, tbuf, h: int, leaf: Leaf, src: Any = None) -> None:
+    """Copy one tensor's bytes (from ``src``, a clone of it, when given) to
+    its place in the staging buffer."""
     start = h + leaf.offset
     dst = buf[start : start + leaf.nbytes]
     if leaf.kind == "torch":
-        t = leaf.obj.detach()
+        t = (leaf.obj if src is None else src).detach()
         d = tbuf[start : start + leaf.nbytes]
         try:
             d.view(t.dtype).view(t.shape).copy_(t)
