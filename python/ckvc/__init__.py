@@ -296,9 +296,13 @@ class Repository:
           detected by the tensor's version counter (``tensor._version``,
           compared after its copy and again when all are copied) and fails
           the save with ``TensorModifiedError`` on ``result()`` / ``wait()``
-          (nothing is committed). Not detected: an in-place operation
-          still running on another thread at the instant the staging
-          finishes (torch counts the change only when the kernel ends).
+          (nothing is committed). Not detected: writes that bypass the
+          version counter (through ``tensor.data``, a numpy view from
+          ``tensor.numpy()``, or an optimizer that is not a
+          ``torch.optim.Optimizer``, whose ``step`` does not run the
+          hook), and an in-place operation still running on another
+          thread at the instant the staging finishes (torch counts a
+          change only when its kernel ends).
         - ``"sync"``: every tensor is copied in the call; the tensors may be
           changed in any way as soon as ``save`` returns.
         """
