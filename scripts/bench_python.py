@@ -8,10 +8,21 @@ optimizer step (fp32 weights + exp_avg + exp_avg_sq: ~1.4 GiB). Two rounds:
 a first save, then a second save after another optimizer step (ckvc codes
 it as a delta against the first).
 
-Per method and round: stall (the time the training loop is blocked: the
-call until it returns), time until durable (fsynced / committed), bytes
-stored (on disk for the new save), peak extra RSS during the save (over the
-RSS before it, sampled every 5 ms).
+Per method and round: stall (the time the training loop loses: the call
+until it returns, plus how much longer the training step run right after
+it takes than a step with no save running: waiting in optimizer.step() for
+a background copy, and sharing the cores with the background work), time
+until durable (fsynced / committed; the step runs meanwhile), bytes stored
+(on disk for the new save), peak extra RSS from the call until durable
+(over the RSS before it, sampled every 5 ms). The RSS is measured on a
+second run of the same save with no training step beside it (a step's
+activations and gradients would hide it), on repositories of their own
+(so the first save there stages into fresh memory too).
+
+ckvc runs twice, each on its own repository (so each first save stages
+into fresh memory): staging="sync" (every tensor copied in the call) and
+staging="background" (the default: large tensors copied in a thread while
+the next forward/backward runs; optimizer.step() waits for the copy).
 
     python3 scripts/bench_python.py [--work DIR] [--json]
 
@@ -97,13 +108,30 @@ def main() -> int:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randint(0, model.config.vocab_size, (2, 64))
 
+        # How long optimizer.step() waited for a background copy: the time
+        # from the call of opt.step() to this optimizer's own pre-hook,
+        # which torch runs after the global ones (ckvc's waits there).
+        marks = {}
+        opt.register_step_pre_hook(lambda *_: marks.__setitem__("hook", time.perf_counter()))
+
         def train_step():
             loss = model(input_ids=x, labels=x).loss
             loss.backward()
+            marks["step"] = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         train_step()
+        train_step()  # warm: the allocator has seen a whole step
+
+        def timed_step() -> float:
+            t0 = time.perf_counter()
+            train_step()
+            return time.perf_counter() - t0
+
+        def plain_step() -> tuple:
+            """Median time of steps with no save running."""
+            return sorted(timed_step() for _ in range(3))[1]
 
         def state():
             return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}
@@ -117,7 +145,10 @@ def main() -> int:
                 tensor_bytes += t.numel() * t.element_size()
         rows = []
 
-        repo = ckvc.Repository.init(os.path.join(work, "repo"))
+        modes = ("sync", "background")
+        repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-{mode}")) for mode in modes}
+        mem_repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-mem-{mode}")) for mode in modes}
+        steps = {}
         dcp_ok, dcp_why = False, ""
         if not a.no_dcp:
             try:
@@ -137,6 +168,7 @@ def main() -> int:
         for rnd in (1, 2):
             if rnd == 2:
                 train_step()
+            base_step = steps[rnd] = plain_step()
             s = state()
             # torch.save + fsync
             path = os.path.join(work, f"torch-{rnd}.pt")
@@ -148,50 +180,78 @@ def main() -> int:
                     os.fsync(f.fileno())
                 fsync_dir(work)
                 t1 = time.perf_counter()
-            rows.append(dict(round=rnd, method="torch.save + fsync", stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
-            # ckvc save(blocking=False)
-            before = dir_bytes(repo.path)
-            with PeakRss() as m:
+            rows.append(dict(round=rnd, method="torch.save + fsync", call=t1 - t0, step_delay=0.0, stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
+            # ckvc save(blocking=False), each staging mode on its own repository
+            for mode in modes:
+                repo = repos[mode]
+                s = state()
+                before = dir_bytes(repo.path)
                 t0 = time.perf_counter()
-                fut = repo.save(s, step=rnd, blocking=False)
+                fut = repo.save(s, step=rnd, blocking=False, staging=mode)
                 t1 = time.perf_counter()
+                step_time = timed_step()
+                waited = marks["hook"] - marks["step"]
                 c = fut.result()
                 t2 = time.perf_counter()
-            rows.append(dict(round=rnd, method="ckvc save(blocking=False)", stall=t1 - t0, durable=t2 - t0, stored=dir_bytes(repo.path) - before, stored_commit=c.stored_bytes, peak_extra=m.extra))
+                delay = step_time - base_step
+                # +step is what the loop lost; when the load swings more than
+                # that, the wait for the copy is still lost time
+                lost = max(delay, waited)
+                stored = dir_bytes(repo.path) - before
+                s = state()
+                with PeakRss() as m:
+                    mem_repos[mode].save(s, step=rnd, blocking=False, staging=mode).result()
+                rows.append(dict(round=rnd, method=f"ckvc staging={mode}", call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=m.extra))
             # DCP async_save
             if dcp_ok:
                 import torch.distributed.checkpoint as dcp
 
                 ck = os.path.join(work, f"dcp-{rnd}")
                 try:
+                    t0 = time.perf_counter()
+                    f = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck)
+                    t1 = time.perf_counter()
+                    step_time = timed_step()
+                    f.result()
+                    t2 = time.perf_counter()
+                    delay = step_time - base_step
+                    stored = dir_bytes(ck)
                     with PeakRss() as m:
-                        t0 = time.perf_counter()
-                        f = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck)
-                        t1 = time.perf_counter()
-                        f.result()
-                        t2 = time.perf_counter()
-                    rows.append(dict(round=rnd, method="dcp.async_save", stall=t1 - t0, durable=t2 - t0, stored=dir_bytes(ck), peak_extra=m.extra))
+                        dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
+                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=m.extra))
                 except Exception as e:  # noqa: BLE001
                     dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {e}"
             del s
 
-        report = {"state_bytes": tensor_bytes, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
+        report = {"state_bytes": tensor_bytes, "plain_step": steps, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
         if a.json:
             print(json.dumps(report, indent=1))
             return 0
         gib = 1 << 30
         print(f"state: GPT-2 small (GPT2Config defaults) + AdamW after one step: {tensor_bytes / gib:.2f} GiB of tensors; work dir {work}")
-        print(f"{'round':<6} {'method':<28} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
+        for rnd in (1, 2):
+            print(f"{'first' if rnd == 1 else 'second'} round: a training step with no save running takes {steps[rnd]:.3f} s")
+        print(f"{'round':<6} {'method':<26} {'call s':>7} {'+step s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
         for r in rows:
-            print(f"{('first' if r['round'] == 1 else 'second'):<6} {r['method']:<28} {r['stall']:>8.3f} {r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {r['peak_extra'] / 2**20:>19.1f}")
+            w = f"{r['waited']:>9.3f}" if "waited" in r else f"{'-':>9}"
+            print(
+                f"{('first' if r['round'] == 1 else 'second'):<6} {r['method']:<26} {r['call']:>7.3f} {r['step_delay']:>8.3f} {w} {r['stall']:>8.3f} "
+                f"{r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {r['peak_extra'] / 2**20:>19.1f}"
+            )
+        print(
+            "(+step = how much longer the training step right after the call took than the median of three with no save\n"
+            " running, just before; negative when the machine's load moved more than the save did. waited = the part of\n"
+            " that step spent in optimizer.step() waiting for the background copy. stall = call + +step when that is\n"
+            " positive, else call + waited.)"
+        )
         for rnd in (1, 2):
             ts = next(r for r in rows if r["round"] == rnd and r["method"].startswith("torch"))
-            ck = next(r for r in rows if r["round"] == rnd and r["method"].startswith("ckvc"))
-            print(
-                f"{'first' if rnd == 1 else 'second'}: ckvc stall / torch.save+fsync = {ck['stall'] / ts['durable']:.3f} (target <= 0.25), "
-                f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5), "
-                f"peak extra RSS / state = {ck['peak_extra'] / tensor_bytes:.2f} (target <= 1.0)"
-            )
+            for ck in (r for r in rows if r["round"] == rnd and r["method"].startswith("ckvc")):
+                print(
+                    f"{'first' if rnd == 1 else 'second'} {ck['method']}: stall / torch.save+fsync = {ck['stall'] / ts['durable']:.3f} (target <= 0.25), "
+                    f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5), "
+                    f"peak extra RSS / state = {ck['peak_extra'] / tensor_bytes:.2f} (target <= 1.0)"
+                )
         if dcp_why:
             print(f"dcp.async_save: {dcp_why}")
         return 0

@@ -7,7 +7,9 @@ Rust library (the native module ``ckvc._ckvc``), with the GIL released.
 >>> import ckvc
 >>> repo = ckvc.Repository.init("run1")
 >>> f = repo.save({"model": model.state_dict(), "optim": opt.state_dict()}, step=100, blocking=False)
->>> # ... training goes on; the state saved is the one at the call ...
+>>> # ... training goes on (the large tensors are copied in the background;
+>>> # optimizer.step() waits for that copy); the state saved is the one at
+>>> # the call ...
 >>> repo.wait()
 >>> state = repo.load(100)
 
@@ -36,6 +38,7 @@ from ._ckvc import (
     StepOrderError,
     StorageFullError,
 )
+from ._state import TensorModifiedError
 
 __all__ = [
     "Repository",
@@ -50,6 +53,7 @@ __all__ = [
     "AlreadyExistsError",
     "InvalidInputError",
     "StorageFullError",
+    "TensorModifiedError",
 ]
 
 Rev = Union[int, str]
@@ -86,10 +90,15 @@ class Commit:
 
 
 class SaveFuture:
-    """A save running in the background (from ``save(blocking=False)``)."""
+    """A save running in the background (from ``save(blocking=False)``).
+
+    Two stages: *staged* (every tensor copied into the staging buffer: the
+    tensors may be changed in place from then on) and *done* (durable, or
+    failed)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._staged = threading.Event()
         self._commit: Optional[Commit] = None
         self._error: Optional[BaseException] = None
         self._observed = False
@@ -102,11 +111,27 @@ class SaveFuture:
         """True once the save is durable or has failed."""
         return self._event.is_set()
 
+    def staged(self) -> bool:
+        """True once every tensor of the save has been copied (or the save
+        has failed): from then on the tensors may be changed in place."""
+        return self._staged.is_set()
+
+    def wait_staged(self, timeout: Optional[float] = None) -> None:
+        """Wait until every tensor of the save has been copied (not until
+        it is durable: that is ``result()``). Call it before changing saved
+        tensors in place outside ``optimizer.step()`` (which waits by
+        itself). A failed save does not raise here but on ``result()``
+        (``TimeoutError`` after ``timeout`` s)."""
+        if not self._staged.wait(timeout):
+            raise TimeoutError("the save is still copying its tensors")
+        _remove_finished_hooks()
+
     def result(self, timeout: Optional[float] = None) -> Commit:
         """Wait until the save is durable and return its ``Commit``; raise
         its error if it failed (``TimeoutError`` after ``timeout`` s)."""
         if not self._event.wait(timeout):
             raise TimeoutError("the save is still running")
+        _remove_finished_hooks()
         self._observed = True
         if self._error is not None:
             raise self._error
@@ -124,6 +149,44 @@ def _rev(rev: Rev) -> str:
     if isinstance(rev, str):
         return rev
     raise TypeError("a revision is a step (int) or a name (str)")
+
+
+# Optimizer step pre-hooks of background stagings: (handle, future). While a
+# save's tensors are being copied in the background, every
+# ``optimizer.step()`` first waits for the copy (the step is what changes
+# parameters and optimizer state in place). A hook is removed after its
+# staging has finished, by the next ``save``/``load``/``wait``/``result``/
+# ``wait_staged`` call of the thread that made the save (the training loop),
+# not by the staging thread: torch iterates its live dict of global hooks
+# while it calls them, and removing one from another thread during an
+# ``optimizer.step()`` would make that step raise ("OrderedDict mutated
+# during iteration"). Until then a finished hook returns at once.
+_hooks: List[Tuple[Any, "SaveFuture", int]] = []
+_hooks_lock = threading.Lock()
+
+
+def _add_step_hook(fut: "SaveFuture") -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def wait_for_staging(optimizer: Any, args: Any, kwargs: Any) -> None:
+        fut._staged.wait()
+
+    with _hooks_lock:
+        handle = register_optimizer_step_pre_hook(wait_for_staging)
+        _hooks.append((handle, fut, threading.get_ident()))
+
+
+def _remove_finished_hooks() -> None:
+    """Remove the hooks of finished stagings this thread's saves added."""
+    me = threading.get_ident()
+    with _hooks_lock:
+        keep = []
+        for handle, fut, owner in _hooks:
+            if owner == me and fut._staged.is_set():
+                handle.remove()
+            else:
+                keep.append((handle, fut, owner))
+        _hooks[:] = keep
 
 
 # Repositories with a save in flight or a failed save nobody has seen: held
@@ -201,6 +264,7 @@ class Repository:
         message: str = "",
         metrics: Optional[Dict[str, float]] = None,
         blocking: bool = True,
+        staging: str = "background",
     ) -> Union[Commit, SaveFuture]:
         """Commit ``state`` at ``step`` on the current branch.
 
@@ -211,20 +275,48 @@ class Repository:
         the safetensors file, so the state stored is the one at the call.
 
         ``blocking=True`` returns the ``Commit`` once it is durable.
-        ``blocking=False`` returns a ``SaveFuture`` as soon as the tensors
-        are staged; the commit runs in a background thread (the GIL
-        released), and training may change the tensors meanwhile. At most
-        one save is in flight: a new save first waits for the previous one.
-        Errors surface on ``result()`` and ``wait()`` (and at interpreter
-        exit), never silently.
+        ``blocking=False`` returns a ``SaveFuture``; the commit runs in a
+        background thread (the GIL released). At most one save is in
+        flight: a new save first waits for the previous one. Errors surface
+        on ``result()`` and ``wait()`` (and at interpreter exit), never
+        silently.
+
+        ``staging`` (with ``blocking=False``) says when the tensors are
+        copied into the staging buffer:
+
+        - ``"background"`` (the default): numpy arrays and torch tensors
+          under 1 MiB (BatchNorm statistics, step counters) are copied in
+          the call; larger torch tensors in the background thread, while
+          the next forward and backward pass run (they only read
+          parameters and optimizer state). Until that copy is done
+          (``SaveFuture.staged()``), every ``optimizer.step()`` first waits
+          for it, and so do the next ``save``, ``load``, ``wait`` and
+          ``result``. Changing a saved tensor in place in any other way
+          before ``SaveFuture.wait_staged()`` returns is not allowed: it is
+          detected by the tensor's version counter (``tensor._version``,
+          compared after its copy and again when all are copied) and fails
+          the save with ``TensorModifiedError`` on ``result()`` / ``wait()``
+          (nothing is committed). Not detected: writes that bypass the
+          version counter (through ``tensor.data``, a numpy view from
+          ``tensor.numpy()``, or an optimizer that is not a
+          ``torch.optim.Optimizer``, whose ``step`` does not run the
+          hook), and an in-place operation still running on another
+          thread at the instant the staging finishes (torch counts a
+          change only when its kernel ends).
+        - ``"sync"``: every tensor is copied in the call; the tensors may be
+          changed in any way as soon as ``save`` returns.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise TypeError("step must be a non-negative int")
+        if staging not in ("background", "sync"):
+            raise ValueError(f'staging must be "background" or "sync", not {staging!r}')
         mets = []
         for k, v in (metrics or {}).items():
             mets.append((str(k), float(v)))
+        _remove_finished_hooks()
         with self._lock:
             self._wait_inflight()
+            _remove_finished_hooks()
             # A failed save nobody looked at is reported now, before the next
             # one: a loop of blocking=False saves must not fail for hours
             # unnoticed.
@@ -232,13 +324,26 @@ class Repository:
             if failed:
                 _raise_all(failed)
             p = _state.plan(state)
-            tensors = self._staging.stage(p)
+            background = not blocking and staging == "background" and _state._TORCH
+            tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()
+            if any(clone is None for _, _, clone in deferred):
+                _add_step_hook(fut)
+            else:
+                # only clones left to put in place: the caller's tensors
+                # may change already
+                fut._staged.set()
             files = [(_state.STATE_FILE, p.state_json), (_state.TENSORS_FILE, tensors)]
             now_msg = message
+            staging_buf = self._staging
 
             def work() -> None:
                 try:
+                    if deferred:
+                        try:
+                            staging_buf.copy_deferred(p, deferred)
+                        finally:
+                            fut._staged.set()
                     d = _ckvc.commit_buffers(self.path, files, step, now_msg, mets, self.branch)
                     fut._finish(self._commit(d["id"]), None)
                 except BaseException as e:  # noqa: BLE001 - handed to the future
@@ -274,11 +379,19 @@ class Repository:
         self._unobserved = keep
         return errors
 
+    def _wait_staged(self) -> None:
+        """Wait until the save in flight (if any) has copied its tensors."""
+        inflight = self._inflight
+        if inflight is not None:
+            inflight[1]._staged.wait()
+        _remove_finished_hooks()
+
     def _drain(self) -> List[BaseException]:
         """Wait for the save in flight; the unobserved errors."""
         with self._lock:
             self._wait_inflight()
             errors = self._take_unobserved()
+        _remove_finished_hooks()
         with _pending_lock:
             _pending.discard(self)
         return errors
@@ -309,7 +422,11 @@ class Repository:
         a directory committed by the command line): ``{path: {tensor name:
         tensor}}`` for files holding tensors and ``{path: bytes}`` for the
         others (torch tensors when torch is installed).
+
+        A background save still copying its tensors is waited for first
+        (what is loaded usually goes into those tensors next).
         """
+        self._wait_staged()
         with self.open(rev) as ck:
             return ck._load_all()
 

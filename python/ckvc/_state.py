@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ._ckvc import CkvcError
+
 STATE_FILE = "state.json"
 TENSORS_FILE = "tensors.safetensors"
 FORMAT = "ckvc-python-state"
@@ -316,15 +318,68 @@ def _host_buffer(n: int) -> np.ndarray:
         return np.empty(n, dtype=np.uint8)
 
 
+# Tensors of at least this many bytes may be copied in the background
+# (``save(..., staging="background")``); smaller ones (BatchNorm running
+# statistics, step counters: what a forward pass or a scheduler changes in
+# place) are always copied in the call.
+BACKGROUND_MIN_BYTES = 1 << 20
+
+# Tests only: called with a tensor's key in the staging thread just before
+# that tensor is copied (to make races deterministic).
+_before_background_copy: Optional[Callable[[str], None]] = None
+
+
+class TensorModifiedError(CkvcError):
+    """A tensor was modified in place while a background save was still
+    copying it, so the state at the call could not be stored; nothing was
+    committed. Attributes: ``key`` (the tensor's key in the state),
+    ``version_at_call`` and ``version_seen`` (torch's ``tensor._version``).
+    Wait for ``SaveFuture.wait_staged()`` before changing tensors in place
+    outside ``optimizer.step()``, or save with ``staging="sync"``."""
+
+    def __init__(self, key: str, version_at_call: int, version_seen: int) -> None:
+        super().__init__(
+            f"tensor {key!r} was modified in place while it was being staged "
+            f"(version {version_at_call} at the call, {version_seen} after its copy); "
+            "nothing was committed: wait for SaveFuture.wait_staged() before changing "
+            "tensors in place, or save with staging=\"sync\""
+        )
+        self.key = key
+        self.version_at_call = version_at_call
+        self.version_seen = version_seen
+
+
+def _version(t) -> Optional[int]:
+    """torch's in-place version counter of ``t``; None when it has none
+    (inference-mode tensors)."""
+    try:
+        return int(t._version)
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+
+
 class Staging:
     """One reused host buffer holding the tensors file being saved."""
 
     def __init__(self) -> None:
         self.buf: Optional[np.ndarray] = None
 
-    def stage(self, p: Plan) -> memoryview:
-        """Copy the header and every tensor of ``p`` into the buffer; the
-        returned view is the whole ``tensors.safetensors`` file."""
+    def stage(self, p: Plan, background: bool = False) -> Tuple[memoryview, List[Tuple[Leaf, Any, Any]]]:
+        """Copy the header and the tensors of ``p`` into the buffer; the
+        returned view is the whole ``tensors.safetensors`` file once
+        ``copy_deferred`` has copied the deferred tensors.
+
+        With ``background``, torch tensors of at least
+        ``BACKGROUND_MIN_BYTES`` that have a version counter are not copied
+        here but returned with their ``_version`` at the call, for
+        ``copy_deferred`` (in another thread); smaller torch tensors are
+        cloned now and put in place by ``copy_deferred`` (they lie all over
+        the buffer: writing them into it here would fault in a page per
+        tensor, a fresh 2 MiB one each on the first save); numpy arrays are
+        copied into the buffer now.
+
+        The deferred entries are ``(leaf, version at the call or None, the
+        clone to copy from or None)``."""
         n = p.file_len
         if self.buf is None or self.buf.nbytes < n:
             self.buf = None  # free the old one before allocating the new
@@ -332,30 +387,80 @@ class Staging:
         buf = self.buf
         h = len(p.header)
         buf[:h] = np.frombuffer(p.header, dtype=np.uint8)
+        deferred: List[Tuple[Leaf, Any, Any]] = []
         tbuf = None
         for leaf in p.leaves:
             if leaf.nbytes == 0:
                 continue
-            start = h + leaf.offset
-            dst = buf[start : start + leaf.nbytes]
-            if leaf.kind == "torch":
-                if tbuf is None:
-                    tbuf = torch.from_numpy(buf)
-                t = leaf.obj.detach()
-                d = tbuf[start : start + leaf.nbytes]
-                try:
-                    d.view(t.dtype).view(t.shape).copy_(t)
-                except (RuntimeError, TypeError):
-                    # dtypes whose views torch refuses: copy their bytes
-                    src = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
-                    d.copy_(src)
-            else:
-                a = leaf.obj
-                if a.dtype.kind == "b" or leaf.st_dtype == "U8" and not _is_u8(leaf):
-                    np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            if background and leaf.kind == "torch":
+                if leaf.nbytes >= BACKGROUND_MIN_BYTES:
+                    v = _version(leaf.obj)
+                    if v is not None:
+                        deferred.append((leaf, v, None))
+                        continue
                 else:
-                    np.copyto(dst.view(a.dtype).reshape(a.shape), a)
-        return memoryview(buf)[: p.file_len]
+                    deferred.append((leaf, None, leaf.obj.detach().clone()))
+                    continue
+            if leaf.kind == "torch" and tbuf is None:
+                tbuf = torch.from_numpy(buf)
+            _copy_leaf(buf, tbuf, h, leaf)
+        return memoryview(buf)[: p.file_len], deferred
+
+    def copy_deferred(self, p: Plan, deferred: List[Tuple[Leaf, Any, Any]]) -> None:
+        """Copy the tensors ``stage`` deferred (in the staging thread; the
+        copies release the GIL). Each tensor's ``_version`` is compared
+        after its copy with the one at the call, and all of them again at
+        the end: ``TensorModifiedError`` when one was modified in place
+        (its copy may be torn or later than the call)."""
+        if not deferred:
+            return
+        buf = self.buf
+        assert buf is not None
+        h = len(p.header)
+        tbuf = torch.from_numpy(buf)
+        for leaf, v, clone in deferred:
+            if clone is not None:
+                _copy_leaf(buf, tbuf, h, leaf, clone)
+                continue
+            hook = _before_background_copy
+            if hook is not None:
+                hook(leaf.key)
+            _copy_leaf(buf, tbuf, h, leaf)
+            _check_version(leaf, v)
+        # An in-place op bumps the version after its kernel: one that was
+        # still writing a tensor when that tensor's copy ended has finished
+        # by now unless it runs at this very instant.
+        for leaf, v, clone in deferred:
+            if clone is None:
+                _check_version(leaf, v)
+
+
+def _check_version(leaf: Leaf, v: int) -> None:
+    seen = _version(leaf.obj)
+    if seen != v:
+        raise TensorModifiedError(leaf.key, v, -1 if seen is None else seen)
+
+
+def _copy_leaf(buf: np.ndarray, tbuf, h: int, leaf: Leaf, src: Any = None) -> None:
+    """Copy one tensor's bytes (from ``src``, a clone of it, when given) to
+    its place in the staging buffer."""
+    start = h + leaf.offset
+    dst = buf[start : start + leaf.nbytes]
+    if leaf.kind == "torch":
+        t = (leaf.obj if src is None else src).detach()
+        d = tbuf[start : start + leaf.nbytes]
+        try:
+            d.view(t.dtype).view(t.shape).copy_(t)
+        except (RuntimeError, TypeError):
+            # dtypes whose views torch refuses: copy their bytes
+            src = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            d.copy_(src)
+    else:
+        a = leaf.obj
+        if a.dtype.kind == "b" or leaf.st_dtype == "U8" and not _is_u8(leaf):
+            np.copyto(dst, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+        else:
+            np.copyto(dst.view(a.dtype).reshape(a.shape), a)
 
 
 # ---------------------------------------------------------------- loading

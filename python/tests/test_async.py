@@ -13,7 +13,9 @@ def test_async_save_stores_the_state_at_the_call(repo):
     torch = pytest.importorskip("torch")
     w = torch.zeros(256, 1024)
     opt_state = {0: {"exp_avg": torch.zeros(1000)}}
-    f = repo.save({"w": w, "opt": opt_state}, step=1, blocking=False)
+    # staging="sync": every tensor is copied in the call (the default copies
+    # large tensors in the background; test_background_staging.py)
+    f = repo.save({"w": w, "opt": opt_state}, step=1, blocking=False, staging="sync")
     # training goes on at once: change everything in place
     w.add_(1.0)
     opt_state[0]["exp_avg"].fill_(7.0)

@@ -1,0 +1,203 @@
+"""Background staging (``save(blocking=False)``, the default
+``staging="background"``): large torch tensors are copied in a thread while
+training goes on; ``optimizer.step()`` waits for the copy; any other
+in-place change before the copy is done fails the save."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import ckvc
+from ckvc import _state
+
+torch = pytest.importorskip("torch")
+from torch.optim import optimizer as _optim  # noqa: E402
+
+
+@pytest.fixture
+def gate():
+    """Holds every background copy until ``gate.set()`` (then lets them
+    through); removed after the test."""
+    ev = threading.Event()
+    seen = []
+
+    def before(key):
+        seen.append(key)
+        ev.wait(60)
+
+    _state._before_background_copy = before
+    ev.seen = seen
+    try:
+        yield ev
+    finally:
+        ev.set()
+        _state._before_background_copy = None
+
+
+def hooks():
+    return len(_optim._global_optimizer_pre_hooks)
+
+
+def model_and_opt():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.BatchNorm1d(1024), torch.nn.Linear(1024, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def train_step(model, opt):
+    x = torch.randn(16, 512)
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def snapshot(state):
+    if isinstance(state, dict):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [snapshot(v) for v in state]
+    if torch.is_tensor(state):
+        return state.clone()
+    return state
+
+
+def assert_bits_equal(a, b):
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_bits_equal(a[k], b[k])
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_bits_equal(x, y)
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.view(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    else:
+        assert a == b
+
+
+def test_optimizer_step_right_after_the_call_waits_and_the_state_at_the_call_is_stored(repo, gate):
+    model, opt = model_and_opt()
+    train_step(model, opt)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    at_call = snapshot(state)
+    base = hooks()
+    f = repo.save(state, step=1, blocking=False)
+    assert not f.staged() and hooks() == base + 1
+    # the next training step: forward and backward run beside the copy,
+    # optimizer.step() waits for it (let the copies go a little later)
+    threading.Timer(0.2, gate.set).start()
+    train_step(model, opt)
+    assert f.staged()  # the pre-hook waited
+    assert gate.seen  # the large tensors were copied in the background
+    assert not torch.equal(model[0].weight, at_call["model"]["0.weight"])  # the step did change them
+    assert f.result(timeout=60).step == 1
+    assert hooks() == base
+    assert_bits_equal(repo.load(1), at_call)
+
+
+def test_an_in_place_change_during_staging_fails_the_save(repo, gate):
+    repo.save({"w": torch.zeros(4)}, step=1)
+    w = torch.zeros(512, 1024)  # 2 MiB: staged in the background
+    f = repo.save({"w": w}, step=2, blocking=False)
+    w.add_(1.0)  # not through optimizer.step(): nothing waits
+    gate.set()
+    with pytest.raises(ckvc.TensorModifiedError) as e:
+        f.result(timeout=60)
+    assert isinstance(e.value, ckvc.CkvcError)
+    assert e.value.key == "w" and e.value.version_seen > e.value.version_at_call
+    assert f.staged() and f.done()
+    repo.wait()  # observed above: not raised again
+    assert repo.steps() == [1]  # nothing was committed
+
+
+def test_an_unobserved_in_place_change_raises_on_wait(repo, gate):
+    w = torch.zeros(512, 1024)
+    repo.save({"w": w}, step=1, blocking=False)
+    w.mul_(2.0)
+    gate.set()
+    with pytest.raises(ckvc.TensorModifiedError):
+        repo.wait()
+    assert repo.steps() == []
+
+
+def test_small_tensors_and_numpy_arrays_are_copied_in_the_call(repo, gate):
+    small = torch.zeros(1000)  # a BatchNorm statistic, a step counter: < 1 MiB
+    a = np.zeros(1 << 20, np.float32)  # numpy has no version counter
+    big = torch.zeros(512, 1024)
+    f = repo.save({"small": small, "a": a, "big": big}, step=1, blocking=False)
+    small.fill_(3.0)
+    a += 1
+    assert gate.seen == [] or gate.seen == ["big"]
+    gate.set()
+    f.result(timeout=60)
+    back = repo.load(1)
+    assert torch.count_nonzero(back["small"]) == 0 and not back["a"].any()
+    assert torch.count_nonzero(back["big"]) == 0
+
+
+def test_wait_staged_then_in_place_changes_are_allowed(repo, gate):
+    w = torch.zeros(512, 1024)
+    f = repo.save({"w": w}, step=1, blocking=False)
+    with pytest.raises(TimeoutError):
+        f.wait_staged(timeout=0.05)
+    gate.set()
+    f.wait_staged(timeout=60)
+    w.add_(1.0)
+    assert f.result(timeout=60).step == 1
+    assert torch.count_nonzero(repo.load(1)["w"]) == 0
+
+
+def test_load_waits_for_staging(repo, gate):
+    w = torch.zeros(512, 1024)
+    repo.save({"w": w}, step=1)
+    f = repo.save({"w": w + 1}, step=2, blocking=False)
+    threading.Timer(0.1, gate.set).start()
+    back = repo.load(1)  # e.g. model.load_state_dict(back) would change w in place next
+    assert f.staged()
+    assert torch.count_nonzero(back["w"]) == 0
+    f.result(timeout=60)
+
+
+def test_no_hook_is_left_behind_across_saves(repo):
+    base = hooks()
+    w = torch.zeros(512, 1024)
+    for step in range(1, 5):
+        f = repo.save({"w": w}, step=step, blocking=False)
+        assert hooks() <= base + 1  # the previous save's hook is gone
+        f.wait_staged(timeout=60)
+        w.add_(1.0)
+    repo.wait()
+    assert hooks() == base
+    assert [float(repo.load(s)["w"][0, 0]) for s in range(1, 5)] == [0.0, 1.0, 2.0, 3.0]
+    # nothing to copy in the background: no hook at all
+    repo.save({"w": torch.zeros(4)}, step=5, blocking=False)
+    assert hooks() == base
+    repo.wait()
+
+
+def test_sync_staging_copies_everything_in_the_call(repo, gate):
+    base = hooks()
+    w = torch.zeros(512, 1024)
+    f = repo.save({"w": w}, step=1, blocking=False, staging="sync")
+    assert f.staged() and hooks() == base and gate.seen == []
+    w.add_(1.0)
+    f.result(timeout=60)
+    assert torch.count_nonzero(repo.load(1)["w"]) == 0
+
+
+def test_a_failed_commit_after_background_staging_raises(repo):
+    repo.save({"w": torch.zeros(4)}, step=10)
+    f = repo.save({"w": torch.ones(512, 1024)}, step=5, blocking=False)
+    with pytest.raises(ckvc.StepOrderError):
+        f.result(timeout=60)
+    assert f.staged()
+    assert repo.steps() == [10]
+
+
+def test_an_unknown_staging_mode_is_refused(repo):
+    with pytest.raises(ValueError):
+        repo.save({"w": torch.zeros(4)}, step=1, blocking=False, staging="later")
