@@ -170,14 +170,46 @@ def _add_step_hook(fut: "SaveFuture") -> None:
 
     def wait_for_staging(optimizer: Any, args: Any, kwargs: Any) -> None:
         fut._staged.wait()
+        # (Hooks cannot be removed here: torch is iterating over them.)
+        _pop_finished_guards()
 
     with _hooks_lock:
         handle = register_optimizer_step_pre_hook(wait_for_staging)
         _hooks.append((handle, fut, threading.get_ident()))
 
 
+# Guards of background stagings (``_guard.StagingGuard``: an in-place change
+# of a tensor still to copy waits for the copy), pushed on the saving
+# thread's torch function stack: (guard, owner thread). Popped by that thread
+# once the staging is done (torch function modes are per thread).
+_guards: List[Tuple[Any, int]] = []
+
+
+def _add_guard(fut: "SaveFuture", deferred: List[Any]) -> None:
+    from ._guard import StagingGuard, storage_ptr
+
+    ptrs = {storage_ptr(leaf.obj) for leaf, _, clone in deferred if clone is None} - {0}
+    guard = StagingGuard(ptrs, fut._staged)
+    guard.__enter__()
+    with _hooks_lock:
+        _guards.append((guard, threading.get_ident()))
+
+
+def _pop_finished_guards() -> None:
+    """Pop this thread's guards whose staging is done (each only when it is
+    the top of the thread's torch function stack; a later one stays until
+    a later call)."""
+    me = threading.get_ident()
+    with _hooks_lock:
+        for i in range(len(_guards) - 1, -1, -1):
+            guard, owner = _guards[i]
+            if owner == me and guard.staged.is_set() and guard.pop_if_top():
+                del _guards[i]
+
+
 def _remove_finished_hooks() -> None:
-    """Remove the hooks of finished stagings this thread's saves added."""
+    """Remove the hooks and guards of finished stagings this thread's saves
+    added."""
     me = threading.get_ident()
     with _hooks_lock:
         keep = []
@@ -187,6 +219,7 @@ def _remove_finished_hooks() -> None:
             else:
                 keep.append((handle, fut, owner))
         _hooks[:] = keep
+    _pop_finished_guards()
 
 
 # Repositories with a save in flight or a failed save nobody has seen: held
@@ -290,19 +323,22 @@ class Repository:
           the next forward and backward pass run (they only read
           parameters and optimizer state). Until that copy is done
           (``SaveFuture.staged()``), every ``optimizer.step()`` first waits
-          for it, and so do the next ``save``, ``load``, ``wait`` and
-          ``result``. Changing a saved tensor in place in any other way
-          before ``SaveFuture.wait_staged()`` returns is not allowed: it is
-          detected by the tensor's version counter (``tensor._version``,
-          compared after its copy and again when all are copied) and fails
-          the save with ``TensorModifiedError`` on ``result()`` / ``wait()``
-          (nothing is committed). Not detected: writes that bypass the
-          version counter (through ``tensor.data``, a numpy view from
-          ``tensor.numpy()``, or an optimizer that is not a
-          ``torch.optim.Optimizer``, whose ``step`` does not run the
-          hook), and an in-place operation still running on another
-          thread at the instant the staging finishes (torch counts a
-          change only when its kernel ends).
+          for it, and so does any torch call of the saving thread that
+          changes one of the tensors still to copy in place (``add_``,
+          ``copy_``, ``w[i] = x``, ``out=``, ``.data = ``: a torch function
+          mode on this thread, popped once the copy is done), and the next
+          ``save``, ``load``, ``wait`` and ``result``: the state stored is
+          the one at the call. Changes the guard cannot see (from another
+          thread; through a numpy view of the tensor) before
+          ``SaveFuture.wait_staged()`` returns are detected by the tensor's
+          version counter (``tensor._version``, compared after its copy and
+          again when all are copied) where torch counts them, and fail the
+          save with ``TensorModifiedError`` on ``result()`` / ``wait()``
+          (nothing is committed); an in-place operation still running on
+          another thread at the instant the staging finishes is not (torch
+          counts the change when the kernel ends), nor is a write through
+          a numpy view. Use ``"sync"`` for those, or with ``torch.compile``
+          regions that mutate saved tensors.
         - ``"sync"``: every tensor is copied in the call; the tensors may be
           changed in any way as soon as ``save`` returns.
         """
@@ -329,6 +365,7 @@ class Repository:
             fut = SaveFuture()
             if any(clone is None for _, _, clone in deferred):
                 _add_step_hook(fut)
+                _add_guard(fut, deferred)
             else:
                 # only clones left to put in place: the caller's tensors
                 # may change already

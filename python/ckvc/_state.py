@@ -396,6 +396,10 @@ class Staging:
                 if leaf.nbytes >= BACKGROUND_MIN_BYTES:
                     v = _version(leaf.obj)
                     if v is not None:
+                        # The tensor as it is now: a later `param.data =
+                        # other` must not redirect the copy (detach shares
+                        # the storage and the version counter).
+                        leaf.obj = leaf.obj.detach()
                         deferred.append((leaf, v, None))
                         continue
                 else:

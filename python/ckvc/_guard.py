@@ -1,0 +1,120 @@
+"""The guard of a background staging: while ``save(blocking=False)`` copies
+large tensors in its thread, an in-place change of one of them made by the
+training thread waits for that copy first, so the state stored is the state
+at the call whatever the loop does after ``save`` returns.
+
+The guard is a ``TorchFunctionMode`` pushed on the saving thread's (thread
+local) torch function stack: every torch call of that thread passes its
+``__torch_function__``, which lets calls through at once unless the call
+changes a tensor in place (a name ending in one ``_`` such as ``add_``,
+``copy_``, ``_foreach_mul_``; ``__setitem__``; the ``.data`` setter; an
+``out=`` argument) and that tensor shares storage with a tensor still to be
+copied; such a call waits until the staging is done. Forward and backward
+passes read parameters and write activations and gradients, so they never
+wait. ``optimizer.step()`` waits through its own pre-hook
+(``_add_step_hook``).
+
+Not covered (caught afterwards by the version counters, which fail the save
+with ``TensorModifiedError`` instead of storing a torn state): changes made
+by other threads, and changes inside a C++ kernel that writes an argument
+without saying so in its name (BatchNorm's running statistics; those are
+small and copied in the call).
+
+The guard is popped by the saving thread once the staging is done, when it
+is the top of that thread's stack (the next ``save``/``wait``/``load``/
+``result``/``wait_staged`` or ``optimizer.step()``); until then a finished
+guard lets every call through.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable, Set
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# In-place operations whose names do not end in a single "_".
+_INPLACE_DUNDERS = frozenset(
+    {
+        "__setitem__",
+        "__delitem__",
+        "__set__",  # the .data setter
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__imatmul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+    }
+)
+
+
+def changes_in_place(name: str, kwargs: Any) -> bool:
+    """Whether a torch call named ``name`` may change its first argument
+    (or its ``out=``) in place."""
+    if name.endswith("_") and not name.endswith("__"):
+        return True
+    if name in _INPLACE_DUNDERS:
+        return True
+    return bool(kwargs) and "out" in kwargs
+
+
+def _tensors(x: Any) -> Iterable[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            if isinstance(y, torch.Tensor):
+                yield y
+
+
+def storage_ptr(t: torch.Tensor) -> int:
+    """The address of the storage ``t`` is a view of (0 when it has none)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 0
+
+
+class StagingGuard(TorchFunctionMode):
+    """See the module doc. ``ptrs``: storage addresses of the tensors still
+    to copy; ``staged``: set when the copy is done (or failed)."""
+
+    def __init__(self, ptrs: Set[int], staged: threading.Event) -> None:
+        super().__init__()
+        self.ptrs = ptrs
+        self.staged = staged
+        self.waits = 0  # calls that waited (tests, benchmarks)
+
+    def _touches(self, args: Any, kwargs: Any) -> bool:
+        targets = list(_tensors(args[0])) if args else []
+        if kwargs and "out" in kwargs:
+            targets.extend(_tensors(kwargs["out"]))
+        return any(storage_ptr(t) in self.ptrs for t in targets)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if kwargs is None:
+            kwargs = {}
+        if not self.staged.is_set():
+            name = getattr(func, "__name__", "")
+            if changes_in_place(name, kwargs) and self._touches(args, kwargs):
+                self.waits += 1
+                self.staged.wait()
+        return func(*args, **kwargs)
+
+    def pop_if_top(self) -> bool:
+        """Pop this guard from the calling thread's torch function stack if
+        it is the top (modes pushed after it still run); True if popped."""
+        n = torch._C._len_torch_function_stack()
+        if n == 0 or torch._C._get_function_stack_at(n - 1) is not self:
+            return False
+        self.__exit__(None, None, None)
+        return True
