@@ -8,7 +8,7 @@ A small GPT-like transformer (about 7 M parameters by default) with AdamW,
 trained on random tokens on CPU, a few optimizer steps between saves.
 Then commit each run with ckvc into its own repository and compare:
 
-    python3 scripts/dcp_vs_files.py OUT [--steps 4] [--every 5] [--width 256]
+    python3 scripts/dcp_vs_files.py OUT [--steps 4] [--every 5] [--width 256] [--files 4]
     for kind in dcp files; do ckvc init OUT/repo-$kind; for d in $(ls -d OUT/$kind/step-* | sort -V); do
         ckvc -C OUT/repo-$kind commit $d; done; done
 
@@ -44,6 +44,9 @@ def main():
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--files", type=int, default=1,
+                   help="DCP files per step (FileSystemWriter's thread_count: one file per writer "
+                        "thread, as a multi-rank save has one per rank)")
     a = p.parse_args()
     torch.manual_seed(0)
     m = model(a.width, a.layers, a.vocab)
@@ -60,7 +63,8 @@ def main():
             opt.zero_grad()
         step = save * a.every
         dcp.save({"model": m.state_dict(), "optim": opt.state_dict(), "step": step},
-                 checkpoint_id=os.path.join(a.out, "dcp", f"step-{step}"))
+                 storage_writer=dcp.FileSystemWriter(os.path.join(a.out, "dcp", f"step-{step}"),
+                                                     thread_count=a.files))
         d = os.path.join(a.out, "files", f"step-{step}")
         os.makedirs(d, exist_ok=True)
         save_file({k: v.contiguous() for k, v in m.state_dict().items()},
