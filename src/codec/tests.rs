@@ -51,6 +51,20 @@ fn gaussian_f32(n: usize, seed: u32, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// 64 rows of 256 f32 whose exponents repeat from row to row (a row scale
+/// times a column scale, as in Adam's second moment) while every mantissa
+/// is noise.
+fn repeated_exponent_rows() -> Vec<u8> {
+    let mut next = random_u32s(11);
+    let cols: Vec<f32> = (0..256)
+        .map(|_| 2f32.powi(-((next() % 24) as i32)))
+        .collect();
+    let v: Vec<f32> = (0..64 * 256)
+        .map(|i| cols[i % 256] * (1.0 + (next() % 1000) as f32 / 1001.0))
+        .collect();
+    f32_bytes(&v)
+}
+
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|f| f.to_le_bytes()).collect()
 }
@@ -451,14 +465,7 @@ fn zstd_block_known_answer() {
 /// level of 0 (no zstd block) too.
 #[test]
 fn zstd_blocks_catch_repeated_exponent_rows() {
-    let mut next = random_u32s(11);
-    let cols: Vec<f32> = (0..256)
-        .map(|_| 2f32.powi(-((next() % 24) as i32)))
-        .collect();
-    let v: Vec<f32> = (0..64 * 256)
-        .map(|i| cols[i % 256] * (1.0 + (next() % 1000) as f32 / 1001.0))
-        .collect();
-    let raw = f32_bytes(&v);
+    let raw = repeated_exponent_rows();
     let blocks = Options {
         small_zstd_max: 0,
         ..Options::default()
@@ -775,14 +782,7 @@ fn fixture_inputs() -> [(u8, &'static str, DType, Vec<u8>); 3] {
     let mapped = f32_bytes(&v);
     // Version 5: rows whose exponents repeat (a row scale times a column
     // scale): a zstd block.
-    let mut next = random_u32s(11);
-    let cols: Vec<f32> = (0..256)
-        .map(|_| 2f32.powi(-((next() % 24) as i32)))
-        .collect();
-    let v: Vec<f32> = (0..64 * 256)
-        .map(|i| cols[i % 256] * (1.0 + (next() % 1000) as f32 / 1001.0))
-        .collect();
-    let rows = f32_bytes(&v);
+    let rows = repeated_exponent_rows();
     // Version 6: an RNG state (u8, 8-byte words, one zstd frame).
     let mut next = random_u32s(17);
     let mut rng = vec![0u8; 5056];
