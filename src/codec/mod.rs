@@ -417,10 +417,11 @@ pub fn encode_into(
     out: &mut Vec<u8>,
     scratch: &mut Scratch,
 ) {
-    // A palette, when a sample holds few distinct values (none of the
-    // float weights or optimizer state of either corpus do: a sample of
-    // 4096 elements bails out at its 257th value), and then only when the
-    // frame comes out smaller than the plain one.
+    // A palette, when a sample holds few distinct values whose entropy is
+    // well below what byte grouping codes (none of the float weights or
+    // optimizer state of either corpus do: a sample of 2048 elements
+    // bails out at its 257th value or fails the entropy test), and then
+    // only when the frame comes out smaller than the plain one.
     let w = dtype.width();
     let n = raw.len() / w;
     let body = &raw[..n * w];

@@ -7,8 +7,8 @@
 /// At most this many distinct values (one index byte).
 pub(crate) const MAX: usize = 256;
 
-/// Slots of the open-addressing table: four times `MAX`, a power of two.
-const SLOTS: usize = 1024;
+/// Slots of the open-addressing table: twice `MAX`, a power of two.
+const SLOTS: usize = 512;
 const EMPTY: u16 = u16::MAX;
 
 /// Whether the encoder tries a palette.
@@ -40,55 +40,92 @@ struct Table {
 }
 
 impl Table {
-    fn new() -> Box<Table> {
-        Box::new(Table {
+    fn new() -> Table {
+        Table {
             keys: [0; SLOTS],
             vals: [EMPTY; SLOTS],
             len: 0,
-        })
+        }
     }
 
     #[inline]
     fn slot(&self, k: u64) -> usize {
-        let mut i = (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize;
+        let mut i = (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 55) as usize;
         while self.vals[i] != EMPTY && self.keys[i] != k {
             i = (i + 1) & (SLOTS - 1);
         }
         i
     }
 
-    /// Adds `k`; false when it would be the 257th key.
+    /// Adds `k` and returns its value (the order it came in); `None`
+    /// when it would be the 257th key.
     #[inline]
-    fn insert(&mut self, k: u64) -> bool {
+    fn insert(&mut self, k: u64) -> Option<u16> {
         let i = self.slot(k);
         if self.vals[i] == EMPTY {
             if self.len == MAX {
-                return false;
+                return None;
             }
             self.keys[i] = k;
             self.vals[i] = self.len as u16;
             self.len += 1;
         }
-        true
+        Some(self.vals[i])
     }
 }
 
-/// Whether up to 4096 evenly spread elements of `body` (`w` bytes each)
-/// hold at most 256 distinct values: the cheap look before a full scan
-/// (on float weights it bails out within a few hundred elements).
+/// Elements the screen samples.
+const SAMPLE: usize = 2048;
+
+/// Whether a palette looks worth a full scan, by up to 2048 evenly
+/// spread elements of `body` (`w` bytes each): they hold at most 256
+/// distinct values (float weights bail out within a few hundred
+/// elements), and the order-0 entropy of those values, plus the palette,
+/// is below 0.9 of the summed entropies of their byte positions (what
+/// byte grouping codes). bf16 weights, whose few hundred values each
+/// byte already codes well, fail the second test: a full scan of their
+/// chunk would find the 257th value late, if at all.
 pub(crate) fn screen(body: &[u8], w: usize) -> bool {
     let n = body.len() / w;
     if n == 0 {
         return false;
     }
-    let step = n.div_ceil(4096);
+    let step = n.div_ceil(SAMPLE);
     let mut t = Table::new();
+    let mut counts = [0u32; 256];
     for e in body.chunks_exact(w).step_by(step) {
-        if !t.insert(key(e)) {
+        let Some(v) = t.insert(key(e)) else {
             return false;
+        };
+        counts[v as usize] += 1;
+    }
+    // Each byte position's histogram, from the distinct values' counts.
+    let mut bytes = [[0u32; 256]; 8];
+    for i in (0..SLOTS).filter(|&i| t.vals[i] != EMPTY) {
+        let c = counts[t.vals[i] as usize];
+        for (h, b) in bytes.iter_mut().zip(t.keys[i].to_le_bytes()).take(w) {
+            h[b as usize] += c;
         }
     }
-    true
+    let m = n.div_ceil(step) as f64;
+    let joint = bits(&counts) / m + (t.len * w * 8) as f64 / n as f64;
+    let grouped: f64 = bytes[..w].iter().map(|h| bits(h) / m).sum();
+    joint < 0.9 * grouped
+}
+
+/// Order-0 entropy of a histogram, in bits for all its symbols (kept
+/// apart from `stats::entropy_bits`, so the block coders' hot callers of
+/// that keep their inlining).
+fn bits(h: &[u32; 256]) -> f64 {
+    let n: u32 = h.iter().sum();
+    let n = f64::from(n);
+    h.iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let c = f64::from(c);
+            -c * (c / n).log2()
+        })
+        .sum()
 }
 
 /// The palette of `body` (`w` bytes an element), sorted, and each
@@ -97,9 +134,7 @@ pub(crate) fn screen(body: &[u8], w: usize) -> bool {
 pub(crate) fn scan(body: &[u8], w: usize, idx: &mut Vec<u8>) -> Option<Vec<u64>> {
     let mut t = Table::new();
     for e in body.chunks_exact(w) {
-        if !t.insert(key(e)) {
-            return None;
-        }
+        t.insert(key(e))?;
     }
     let mut pal: Vec<u64> = (0..SLOTS)
         .filter(|&i| t.vals[i] != EMPTY)

@@ -987,13 +987,14 @@ fn palettes_of_quantized_clustered_and_mask_data_beat_zstd_19() {
         let z = zstd::bulk::compress(&grouped, 19).unwrap().len();
         assert!(f.len() < z, "{name}: {} vs zstd -19 {z}", f.len());
     }
-    // A chunk with the same values plus a 257th is not a palette.
-    let mut v: Vec<f32> = (0..256).map(|i| i as f32).collect();
-    v.extend((0..4096).map(|i| (i % 256) as f32));
-    let mut raw = f32_bytes(&v);
+    // 256 arbitrary values (every byte of them varies), each repeated: a
+    // palette; the same plus a 257th value: not a palette.
+    let vals: Vec<u32> = (0..256).map(|_| next()).collect();
+    let v: Vec<u32> = (0..16384).map(|i| vals[i % 256]).collect();
+    let mut raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
     let f = rt(&raw, None, DType::F32, &Options::default());
     assert!(FrameInfo::parse(&f).unwrap().palette);
-    raw.extend_from_slice(&1000f32.to_le_bytes());
+    raw.extend_from_slice(&next().to_le_bytes());
     let f = rt(&raw, None, DType::F32, &Options::default());
     assert!(!FrameInfo::parse(&f).unwrap().palette);
 }
