@@ -77,8 +77,8 @@ impl Table {
 /// Elements the screen samples.
 const SAMPLE: usize = 2048;
 
-/// Whether a palette looks worth a full scan, by up to 2048 evenly
-/// spread elements of `body` (`w` bytes each): they hold at most 256
+/// Whether a palette looks worth a full scan, by up to 1024 elements at
+/// the start of `body` and about 2048 evenly spread ones (`w` bytes each): they hold at most 256
 /// distinct values (float weights bail out within a few hundred
 /// elements), and the order-0 entropy of those values, plus the palette,
 /// is below 0.9 of the summed entropies of their byte positions (what
@@ -93,12 +93,32 @@ pub(crate) fn screen(body: &[u8], w: usize) -> bool {
     let step = n.div_ceil(SAMPLE);
     let mut t = Table::new();
     let mut counts = [0u32; 256];
-    for e in body.chunks_exact(w).step_by(step) {
+    // A contiguous run first: float weights bail out within their first
+    // 257 elements, read in order, instead of 257 cold cache lines of an
+    // evenly spread sample (which cost 10-15% of FULL compress speed).
+    let head = n.min(SAMPLE / 2);
+    for e in body[..head * w].chunks_exact(w) {
         let Some(v) = t.insert(key(e)) else {
             return false;
         };
         counts[v as usize] += 1;
     }
+    // bf16 weights (a few hundred values) fail the entropy test on the
+    // run already: no spread sample for them either.
+    if !worth(&t, &counts, n, w) {
+        return false;
+    }
+    for e in body[head * w..].chunks_exact(w).step_by(step) {
+        let Some(v) = t.insert(key(e)) else {
+            return false;
+        };
+        counts[v as usize] += 1;
+    }
+    worth(&t, &counts, n, w)
+}
+
+/// The entropy test of [`screen`] on the values sampled so far.
+fn worth(t: &Table, counts: &[u32; 256], n: usize, w: usize) -> bool {
     // Each byte position's histogram, from the distinct values' counts.
     let mut bytes = [[0u32; 256]; 8];
     for i in (0..SLOTS).filter(|&i| t.vals[i] != EMPTY) {
@@ -107,8 +127,8 @@ pub(crate) fn screen(body: &[u8], w: usize) -> bool {
             h[b as usize] += c;
         }
     }
-    let m = n.div_ceil(step) as f64;
-    let joint = bits(&counts) / m + (t.len * w * 8) as f64 / n as f64;
+    let m = f64::from(counts.iter().sum::<u32>());
+    let joint = bits(counts) / m + (t.len * w * 8) as f64 / n as f64;
     let grouped: f64 = bytes[..w].iter().map(|h| bits(h) / m).sum();
     joint < 0.9 * grouped
 }
