@@ -88,6 +88,25 @@ fn main() {
             .flat_map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32).to_le_bytes())
             .collect();
         seeds.codec(DType::U8, false, &words, None);
+        // Palette frames (format version 6, transform bit 7): the tensor's
+        // values quantized to 3, 16 and 200 levels, as f32 and bf16 (the
+        // encoder picks the palette for these), with a tail; round trips
+        // with the palette forced (flags bit 6).
+        for levels in [3u32, 16, 200] {
+            let q: Vec<u8> = t
+                .data
+                .chunks_exact(4)
+                .take(1500)
+                .enumerate()
+                .flat_map(|(i, _)| ((i as u32 * 7919 % levels) as f32 * 0.01).to_le_bytes())
+                .collect();
+            for (dtype, bytes) in [(DType::F32, q.clone()), (DType::BF16, q[..2999].to_vec())] {
+                seeds.codec(dtype, false, &bytes, None);
+                let mut rt = roundtrip_input(dtype, false, &bytes, None);
+                rt[1] |= 1 << 6;
+                seeds.write("roundtrip", rt);
+            }
+        }
         // More than one 64 KiB block per stream (no base: the decode seed's
         // base would need a u16-length frame).
         let big = &t.data[..t.data.len().min(200_000)];

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use ckvc::codec::{encode, DType, Options};
+use ckvc::codec::{encode, DType, Options, Palette};
 
 /// xorshift64*, 32 bits at a time.
 struct Rng(u64);
@@ -71,7 +71,7 @@ fn main() {
         .map(|_| if r.next() % 10 == 0 { 1.0 } else { 0.0 })
         .collect();
     cases.push(("f32 0/1 mask, 10% ones".into(), DType::F32, f32_bytes(&m)));
-    println!("data                      distinct   ckvc  palette bound  zstd -19");
+    println!("data                      distinct   ckvc  no palette  palette bound  zstd -19");
     for (name, dtype, raw) in cases {
         let w = dtype.width();
         let mut counts: HashMap<&[u8], u64> = HashMap::new();
@@ -88,12 +88,18 @@ fn main() {
             .sum();
         let palette = h * total / 8.0 + (counts.len() * w) as f64;
         let f = encode(&raw, None, dtype, &Options::default());
+        let plain = Options {
+            palette: Palette::Never,
+            ..Options::default()
+        };
+        let p = encode(&raw, None, dtype, &plain);
         let z = zstd::bulk::compress(&raw, 19).expect("zstd").len();
         let len = raw.len() as f64;
         println!(
-            "{name:<26} {:>6}  {:.4}  {:.4}         {:.4}",
+            "{name:<26} {:>6}  {:.4}  {:.4}      {:.4}         {:.4}",
             counts.len(),
             f.len() as f64 / len,
+            p.len() as f64 / len,
             palette / len,
             z as f64 / len
         );

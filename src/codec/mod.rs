@@ -40,6 +40,7 @@ mod elements;
 mod huffman;
 mod layout;
 mod packed;
+mod palette;
 mod rans;
 mod stats;
 
@@ -47,6 +48,7 @@ use block::BlockMode;
 pub use dtype::DType;
 pub use elements::ElementMap;
 use layout::StreamOp;
+pub use palette::Palette;
 pub use stats::{entropy_bits, histogram};
 
 /// Frame magic, "CK".
@@ -152,6 +154,11 @@ pub struct Options {
     /// of all their streams instead of a block table and blocks (format
     /// version 6), when that is smaller; 0 never.
     pub small_zstd_max: usize,
+    /// Store a chunk of at most 256 distinct whole-element values as
+    /// those values once and one index byte per element (format version
+    /// 6, transform bit 7), when that is smaller: quantized or clustered
+    /// weights, masks.
+    pub palette: Palette,
 }
 
 impl Default for Options {
@@ -169,6 +176,7 @@ impl Default for Options {
             zstd_min_gain: 0.1,
             regroup: true,
             small_zstd_max: 64 << 10,
+            palette: Palette::Auto,
         }
     }
 }
@@ -190,6 +198,7 @@ impl Options {
             zstd_min_gain: 0.0,
             regroup: false,
             small_zstd_max: 0,
+            palette: Palette::Never,
         }
     }
 }
@@ -221,6 +230,9 @@ pub struct FrameInfo {
     /// The streams are one zstd frame instead of a block table and blocks
     /// (version 6 and later).
     pub whole_zstd: bool,
+    /// The frame is a palette and the index bytes of its elements
+    /// (version 6, transform bit 7).
+    pub palette: bool,
     /// Length of the header in bytes (16 before version 6; 7 to 11 from
     /// version 6, whose raw length is LEB128).
     pub header_len: usize,
@@ -266,7 +278,7 @@ impl FrameInfo {
         let allowed: u8 = match version {
             1..=3 => 0b0111,
             4 | 5 => 0b1111,
-            _ => 0b0111_1111,
+            _ => 0b1111_1111,
         };
         if t & !allowed != 0 {
             return Err(corrupt(5, "reserved transform bits set"));
@@ -300,6 +312,12 @@ impl FrameInfo {
                 g
             }
         };
+        if t & 0x80 != 0 && (t & 0b0011_1111 != 0 || w < 2) {
+            return Err(corrupt(
+                5,
+                "palette frame with a delta, rotation, element map, group width or 1-byte dtype",
+            ));
+        }
         Ok(FrameInfo {
             version,
             dtype,
@@ -309,6 +327,7 @@ impl FrameInfo {
             element_map: t & 8 != 0,
             group_width,
             whole_zstd: t & 0x40 != 0,
+            palette: t & 0x80 != 0,
             header_len,
         })
     }
@@ -361,6 +380,12 @@ pub struct Scratch {
     /// zstd's context.
     blocks: block::EncodeScratch,
     tmp: Vec<u8>,
+    /// A palette frame's index bytes, its index frame (encoding: a `u8`
+    /// frame; decoding: the index stream behind a `u8` header) and, while
+    /// encoding, the palette frame itself.
+    palette_idx: Vec<u8>,
+    palette_inner: Vec<u8>,
+    palette_frame: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
     /// The element map's runs, and the kept elements of the chunk and of
@@ -385,6 +410,97 @@ pub fn encode(raw: &[u8], base: Option<&[u8]>, dtype: DType, opts: &Options) -> 
 
 /// [`encode`] into `out` (cleared first), reusing `scratch`.
 pub fn encode_into(
+    raw: &[u8],
+    base: Option<&[u8]>,
+    dtype: DType,
+    opts: &Options,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) {
+    // A palette, when a sample holds few distinct values whose entropy is
+    // well below what byte grouping codes (none of the float weights or
+    // optimizer state of either corpus do: a sample of 2048 elements
+    // bails out at its 257th value or fails the entropy test), and then
+    // only when the frame comes out smaller than the plain one.
+    let w = dtype.width();
+    let n = raw.len() / w;
+    let body = &raw[..n * w];
+    let try_palette = w >= 2
+        && n > 0
+        && match opts.palette {
+            Palette::Never => false,
+            Palette::Auto => palette::screen(body, w),
+            Palette::Always => true,
+        };
+    if try_palette {
+        let mut idx = std::mem::take(&mut scratch.palette_idx);
+        if let Some(pal) = palette::scan(body, w, &mut idx) {
+            let mut pf = std::mem::take(&mut scratch.palette_frame);
+            encode_palette(raw, dtype, &pal, &idx, opts, &mut pf, scratch);
+            let keep = opts.palette == Palette::Always || {
+                encode_plain(raw, base, dtype, opts, out, scratch);
+                pf.len() < out.len()
+            };
+            if keep {
+                std::mem::swap(out, &mut pf);
+            }
+            scratch.palette_frame = pf;
+            scratch.palette_idx = idx;
+            return;
+        }
+        scratch.palette_idx = idx;
+    }
+    encode_plain(raw, base, dtype, opts, out, scratch);
+}
+
+/// The palette frame of `raw`: `pal` the sorted distinct values of its
+/// whole elements, `idx` each element's index into it.
+fn encode_palette(
+    raw: &[u8],
+    dtype: DType,
+    pal: &[u64],
+    idx: &[u8],
+    opts: &Options,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) {
+    let w = dtype.width();
+    let n = idx.len();
+    let mut inner = std::mem::take(&mut scratch.palette_inner);
+    encode_elements(
+        n,
+        idx,
+        &[],
+        None,
+        DType::U8,
+        1,
+        opts,
+        None,
+        &mut inner,
+        scratch,
+    );
+    // The index frame's header: the fixed part and `n` as LEB128.
+    let mut leb = Vec::new();
+    write_leb(n as u64, &mut leb);
+    let h = HEADER_V6_FIXED + leb.len();
+    out.clear();
+    out.extend_from_slice(&MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(CODEC_GROUPED);
+    out.push(dtype.code());
+    out.push(0x80 | (inner[5] & 0x40));
+    write_leb(raw.len() as u64, out);
+    out.extend_from_slice(&raw[n * w..]);
+    out.push((pal.len() - 1) as u8);
+    for &k in pal {
+        out.extend_from_slice(&k.to_le_bytes()[..w]);
+    }
+    out.extend_from_slice(&inner[h..]);
+    scratch.palette_inner = inner;
+}
+
+/// The plain (not palette) frame of a chunk.
+fn encode_plain(
     raw: &[u8],
     base: Option<&[u8]>,
     dtype: DType,
@@ -836,6 +952,9 @@ pub fn decode_into(
         }
         (true, Some(b)) => Some(b),
     };
+    if info.palette {
+        return decode_palette(frame, &info, out, scratch);
+    }
     let w = info.group_width;
     let all = raw_len / w;
     let mut pos = info.header_len;
@@ -985,6 +1104,99 @@ pub fn decode_into(
     }
     out.extend_from_slice(tail);
     Ok(())
+}
+
+/// Decode a palette frame (version 6, transform bit 7; its header checked
+/// and its raw length within the caller's limit).
+fn decode_palette(
+    frame: &[u8],
+    info: &FrameInfo,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) -> Result<(), DecodeError> {
+    let raw_len = info.raw_len as usize;
+    let w = info.dtype.width();
+    let n = raw_len / w;
+    let truncated = |need: usize| DecodeError::Truncated {
+        need: need as u64,
+        have: frame.len() as u64,
+    };
+    let mut pos = info.header_len;
+    let tail_len = raw_len - n * w;
+    let tail = frame
+        .get(pos..pos + tail_len)
+        .ok_or(truncated(pos + tail_len))?;
+    pos += tail_len;
+    let k = *frame.get(pos).ok_or(truncated(pos + 1))? as usize + 1;
+    pos += 1;
+    let pal = frame.get(pos..pos + k * w).ok_or(truncated(pos + k * w))?;
+    if pal
+        .chunks_exact(w)
+        .zip(pal.chunks_exact(w).skip(1))
+        .any(|(a, b)| palette::key(a) >= palette::key(b))
+    {
+        return Err(corrupt(pos, "palette values not strictly increasing"));
+    }
+    pos += k * w;
+    // The index stream: the rest of the frame, decoded as a `u8` frame of
+    // `n` elements with the same whole-zstd bit.
+    let mut inner = std::mem::take(&mut scratch.palette_inner);
+    let mut idx = std::mem::take(&mut scratch.palette_idx);
+    inner.clear();
+    inner.extend_from_slice(&MAGIC);
+    inner.extend_from_slice(&[FORMAT_VERSION, CODEC_GROUPED, DType::U8.code()]);
+    inner.push(frame[5] & 0x40);
+    write_leb(n as u64, &mut inner);
+    let h = inner.len();
+    inner.extend_from_slice(&frame[pos..]);
+    let r = decode_into(&inner, None, HARD_MAX_RAW_LEN, &mut idx, scratch);
+    scratch.palette_inner = inner;
+    // Offsets in the index frame, as offsets in this frame.
+    let at = |o: u64| o.saturating_sub(h as u64) + pos as u64;
+    let r = r.map_err(|e| match e {
+        DecodeError::Truncated { need, .. } => truncated(at(need) as usize),
+        DecodeError::Corrupt { offset, reason } => DecodeError::Corrupt {
+            offset: at(offset),
+            reason,
+        },
+        e => e,
+    });
+    if let Err(e) = r {
+        scratch.palette_idx = idx;
+        return Err(e);
+    }
+    let bad = idx.len() != n || idx.iter().fold(0u8, |m, &i| m.max(i)) as usize >= k;
+    if bad {
+        scratch.palette_idx = idx;
+        return Err(corrupt(pos, "palette index out of range"));
+    }
+    out.clear();
+    out.resize(n * w, 0);
+    match w {
+        2 => palette_expand::<2>(pal, &idx, out),
+        4 => palette_expand::<4>(pal, &idx, out),
+        8 => palette_expand::<8>(pal, &idx, out),
+        _ => {
+            for (o, &i) in out.chunks_exact_mut(w).zip(&idx) {
+                o.copy_from_slice(&pal[i as usize * w..][..w]);
+            }
+        }
+    }
+    out.extend_from_slice(tail);
+    scratch.palette_idx = idx;
+    Ok(())
+}
+
+/// Each element of `out` (`W` bytes) the palette value its index names
+/// (every index below the palette's length, checked).
+fn palette_expand<const W: usize>(pal: &[u8], idx: &[u8], out: &mut [u8]) {
+    let mut table = [[0u8; W]; palette::MAX];
+    for (t, v) in table.iter_mut().zip(pal.chunks_exact(W)) {
+        t.copy_from_slice(v);
+    }
+    for (o, &i) in out.chunks_exact_mut(W).zip(idx) {
+        o.copy_from_slice(&table[i as usize]);
+    }
 }
 
 /// The streams of a version 6 frame stored as one zstd frame at

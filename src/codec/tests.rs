@@ -288,10 +288,12 @@ fn decoding_a_delta_without_or_with_a_wrong_base_is_an_error() {
 fn known_answer_frames() {
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     // Without the element map (its known answers are below), as these
-    // frames were before version 4.
+    // frames were before version 4, and without a palette (below too),
+    // which these few values would take.
     let never = Options {
         element_map: ElementMap::Never,
         small_zstd_max: 0,
+        palette: Palette::Never,
         ..Options::default()
     };
     // bf16 [1.0, -2.0, 0.5] = 3f80 c000 3f00, rotated 7f00 8001 7e00:
@@ -499,6 +501,7 @@ fn element_map_known_answers() {
     let always = Options {
         element_map: ElementMap::Always,
         small_zstd_max: 0,
+        palette: Palette::Never,
         ..Options::default()
     };
     // f32 [0, 0, 0, 0, 1.0, 2.0, 0, 0]: transform 0c (rotated, element
@@ -631,12 +634,12 @@ fn declared_sizes_are_bounded() {
 
 #[test]
 fn header_fields_are_validated() {
-    let good = encode(
-        &[1u8, 2, 3, 4, 5, 6, 7, 8],
-        None,
-        DType::F32,
-        &Options::default(),
-    );
+    // A plain frame (rotated): bit 7 (palette) with rotation is corrupt.
+    let plain = Options {
+        palette: Palette::Never,
+        ..Options::default()
+    };
+    let good = encode(&[1u8, 2, 3, 4, 5, 6, 7, 8], None, DType::F32, &plain);
     let mut f = good.clone();
     f[0] = b'X';
     assert_eq!(decode(&f, None), Err(DecodeError::BadMagic));
@@ -835,6 +838,11 @@ fn write_codec_fixtures() {
         );
         std::fs::write(path, fixture_frame(v, dtype, &raw)).unwrap();
     }
+    let path = format!(
+        "{}/tests/fixtures/codec/f32_16_levels_palette.v6.ckf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(path, fixture_frame(6, DType::F32, &palette_fixture_input())).unwrap();
 }
 
 /// A fixture file of every frame version from 4 on (1 to 3:
@@ -872,4 +880,178 @@ fn fixture_frames_of_versions_4_to_6_decode() {
             assert_eq!(again[..8], f[..8], "{name}");
         }
     }
+}
+
+/// Palette frames (version 6, transform bit 7), byte by byte: f32
+/// [1.0, 0.0, 1.0, 1.0] and a 1-byte tail.
+#[test]
+fn palette_known_answer() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let opts = Options {
+        palette: Palette::Always,
+        small_zstd_max: 0,
+        ..Options::default()
+    };
+    let mut raw = f32_bytes(&[1.0, 0.0, 1.0, 1.0]);
+    raw.push(7);
+    let f = encode(&raw, None, DType::F32, &opts);
+    // Header (transform 0x80: palette; raw length 17), the tail 07, the
+    // palette of 2 values (count - 1 = 01) in increasing order 0.0, 1.0,
+    // then the index stream 01 00 01 01 as a u8 frame's block table and
+    // blocks: one raw block of 4 symbols.
+    assert_eq!(
+        hex(&f),
+        "434b06010b80110701000000000000803f0004000001000101"
+    );
+    assert_eq!(decode(&f, None).unwrap(), raw);
+    let info = FrameInfo::parse(&f).unwrap();
+    assert!(info.palette && !info.whole_zstd && !info.needs_base());
+    // The same palette frame, its index stream as one zstd frame.
+    let z = [
+        &unhex(
+            "434b06010bc011070100000000000080 3f"
+                .replace(' ', "")
+                .as_str(),
+        )[..],
+        &zstd::bulk::compress(&[1, 0, 1, 1], 3).unwrap(),
+    ]
+    .concat();
+    assert_eq!(decode(&z, None).unwrap(), raw);
+    // An index past the palette, a palette out of order or repeated, a
+    // palette with a delta kind, rotation, element map or wider group, a
+    // palette of a 1-byte dtype, a short block: all corrupt, no panic.
+    let mut bad = f.clone();
+    bad[24] = 2;
+    assert!(matches!(
+        decode(&bad, None),
+        Err(DecodeError::Corrupt { .. })
+    ));
+    let mut bad = f.clone();
+    bad[9..13].copy_from_slice(&[0, 0, 0x80, 0x3f]);
+    assert!(matches!(
+        decode(&bad, None),
+        Err(DecodeError::Corrupt { .. })
+    ));
+    for t in [0x81, 0x82, 0x84, 0x88, 0x90] {
+        let mut bad = f.clone();
+        bad[5] = t;
+        assert!(decode(&bad, None).is_err(), "transform {t:02x}");
+    }
+    let mut bad = f.clone();
+    bad[4] = DType::U8.code();
+    assert!(decode(&bad, None).is_err());
+    let mut bad = f.clone();
+    bad[19] = 5;
+    assert!(decode(&bad, None).is_err());
+    for cut in 0..f.len() {
+        assert!(decode(&f[..cut], None).is_err(), "cut {cut}");
+    }
+    let _ = hex;
+}
+
+/// Quantized, clustered and mask tensors generated here: the palette is
+/// chosen, the frame round-trips, and it is smaller than zstd -19 of the
+/// byte-grouped bytes (the palette bound says it should be: see
+/// `examples/palette_bound.rs`).
+#[test]
+fn palettes_of_quantized_clustered_and_mask_data_beat_zstd_19() {
+    let n = 1 << 16;
+    let g = gaussian_f32(n, 21, 0.02);
+    let mut cases: Vec<(String, DType, Vec<u8>)> = Vec::new();
+    for levels in [16u32, 256] {
+        let step = 0.12 / levels as f32;
+        let half = levels as f32 / 2.0;
+        let q: Vec<f32> = g
+            .iter()
+            .map(|&x| (x / step).round().clamp(-half, half - 1.0) * step)
+            .collect();
+        cases.push((format!("f32 {levels} levels"), DType::F32, f32_bytes(&q)));
+        cases.push((format!("bf16 {levels} levels"), DType::BF16, bf16_bytes(&q)));
+    }
+    let mut next = random_u32s(23);
+    let centroids: Vec<f32> = (0..16)
+        .map(|_| (next() as f32 / u32::MAX as f32 - 0.5) * 0.1)
+        .collect();
+    let c: Vec<f32> = (0..n).map(|_| centroids[(next() % 16) as usize]).collect();
+    cases.push(("f32 16 centroids".into(), DType::F32, f32_bytes(&c)));
+    cases.push(("bf16 16 centroids".into(), DType::BF16, bf16_bytes(&c)));
+    let m: Vec<f32> = (0..n)
+        .map(|_| if next() % 10 == 0 { 1.0 } else { 0.0 })
+        .collect();
+    cases.push(("f32 0/1 mask".into(), DType::F32, f32_bytes(&m)));
+    cases.push(("bf16 0/1 mask".into(), DType::BF16, bf16_bytes(&m)));
+    for (name, dtype, raw) in cases {
+        let f = rt(&raw, None, dtype, &Options::default());
+        assert!(FrameInfo::parse(&f).unwrap().palette, "{name}");
+        let grouped = grouped_streams(&raw, None, dtype).concat();
+        let z = zstd::bulk::compress(&grouped, 19).unwrap().len();
+        assert!(f.len() < z, "{name}: {} vs zstd -19 {z}", f.len());
+    }
+    // 256 arbitrary values (every byte of them varies), each repeated: a
+    // palette; the same plus a 257th value: not a palette.
+    let vals: Vec<u32> = (0..256).map(|_| next()).collect();
+    let v: Vec<u32> = (0..16384).map(|i| vals[i % 256]).collect();
+    let mut raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let f = rt(&raw, None, DType::F32, &Options::default());
+    assert!(FrameInfo::parse(&f).unwrap().palette);
+    raw.extend_from_slice(&next().to_le_bytes());
+    let f = rt(&raw, None, DType::F32, &Options::default());
+    assert!(!FrameInfo::parse(&f).unwrap().palette);
+}
+
+/// Float weights (thousands of distinct values) never get a palette, and
+/// a palette chunk against a base round-trips (the frame needs no base).
+#[test]
+fn palettes_only_where_they_pay() {
+    let raw = f32_bytes(&gaussian_f32(1 << 14, 5, 0.02));
+    let f = rt(&raw, None, DType::F32, &Options::default());
+    assert!(!FrameInfo::parse(&f).unwrap().palette);
+    let raw = bf16_bytes(&gaussian_f32(1 << 14, 5, 0.02));
+    let f = rt(&raw, None, DType::BF16, &Options::default());
+    assert!(!FrameInfo::parse(&f).unwrap().palette);
+    let a: Vec<f32> = (0..1 << 14).map(|i| ((i * 7) % 13) as f32).collect();
+    let b: Vec<f32> = (0..1 << 14).map(|i| ((i * 5) % 13) as f32).collect();
+    let (a, b) = (f32_bytes(&a), f32_bytes(&b));
+    for opts in all_options() {
+        rt(&b, Some(&a), DType::F32, &opts);
+    }
+    let always = Options {
+        palette: Palette::Always,
+        ..Options::default()
+    };
+    for dtype in DType::ALL {
+        for len in [0, 1, 7, 8, 9, 100, 1000] {
+            let raw: Vec<u8> = (0..len).map(|i| (i % 3) as u8).collect();
+            rt(&raw, None, dtype, &always);
+            rt(&raw, Some(&raw), dtype, &always);
+        }
+    }
+}
+
+/// Input of `tests/fixtures/codec/f32_16_levels_palette.v6.ckf`: 4096 f32
+/// values quantized to 16 levels, and a 2-byte tail.
+fn palette_fixture_input() -> Vec<u8> {
+    let q: Vec<f32> = gaussian_f32(4096, 31, 0.02)
+        .iter()
+        .map(|&x| (x / 0.0075).round().clamp(-8.0, 7.0) * 0.0075)
+        .collect();
+    let mut raw = f32_bytes(&q);
+    raw.extend_from_slice(&[0xab, 0xcd]);
+    raw
+}
+
+/// The palette fixture (version 6, transform bit 7) decodes to its input,
+/// and this build writes the same header, tail and palette for it.
+#[test]
+fn palette_fixture_decodes() {
+    let f = include_bytes!("../../tests/fixtures/codec/f32_16_levels_palette.v6.ckf");
+    let raw = palette_fixture_input();
+    let info = FrameInfo::parse(f).unwrap();
+    assert!(info.palette && info.version == 6 && info.dtype == DType::F32);
+    assert_eq!(decode(f, None).unwrap(), raw);
+    let k = f[info.header_len + 2] as usize + 1;
+    let end = info.header_len + 3 + 4 * k;
+    let again = fixture_frame(6, DType::F32, &raw);
+    assert_eq!(again[..end], f[..end]);
+    assert!(f.len() * 5 < raw.len());
 }

@@ -99,7 +99,9 @@ pub fn decode_input(frame: &[u8], base: Option<&[u8]>) -> Vec<u8> {
 /// (format version 4) into the frame, whatever it saves; bit 4 turns off
 /// storing a small chunk as one zstd frame and bit 5 grouping integer
 /// bytes by a wider word (format version 6), so that fuzzed inputs, all
-/// small, still reach the block coders and the dtype's own width.
+/// small, still reach the block coders and the dtype's own width; bit 6
+/// writes a palette frame whenever the chunk has at most 256 distinct
+/// values (format version 6, transform bit 7), whatever it saves.
 ///
 /// Checks: the frame's header states the dtype and length, and decoding it
 /// (with the base when its header asks for one) returns `raw`, also under a
@@ -122,6 +124,9 @@ pub fn check_roundtrip(data: &[u8]) {
     }
     if flags & 32 != 0 {
         opts.regroup = false;
+    }
+    if flags & 64 != 0 {
+        opts.palette = codec::Palette::Always;
     }
     let (raw, base): (&[u8], Option<Vec<u8>>) = match (flags >> 1) & 3 {
         0 => (rest, None),

@@ -1,0 +1,172 @@
+//! Palette frames (version 6, transform bit 7): a chunk whose whole
+//! elements take at most 256 distinct values, stored as those values
+//! (sorted, once) and one index byte per element, the index bytes then
+//! coded as the single stream of a `u8` frame by the usual block coders
+//! (bit-packed, Huffman or rANS as they pay).
+
+/// At most this many distinct values (one index byte).
+pub(crate) const MAX: usize = 256;
+
+/// Slots of the open-addressing table: twice `MAX`, a power of two.
+const SLOTS: usize = 512;
+const EMPTY: u16 = u16::MAX;
+
+/// Whether the encoder tries a palette.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Palette {
+    /// Never.
+    Never,
+    /// When a sample of the chunk holds few distinct values and the
+    /// palette frame comes out smaller than the plain one.
+    Auto,
+    /// Whenever the chunk holds at most 256 distinct values (tests, fuzz).
+    Always,
+}
+
+/// An element (1 to 8 bytes) as its little-endian unsigned value: the
+/// palette's sort key.
+#[inline]
+pub(crate) fn key(e: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..e.len()].copy_from_slice(e);
+    u64::from_le_bytes(b)
+}
+
+/// A set of at most `MAX` keys, each with a `u8` value.
+struct Table {
+    keys: [u64; SLOTS],
+    vals: [u16; SLOTS],
+    len: usize,
+}
+
+impl Table {
+    fn new() -> Table {
+        Table {
+            keys: [0; SLOTS],
+            vals: [EMPTY; SLOTS],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn slot(&self, k: u64) -> usize {
+        let mut i = (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 55) as usize;
+        while self.vals[i] != EMPTY && self.keys[i] != k {
+            i = (i + 1) & (SLOTS - 1);
+        }
+        i
+    }
+
+    /// Adds `k` and returns its value (the order it came in); `None`
+    /// when it would be the 257th key.
+    #[inline]
+    fn insert(&mut self, k: u64) -> Option<u16> {
+        let i = self.slot(k);
+        if self.vals[i] == EMPTY {
+            if self.len == MAX {
+                return None;
+            }
+            self.keys[i] = k;
+            self.vals[i] = self.len as u16;
+            self.len += 1;
+        }
+        Some(self.vals[i])
+    }
+}
+
+/// Elements the screen samples.
+const SAMPLE: usize = 2048;
+
+/// Whether a palette looks worth a full scan, by up to 1024 elements at
+/// the start of `body` and about 2048 evenly spread ones (`w` bytes each): they hold at most 256
+/// distinct values (float weights bail out within a few hundred
+/// elements), and the order-0 entropy of those values, plus the palette,
+/// is below 0.9 of the summed entropies of their byte positions (what
+/// byte grouping codes). bf16 weights, whose few hundred values each
+/// byte already codes well, fail the second test: a full scan of their
+/// chunk would find the 257th value late, if at all.
+pub(crate) fn screen(body: &[u8], w: usize) -> bool {
+    let n = body.len() / w;
+    if n == 0 {
+        return false;
+    }
+    let step = n.div_ceil(SAMPLE);
+    let mut t = Table::new();
+    let mut counts = [0u32; 256];
+    // A contiguous run first: float weights bail out within their first
+    // 257 elements, read in order, instead of 257 cold cache lines of an
+    // evenly spread sample (which cost 10-15% of FULL compress speed).
+    let head = n.min(SAMPLE / 2);
+    for e in body[..head * w].chunks_exact(w) {
+        let Some(v) = t.insert(key(e)) else {
+            return false;
+        };
+        counts[v as usize] += 1;
+    }
+    // bf16 weights (a few hundred values) fail the entropy test on the
+    // run already: no spread sample for them either.
+    if !worth(&t, &counts, n, w) {
+        return false;
+    }
+    for e in body[head * w..].chunks_exact(w).step_by(step) {
+        let Some(v) = t.insert(key(e)) else {
+            return false;
+        };
+        counts[v as usize] += 1;
+    }
+    worth(&t, &counts, n, w)
+}
+
+/// The entropy test of [`screen`] on the values sampled so far.
+fn worth(t: &Table, counts: &[u32; 256], n: usize, w: usize) -> bool {
+    // Each byte position's histogram, from the distinct values' counts.
+    let mut bytes = [[0u32; 256]; 8];
+    for i in (0..SLOTS).filter(|&i| t.vals[i] != EMPTY) {
+        let c = counts[t.vals[i] as usize];
+        for (h, b) in bytes.iter_mut().zip(t.keys[i].to_le_bytes()).take(w) {
+            h[b as usize] += c;
+        }
+    }
+    let m = f64::from(counts.iter().sum::<u32>());
+    let joint = bits(counts) / m + (t.len * w * 8) as f64 / n as f64;
+    let grouped: f64 = bytes[..w].iter().map(|h| bits(h) / m).sum();
+    joint < 0.9 * grouped
+}
+
+/// Order-0 entropy of a histogram, in bits for all its symbols (kept
+/// apart from `stats::entropy_bits`, so the block coders' hot callers of
+/// that keep their inlining).
+fn bits(h: &[u32; 256]) -> f64 {
+    let n: u32 = h.iter().sum();
+    let n = f64::from(n);
+    h.iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| {
+            let c = f64::from(c);
+            -c * (c / n).log2()
+        })
+        .sum()
+}
+
+/// The palette of `body` (`w` bytes an element), sorted, and each
+/// element's index into it, written to `idx`; `None` at the 257th
+/// distinct value.
+pub(crate) fn scan(body: &[u8], w: usize, idx: &mut Vec<u8>) -> Option<Vec<u64>> {
+    let mut t = Table::new();
+    for e in body.chunks_exact(w) {
+        t.insert(key(e))?;
+    }
+    let mut pal: Vec<u64> = (0..SLOTS)
+        .filter(|&i| t.vals[i] != EMPTY)
+        .map(|i| t.keys[i])
+        .collect();
+    pal.sort_unstable();
+    // Values become ranks in the sorted palette.
+    for (r, &k) in pal.iter().enumerate() {
+        let i = t.slot(k);
+        t.vals[i] = r as u16;
+    }
+    idx.clear();
+    idx.extend(body.chunks_exact(w).map(|e| t.vals[t.slot(key(e))] as u8));
+    Some(pal)
+}
