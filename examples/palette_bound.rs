@@ -49,12 +49,7 @@ fn main() {
     let g: Vec<f32> = (0..n).map(|_| r.gaussian(0.02)).collect();
     let mut cases: Vec<(String, DType, Vec<u8>)> = Vec::new();
     for levels in [16u32, 256] {
-        let step = 0.12 / levels as f32;
-        let half = levels as f32 / 2.0;
-        let q: Vec<f32> = g
-            .iter()
-            .map(|&x| (x / step).round().clamp(-half, half - 1.0) * step)
-            .collect();
+        let q = ckvc::testing::quantize(&g, levels);
         cases.push((format!("f32, {levels} levels"), DType::F32, f32_bytes(&q)));
         cases.push((
             format!("bf16, {levels} levels"),

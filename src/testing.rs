@@ -24,3 +24,14 @@ impl Rng {
         }
     }
 }
+
+/// `g` quantized to `levels` evenly spaced values (step `0.12 / levels`,
+/// clamped to the levels around 0): a quantized weight, for the palette
+/// frames' tests and `examples/palette_bound.rs`.
+pub fn quantize(g: &[f32], levels: u32) -> Vec<f32> {
+    let step = 0.12 / levels as f32;
+    let half = levels as f32 / 2.0;
+    g.iter()
+        .map(|&x| (x / step).round().clamp(-half, half - 1.0) * step)
+        .collect()
+}

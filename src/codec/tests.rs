@@ -959,12 +959,7 @@ fn palettes_of_quantized_clustered_and_mask_data_beat_zstd_19() {
     let g = gaussian_f32(n, 21, 0.02);
     let mut cases: Vec<(String, DType, Vec<u8>)> = Vec::new();
     for levels in [16u32, 256] {
-        let step = 0.12 / levels as f32;
-        let half = levels as f32 / 2.0;
-        let q: Vec<f32> = g
-            .iter()
-            .map(|&x| (x / step).round().clamp(-half, half - 1.0) * step)
-            .collect();
+        let q = crate::testing::quantize(&g, levels);
         cases.push((format!("f32 {levels} levels"), DType::F32, f32_bytes(&q)));
         cases.push((format!("bf16 {levels} levels"), DType::BF16, bf16_bytes(&q)));
     }
