@@ -1425,6 +1425,15 @@ fn pushed_step_by_step(t: &Path) -> (Repository, PathBuf) {
     (a, url)
 }
 
+/// A depth-1 fetch of `origin` (`r`) into `b`.
+fn fetch_depth_1(b: &Repository, r: &dyn Remote) -> remote::FetchReport {
+    let opts = remote::FetchOptions {
+        depth: Some(1),
+        ..Default::default()
+    };
+    remote::fetch(b, "origin", r, &opts, &NoProgress).unwrap()
+}
+
 /// The bytes of the stored records a depth-1 fetch of `head` cannot do
 /// without: its commit, tree and manifests, its chunks, and the delta bases
 /// they are decoded through. Also the bytes of its own chunks alone.
@@ -1478,18 +1487,7 @@ fn shallow_fetch_reads_left_out_bases_from_packs_it_takes_nothing_from() {
     let (a, url) = pushed_step_by_step(t);
     let head = a.branch_head("main").unwrap().unwrap();
     let b = Repository::init(&t.join("b"), Config::default()).unwrap();
-    let r = DirRemote::new(url);
-    let rep = remote::fetch(
-        &b,
-        "origin",
-        &r,
-        &remote::FetchOptions {
-            depth: Some(1),
-            ..Default::default()
-        },
-        &NoProgress,
-    )
-    .unwrap();
+    let rep = fetch_depth_1(&b, &DirRemote::new(url));
     assert_eq!(rep.commits, 1);
     assert!(rep.reencoded > 0, "{rep:?}");
     let out = t.join("b-out");
@@ -1514,17 +1512,7 @@ fn shallow_clone_downloads_little_more_than_its_commit_needs() {
         .sum();
     let b = Repository::init(&t.join("b"), Config::default()).unwrap();
     let r = Counting::new(DirRemote::new(url.clone()));
-    let rep = remote::fetch(
-        &b,
-        "origin",
-        &r,
-        &remote::FetchOptions {
-            depth: Some(1),
-            ..Default::default()
-        },
-        &NoProgress,
-    )
-    .unwrap();
+    let rep = fetch_depth_1(&b, &r);
     let got = r.bytes();
     eprintln!(
         "depth-1 fetch read {got} bytes in {} reads (report: {}); the commit's own chunks are {own} bytes, \
