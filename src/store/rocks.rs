@@ -534,21 +534,34 @@ impl RocksStore {
     }
 
     /// Bytes of all files in the store directory.
+    ///
+    /// RocksDB deletes files in the background (obsolete SSTs after a
+    /// compaction, old logs): a file listed and then gone before its
+    /// size is read counts as nothing, not as an error.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        fn walk(dir: &Path) -> Result<u64, StoreError> {
+        fn walk(dir: &Path, top: bool) -> Result<u64, StoreError> {
             let mut total = 0;
-            for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !top => return Ok(0),
+                Err(e) => return Err(io(dir, e)),
+            };
+            for entry in entries {
                 let entry = entry.map_err(|e| io(dir, e))?;
-                let meta = entry.metadata().map_err(|e| io(&entry.path(), e))?;
+                let meta = match entry.metadata() {
+                    Ok(meta) => meta,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io(&entry.path(), e)),
+                };
                 total += if meta.is_dir() {
-                    walk(&entry.path())?
+                    walk(&entry.path(), false)?
                 } else {
                     meta.len()
                 };
             }
             Ok(total)
         }
-        walk(&self.path)
+        walk(&self.path, true)
     }
 
     /// The error of a failed read: damage, or (for a reader) a file a

@@ -718,3 +718,40 @@ fn rocks_compact_reclaims_deleted_blobs_direct_or_buffered() {
         );
     }
 }
+
+/// Bug (CI, stop 25): `gc` failed with "No such file or directory" on an
+/// SST that RocksDB's background compaction deleted between the store's
+/// directory listing and the size read. Files (and directories) vanishing
+/// during the walk count as nothing.
+#[test]
+fn size_on_disk_ignores_files_deleted_while_it_walks() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    let s = RocksStore::open_with(&path, Mode::ReadWrite, &fast()).unwrap();
+    put1(&s, Space::Chunks, &[1; 32], &[7; 100_000]);
+    s.flush().unwrap();
+    let floor = s.size_on_disk().unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let f = path.join(format!("churn-{}", i % 64));
+                let d = path.join(format!("churn-dir-{}", i % 8));
+                let _ = std::fs::write(&f, b"x");
+                let _ = std::fs::create_dir(&d);
+                let _ = std::fs::remove_file(&f);
+                let _ = std::fs::remove_dir(&d);
+                i += 1;
+            }
+        });
+        // Stop the churn before asserting, so that a failure cannot hang
+        // the scope.
+        let sizes: Vec<_> = (0..2000).map(|_| s.size_on_disk()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for size in sizes {
+            let size = size.unwrap();
+            assert!(size >= floor, "{size} < {floor}");
+        }
+    });
+}

@@ -548,14 +548,23 @@ fn zstd_file(p: &Path, level: i32) -> Result<u64, BenchError> {
     Ok(enc.finish().map_err(io(p))?.0)
 }
 
-/// Sum of the sizes of the files under `dir`, by kind.
+/// Sum of the sizes of the files under `dir`, by kind. A file gone
+/// between listing and size (RocksDB deletes obsolete files in the
+/// background) counts as nothing.
 pub fn disk_usage(dir: &Path) -> Result<DiskUsage, BenchError> {
     let mut u = DiskUsage::default();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).map_err(io(&d))? {
+        let entries = match std::fs::read_dir(&d) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && d != dir => continue,
+            entries => entries.map_err(io(&d))?,
+        };
+        for e in entries {
             let e = e.map_err(io(&d))?;
-            let meta = e.metadata().map_err(io(&e.path()))?;
+            let meta = match e.metadata() {
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                meta => meta.map_err(io(&e.path()))?,
+            };
             if meta.is_dir() {
                 stack.push(e.path());
                 continue;
