@@ -24,7 +24,15 @@ into fresh memory): staging="sync" (every tensor copied in the call) and
 staging="background" (the default: large tensors copied in a thread while
 the next forward/backward runs; optimizer.step() waits for the copy).
 
-    python3 scripts/bench_python.py [--work DIR] [--json]
+With --compute idle, the forward/backward of each step is replaced by a
+sleep as long as a real one (measured while warming up): what the host CPU
+of an accelerator trainer sees, free while the GPU computes. The
+optimizer step still runs on the CPU and changes the saved tensors in
+place (on the gradients of the last real backward). With --compute cpu
+(the default) training computes on the CPU, and a background save's work
+competes with it for the same cores.
+
+    python3 scripts/bench_python.py [--work DIR] [--json] [--compute cpu|idle]
 
 Needs torch, transformers and the ckvc package (pip install .).
 """
@@ -93,6 +101,12 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-dcp", action="store_true", help="skip torch.distributed.checkpoint.async_save")
     ap.add_argument("--layers", type=int, default=12, help="transformer layers (12: GPT-2 small; fewer for a quick smoke run)")
+    ap.add_argument(
+        "--compute",
+        choices=("cpu", "idle"),
+        default="cpu",
+        help="cpu: forward/backward on the CPU; idle: a sleep as long as one (an accelerator trainer's host)",
+    )
     a = ap.parse_args()
 
     import torch
@@ -114,19 +128,33 @@ def main() -> int:
         marks = {}
         opt.register_step_pre_hook(lambda *_: marks.__setitem__("hook", time.perf_counter()))
 
-        def train_step():
-            loss = model(input_ids=x, labels=x).loss
-            loss.backward()
+        fb = []  # forward/backward times while warming up
+
+        def train_step(compute: str = "cpu"):
+            t0 = time.perf_counter()
+            if compute == "idle":
+                time.sleep(sorted(fb)[len(fb) // 2])
+            else:
+                loss = model(input_ids=x, labels=x).loss
+                loss.backward()
+                fb.append(time.perf_counter() - t0)
             marks["step"] = time.perf_counter()
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            if compute == "cpu":
+                opt.zero_grad(set_to_none=True)
 
         train_step()
         train_step()  # warm: the allocator has seen a whole step
+        train_step()
+        if a.compute == "idle":
+            # The gradients of this last real backward stay for every
+            # optimizer step to come.
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
 
         def timed_step() -> float:
             t0 = time.perf_counter()
-            train_step()
+            train_step(a.compute)
             return time.perf_counter() - t0
 
         def plain_step() -> tuple:
@@ -167,7 +195,7 @@ def main() -> int:
 
         for rnd in (1, 2):
             if rnd == 2:
-                train_step()
+                train_step(a.compute)
             base_step = steps[rnd] = plain_step()
             s = state()
             # torch.save + fsync
@@ -223,12 +251,16 @@ def main() -> int:
                     dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {e}"
             del s
 
-        report = {"state_bytes": tensor_bytes, "plain_step": steps, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
+        report = {"compute": a.compute, "state_bytes": tensor_bytes, "plain_step": steps, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
         if a.json:
             print(json.dumps(report, indent=1))
             return 0
         gib = 1 << 30
         print(f"state: GPT-2 small (GPT2Config defaults) + AdamW after one step: {tensor_bytes / gib:.2f} GiB of tensors; work dir {work}")
+        if a.compute == "idle":
+            print(f"compute idle: each forward/backward is a sleep of {sorted(fb)[len(fb) // 2]:.3f} s (a real one's median); optimizer.step() runs on the CPU")
+        else:
+            print("compute cpu: forward/backward and optimizer.step() on the CPU, beside any background save")
         for rnd in (1, 2):
             print(f"{'first' if rnd == 1 else 'second'} round: a training step with no save running takes {steps[rnd]:.3f} s")
         print(f"{'round':<6} {'method':<26} {'call s':>7} {'+step s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
