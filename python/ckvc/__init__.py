@@ -337,8 +337,11 @@ class Repository:
           (nothing is committed); an in-place operation still running on
           another thread at the instant the staging finishes is not (torch
           counts the change when the kernel ends), nor is a write through
-          a numpy view. Use ``"sync"`` for those, or with ``torch.compile``
-          regions that mutate saved tensors.
+          a numpy view. Code compiled by ``torch.compile`` runs as if
+          there were no guard (so that saves do not recompile it): an
+          in-place change it makes to a saved tensor is caught by the
+          version counter, not waited for. Use ``"sync"`` for those, or
+          with compiled regions that mutate saved tensors.
         - ``"sync"``: every tensor is copied in the call; the tensors may be
           changed in any way as soon as ``save`` returns.
         """

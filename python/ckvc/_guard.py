@@ -16,9 +16,13 @@ wait. ``optimizer.step()`` waits through its own pre-hook
 
 Not covered (caught afterwards by the version counters, which fail the save
 with ``TensorModifiedError`` instead of storing a torn state): changes made
-by other threads, and changes inside a C++ kernel that writes an argument
+by other threads, changes inside a C++ kernel that writes an argument
 without saying so in its name (BatchNorm's running statistics; those are
-small and copied in the call).
+small and copied in the call), and in-place changes made by code compiled
+with ``torch.compile``: Dynamo traces it as if no guard were there, so
+that a guard on the stack costs one more compile of the model, not one per
+save (an optimizer step still waits in its pre-hook, which runs outside
+the graph).
 
 The guard is popped by the saving thread once the staging is done, when it
 is the top of that thread's stack (the next ``save``/``wait``/``load``/
@@ -76,6 +80,14 @@ def _tensors(x: Any) -> Iterable[torch.Tensor]:
                 yield y
 
 
+def _not_compiling() -> bool:
+    return False
+
+
+# True while Dynamo traces (a constant there), False when code runs.
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _not_compiling)
+
+
 def storage_ptr(t: torch.Tensor) -> int:
     """The address of the storage ``t`` is a view of (0 when it has none)."""
     try:
@@ -103,6 +115,15 @@ class StagingGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if kwargs is None:
             kwargs = {}
+        if _compiling():
+            # Dynamo traces modes: reading this guard's state here would
+            # make it a guard of the compiled code, and every save (a new
+            # guard) a recompile, until Dynamo's recompile limit sends the
+            # model back to eager for good. Compiled code is traced as if
+            # no guard were there (one extra compile, for the mode on the
+            # stack); an in-place change it makes to a tensor being copied
+            # is caught by the version counters (``TensorModifiedError``).
+            return func(*args, **kwargs)
         if not self.staged.is_set():
             name = getattr(func, "__name__", "")
             if changes_in_place(name, kwargs) and self._touches(args, kwargs):

@@ -258,3 +258,39 @@ def test_a_failed_commit_after_background_staging_raises(repo):
 def test_an_unknown_staging_mode_is_refused(repo):
     with pytest.raises(ValueError):
         repo.save({"w": torch.zeros(4)}, step=1, blocking=False, staging="later")
+
+
+def test_torch_compiled_model_compiles_once_more_not_once_per_background_save(repo):
+    """Bug: Dynamo traced the guard's ``__torch_function__`` and guarded the
+    compiled code on its state, so every background save (a new guard)
+    recompiled the model, until Dynamo's recompile limit (8) sent it back
+    to eager mode for the rest of the run. Now the guard is one more
+    variant of the stack, compiled once; the stored states are still the
+    ones at the calls."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model, opt = model_and_opt()
+    cmodel = torch.compile(model, backend=backend)
+
+    def step():
+        cmodel(torch.randn(16, 512)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    first = len(graphs)
+    assert first > 0
+    for i in range(12):
+        state = {"model": model.state_dict(), "optim": opt.state_dict()}
+        at_call = snapshot(state)
+        f = repo.save(state, step=i, blocking=False)
+        step()  # compiled forward with the guard on the stack
+        assert f.result(timeout=60).step == i
+        assert_bits_equal(repo.load(i), at_call)
+    assert len(graphs) <= 2 * first, f"{len(graphs)} graphs compiled for {first} at first"
+    torch._dynamo.reset()
