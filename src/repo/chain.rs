@@ -6,8 +6,9 @@
 //! say, so a cycle or an absurd chain is corruption, never a hang. Every
 //! other module walks chains through [`base_chain`]; none counts hops
 //! itself. Decoding (local reads, fetched records) goes through
-//! [`decode_chain`], which checks every decoded chunk against its blake3
-//! id before its bytes are used as a base or returned.
+//! [`decode_chain`], which checks the chunk it returns against its blake3
+//! id (and, when that fails, every chunk of the chain, to name the first
+//! damaged one): no unchecked byte is ever returned.
 //!
 //! Must not: read the store (callers say where a chunk's record or bytes
 //! come from).
@@ -93,8 +94,10 @@ pub(crate) enum Link<'a> {
 
 /// Decode chunk `id` from its record `rec`, through its delta chain:
 /// `link` says, for each base, whether its bytes are at hand or which
-/// record to decode. Records are decoded keyframe first; each decoded
-/// chunk is checked against its id before it is used. `max_raw` bounds
+/// record to decode. Records are decoded keyframe first; the result is
+/// checked against `id` (a damaged base shows there; on any failure the
+/// chain is decoded again checking each chunk, and the error names the
+/// first damaged one). `max_raw` bounds
 /// what any record may declare (and so every allocation); `from` is added
 /// to the name of every chunk decoded here (`"received from the remote"`).
 /// Returns the raw bytes and `rec`. `wrap` is applied to errors about the
@@ -140,33 +143,44 @@ where
     if let Some(e) = failed {
         return Err(e);
     }
-    // Up again: each record against its base's verified bytes.
-    let mut base = bottom;
+    // Up again: each record against its base's bytes. Only `id` itself is
+    // checked against its blake3 id on the way up: its bytes depend on its
+    // bases' (a damaged base shows in them), and they are what is returned.
+    // If anything fails, the chain is decoded again checking every chunk,
+    // so that the error names the first damaged one, as a walk checking
+    // each would have.
     let mut scratch = codec::Scratch::default();
-    while let Some((c, rec)) = records.pop() {
-        let raw =
-            decode_one(&c, &rec, base.as_deref(), max_raw, from, &mut scratch).map_err(&wrap)?;
-        if records.is_empty() {
-            return Ok((raw, rec));
+    let up = |check_all: bool, scratch: &mut codec::Scratch| {
+        let mut base: Option<Vec<u8>> = None;
+        for (i, (c, rec)) in records.iter().enumerate().rev() {
+            let b = base.as_deref().or(bottom.as_deref());
+            let check = check_all || i == 0;
+            base = Some(decode_one(c, rec, b, max_raw, from, check, scratch)?);
         }
-        base = Some(Cow::Owned(raw));
-    }
-    // Not reached: the walk records `id` itself before anything else.
-    Err(wrap(RepoError::Corrupt {
-        site: Site::chunk(*id),
-        reason: "no record to decode".into(),
-    })
-    .into())
+        // The walk records `id` itself before anything else.
+        base.ok_or_else(|| RepoError::Corrupt {
+            site: Site::chunk(*id),
+            reason: "no record to decode".into(),
+        })
+    };
+    let raw = match up(false, &mut scratch) {
+        Ok(raw) => raw,
+        Err(_) if records.len() > 1 => up(true, &mut scratch).map_err(&wrap)?,
+        Err(e) => return Err(wrap(e).into()),
+    };
+    let (_, rec) = records.swap_remove(0);
+    Ok((raw, rec))
 }
 
-/// Decode one record against its base's raw bytes and check that the
-/// result hashes to `id`.
+/// Decode one record against its base's raw bytes and, with `check`,
+/// check that the result hashes to `id` (its length is always checked).
 fn decode_one(
     id: &ChunkId,
     rec: &ChunkRecord,
     base: Option<&[u8]>,
     max_raw: u64,
     from: &str,
+    check: bool,
     scratch: &mut codec::Scratch,
 ) -> Result<Vec<u8>, RepoError> {
     let site = || Site::chunk(*id).received(from);
@@ -202,7 +216,7 @@ fn decode_one(
             out
         }
     };
-    if raw.len() as u64 != rec.raw_len || ChunkId::digest(&raw) != *id {
+    if raw.len() as u64 != rec.raw_len || (check && ChunkId::digest(&raw) != *id) {
         return Err(corrupt(
             "decoded bytes do not match the chunk id (blake3)".into(),
         ));
@@ -217,6 +231,87 @@ mod tests {
 
     fn id(n: u8) -> ChunkId {
         ChunkId::from_bytes([n; 32])
+    }
+
+    /// Records of a three-chunk chain: `c` (delta) on `b` (delta) on `a`
+    /// (keyframe), and the raw bytes of each.
+    fn three_chunk_chain() -> (Vec<(ChunkId, ChunkRecord)>, Vec<Vec<u8>>) {
+        let raws: Vec<Vec<u8>> = (0..3u32)
+            .map(|k| {
+                (0..4096u32)
+                    .flat_map(|i| ((i as f32).sin() + k as f32 * 1e-3).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let ids: Vec<ChunkId> = raws.iter().map(|r| ChunkId::digest(r)).collect();
+        let opts = codec::Options::default();
+        let recs = (0..3)
+            .map(|k| {
+                let base = (k > 0).then(|| raws[k - 1].as_slice());
+                let rec = ChunkRecord {
+                    payload: Payload::Codec,
+                    raw_len: raws[k].len() as u64,
+                    base: (k > 0).then(|| ids[k - 1]),
+                    depth: k as u16,
+                    written: 0,
+                    data: codec::encode(&raws[k], base, crate::codec::DType::F32, &opts),
+                };
+                (ids[k], rec)
+            })
+            .collect();
+        (recs, raws)
+    }
+
+    fn decode(recs: &[(ChunkId, ChunkRecord)], top: usize) -> Result<Vec<u8>, RepoError> {
+        let by_id: HashMap<ChunkId, ChunkRecord> = recs.iter().cloned().collect();
+        let (id, rec) = recs[top].clone();
+        decode_chain(
+            &id,
+            rec,
+            1 << 30,
+            "",
+            |e| e,
+            |c: &ChunkId| Ok::<_, RepoError>(Link::Record(by_id[c].clone())),
+        )
+        .map(|(raw, _)| raw)
+    }
+
+    #[test]
+    fn a_chain_decodes_to_its_chunk_checking_the_result() {
+        let (recs, raws) = three_chunk_chain();
+        for (top, raw) in raws.iter().enumerate() {
+            assert_eq!(&decode(&recs, top).unwrap(), raw);
+        }
+    }
+
+    /// Only the chunk returned is hashed on the way up; a base that
+    /// decodes cleanly to wrong bytes must still be named as the damage.
+    #[test]
+    fn a_base_decoding_to_wrong_bytes_is_named_not_the_chunk_on_top() {
+        let (mut recs, raws) = three_chunk_chain();
+        // The middle record replaced by a sound frame of other bytes.
+        let mut other = raws[1].clone();
+        other[100] ^= 0x40;
+        recs[1].1.data = codec::encode(
+            &other,
+            Some(&raws[0]),
+            crate::codec::DType::F32,
+            &Default::default(),
+        );
+        let e = decode(&recs, 2).unwrap_err();
+        assert!(e.is_corruption(), "{e}");
+        assert_eq!(
+            e.site().map(|s| s.to_string()),
+            Some(Site::chunk(recs[1].0).to_string())
+        );
+        // The top chunk's own damage is named as its own.
+        let (mut recs, _) = three_chunk_chain();
+        recs[2].1.data = recs[1].1.data.clone();
+        let e = decode(&recs, 2).unwrap_err();
+        assert_eq!(
+            e.site().map(|s| s.to_string()),
+            Some(Site::chunk(recs[2].0).to_string())
+        );
     }
 
     #[test]
