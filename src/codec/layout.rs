@@ -289,6 +289,8 @@ fn ungroup4_uninit_body(s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool
 }
 
 dispatch!(ungroup2_uninit, ungroup2_uninit_body, (s0: &[u8], s1: &[u8], out: &mut [MaybeUninit<u8>], rotate: bool));
+dispatch!(ulp_delta_kernel, ulp_delta_body, (new: &[u8], base: &[u8], w: usize, float: bool, out: &mut [u8]));
+dispatch!(ulp_undelta_kernel, ulp_undelta_body, (z: &mut [u8], base: &[u8], w: usize, float: bool));
 dispatch!(ungroup4_rest, ungroup4_uninit_body, (s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool));
 
 /// Four streams into 4-byte elements: 32 elements at a time by byte and
@@ -374,6 +376,11 @@ impl StreamOp {
 /// Little-endian output of the same width, `n * w` bytes.
 pub fn ulp_delta(new: &[u8], base: &[u8], w: usize, float: bool, out: &mut Vec<u8>) {
     let out = grow(out, new.len());
+    ulp_delta_kernel(new, base, w, float, out);
+}
+
+#[inline(always)]
+fn ulp_delta_body(new: &[u8], base: &[u8], w: usize, float: bool, out: &mut [u8]) {
     macro_rules! body {
         ($t:ty, $it:ty, $n:expr) => {{
             let bits = <$t>::BITS;
@@ -412,6 +419,11 @@ pub fn ulp_delta(new: &[u8], base: &[u8], w: usize, float: bool, out: &mut Vec<u
 /// Inverse of [`ulp_delta`]: `z` holds the zigzagged differences and is
 /// overwritten with the new elements.
 pub fn ulp_undelta(z: &mut [u8], base: &[u8], w: usize, float: bool) {
+    ulp_undelta_kernel(z, base, w, float);
+}
+
+#[inline(always)]
+fn ulp_undelta_body(z: &mut [u8], base: &[u8], w: usize, float: bool) {
     macro_rules! body {
         ($t:ty, $it:ty, $n:expr) => {{
             let bits = <$t>::BITS;

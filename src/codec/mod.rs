@@ -1032,16 +1032,28 @@ pub fn decode_into(
 
     // The base's context bytes only when a block is coded with them.
     let ctx_coded = base.is_some() && entries.iter().any(|e| e.0 == BlockMode::RansCtx);
+    // The context is the base's top stream after rotation for floats
+    // (`layout::context_bytes`): when the base is grouped anyway, and
+    // rotated exactly if it is float, that stream is the context, and the
+    // base takes one pass, not two.
+    let mut ctx_in_base = false;
     if let Some(base) = base {
         let base = &base[..n * w];
-        if ctx_coded {
-            layout::context_bytes(base, w, info.dtype.is_float(), ctx);
-        }
-        if info.delta == Delta::PerStream && ops.iter().any(|&o| o != StreamOp::Keep) {
+        let grouped = info.delta == Delta::PerStream && ops.iter().any(|&o| o != StreamOp::Keep);
+        if grouped {
             base_streams.resize_with(w, Vec::new);
             layout::group(base, w, info.rotated, base_streams);
         }
+        ctx_in_base = grouped && info.rotated == info.dtype.is_float();
+        if ctx_coded && !ctx_in_base {
+            layout::context_bytes(base, w, info.dtype.is_float(), ctx);
+        }
     }
+    let ctx: &[u8] = if ctx_in_base {
+        &base_streams[w - 1]
+    } else {
+        ctx
+    };
     // Decode each stream; a stream stored all raw (and not combined with
     // the base) is used in place, straight from the frame.
     streams.resize_with(w, Vec::new);

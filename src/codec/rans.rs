@@ -308,15 +308,21 @@ fn decode_core<const LANES: usize>(
     });
     p += 4 * LANES;
     let data = &payload[p..];
-    let mut r = 0usize;
-    let mut i = 0;
-    #[cfg(target_arch = "x86_64")]
-    if LANES == WIDE && avx2_kernels() {
-        let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
-        let ctx = ctx.map(|(c, m)| (c, &m.lookup));
-        // SAFETY: `avx2_kernels` found the CPU features the kernel was
-        // compiled for.
-        (i, r) = unsafe { simd::rans_decode_wide_avx2(x, data, slots, ctx, out) };
+    // Whole groups while a group's words are surely there, then whole
+    // groups over the stream's last words copied into a zero-padded
+    // window (a sparse stream's last 2 * LANES bytes of words can hold
+    // thousands of symbols), taking only groups that stay within them.
+    let (mut i, mut r) = groups(&mut x, data, data.len(), slots, ctx, out);
+    if i + LANES <= out.len() && r <= data.len() {
+        let rem = data.len() - r;
+        let mut pad = [0u8; 4 * WIDE];
+        if rem + 2 * LANES <= pad.len() {
+            pad[..rem].copy_from_slice(&data[r..]);
+            let ctx = ctx.map(|(c, m)| (c.get(i..).unwrap_or_default(), m));
+            let window = &pad[..rem + 2 * LANES];
+            let (di, dr) = groups(&mut x, window, rem, slots, ctx, &mut out[i..]);
+            (i, r) = (i + di, r + dr);
+        }
     }
     // One decode step of state `$x` with slot table offset `$off`: slot
     // lookup, state update, then at most one renormalisation word (x >= 16
@@ -337,43 +343,6 @@ fn decode_core<const LANES: usize>(
     }
     let off_at = |i: usize| ctx.map_or(0, |(c, m)| m.coff[c[i] as usize]);
     let n = out.len();
-    {
-        // Fast path: a group of LANES symbols needs at most 2 * LANES bytes,
-        // read from one fixed window; the states are independent chains
-        // the CPU overlaps.
-        let mut groups = out[i..].chunks_exact_mut(LANES);
-        for g in &mut groups {
-            let Some(win) = data.get(r..r + 2 * LANES) else {
-                break;
-            };
-            let off: [u32; LANES] = match ctx {
-                Some((c, m)) => std::array::from_fn(|j| m.coff[c[i + j] as usize]),
-                None => [0; LANES],
-            };
-            // First every lane's symbol and new state (independent chains),
-            // then the renormalisation words in lane order (only this part
-            // depends on the lanes before).
-            let mut v = [0u32; LANES];
-            for j in 0..LANES {
-                let xj = x[j];
-                let slot = xj & (M - 1);
-                let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
-                g[j] = e as u8;
-                v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
-            }
-            let mut k = 0usize;
-            for j in 0..LANES {
-                // k is even and at most 2 * (LANES - 1): the mask is a no-op.
-                let kk = k & (2 * LANES - 2);
-                let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
-                let need = v[j] < L;
-                x[j] = if need { (v[j] << 16) | w } else { v[j] };
-                k += 2 * need as usize;
-            }
-            r += k;
-            i += LANES;
-        }
-    }
     // Tail, with every read checked.
     for (k, o) in out[i..n].iter_mut().enumerate() {
         let ii = i + k;
@@ -391,6 +360,72 @@ fn decode_core<const LANES: usize>(
         return Err(corrupt("rans stream does not end in the initial state"));
     }
     Ok(())
+}
+
+/// Decode whole groups of `LANES` symbols into `out` (symbol `i` with the
+/// class of `ctx[i]`) while a group's words, at most `2 * LANES` bytes,
+/// lie inside `data`, taking only groups that leave the words read at most
+/// `end`; a group that would not is left undone (states and symbols as
+/// they were). Returns the symbols decoded and the words' bytes read.
+fn groups<const LANES: usize>(
+    x: &mut [u32; LANES],
+    data: &[u8],
+    end: usize,
+    slots: &[u32; ALL_SLOTS],
+    ctx: Option<(&[u8], &ClassMap)>,
+    out: &mut [u8],
+) -> (usize, usize) {
+    let (mut i, mut r) = (0usize, 0usize);
+    #[cfg(target_arch = "x86_64")]
+    if LANES == WIDE && avx2_kernels() {
+        let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
+        let ctx = ctx.map(|(c, m)| (c, &m.lookup));
+        // SAFETY: `avx2_kernels` found the CPU features the kernel was
+        // compiled for.
+        (i, r) = unsafe { simd::rans_decode_wide_avx2(x, data, slots, ctx, out, end) };
+    }
+    // The states are independent chains the CPU overlaps.
+    for g in out[i..].chunks_exact_mut(LANES) {
+        let Some(win) = data.get(r..r + 2 * LANES) else {
+            break;
+        };
+        let off: [u32; LANES] = match ctx {
+            Some((c, m)) => {
+                std::array::from_fn(|j| c.get(i + j).map_or(0, |&c| m.coff[c as usize]))
+            }
+            None => [0; LANES],
+        };
+        // First every lane's symbol and new state (independent chains),
+        // then the renormalisation words in lane order (only this part
+        // depends on the lanes before).
+        let mut v = [0u32; LANES];
+        let mut syms = [0u8; LANES];
+        for j in 0..LANES {
+            let xj = x[j];
+            let slot = xj & (M - 1);
+            let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
+            syms[j] = e as u8;
+            v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
+        }
+        let mut k = 0usize;
+        let mut nx = [0u32; LANES];
+        for j in 0..LANES {
+            // k is even and at most 2 * (LANES - 1): the mask is a no-op.
+            let kk = k & (2 * LANES - 2);
+            let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
+            let need = v[j] < L;
+            nx[j] = if need { (v[j] << 16) | w } else { v[j] };
+            k += 2 * need as usize;
+        }
+        if r + k > end {
+            break;
+        }
+        *x = nx;
+        g.copy_from_slice(&syms);
+        r += k;
+        i += LANES;
+    }
+    (i, r)
 }
 
 /// Decode `out.len()` symbols from `payload`.
@@ -640,6 +675,56 @@ mod tests {
             ctx_decode_with(true, &payload, &other),
             ctx_decode_with(false, &payload, &other)
         );
+    }
+
+    /// A block so skewed that its last 64 bytes of words cover thousands
+    /// of symbols: those groups are decoded over a zero-padded copy of the
+    /// words, by the AVX2 kernel and by the scalar loop alike, and damage
+    /// in the last words is an error in both, with the same symbols.
+    #[test]
+    fn the_last_words_of_a_sparse_block_decode_alike() {
+        let n = 3 * WIDE_MIN_SYMBOLS + 5;
+        let syms: Vec<u8> = (0..n as u64)
+            .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60 == 0 && i % 7 == 0) as u8)
+            .collect();
+        let f = normalize(&crate::codec::histogram(&syms));
+        let mut payload = Vec::new();
+        encode(&syms, &f, &mut payload);
+        let words = payload.len() - table_bytes(&f) - 4 * WIDE;
+        assert!(words < 8 * 1024, "{words} bytes of words");
+        let run = |simd: bool, payload: &[u8]| {
+            with_simd(simd, || {
+                let mut back = vec![0u8; n];
+                let ok = decode(payload, 0, &mut back, &mut Vec::new(), 2).is_ok();
+                (ok, back)
+            })
+        };
+        assert_eq!(run(true, &payload), (true, syms.clone()));
+        assert_eq!(run(false, &payload), (true, syms));
+        let len = payload.len();
+        for at in [
+            len - 1,
+            len - 2,
+            len - 30,
+            len - 63,
+            len - 64,
+            len - 65,
+            len - 130,
+        ] {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut bad = payload.clone();
+                bad[at] ^= flip;
+                let simd = run(true, &bad);
+                assert_eq!(simd, run(false, &bad), "byte {at} ^ {flip:#x}");
+                assert!(!simd.0, "byte {at} ^ {flip:#x}");
+            }
+        }
+        // Words cut short or one too many.
+        for bad in [&payload[..len - 2], &[&payload[..], &[0, 0]].concat()[..]] {
+            let simd = run(true, bad);
+            assert_eq!(simd, run(false, bad));
+            assert!(!simd.0);
+        }
     }
 
     proptest! {

@@ -241,9 +241,12 @@ pub(crate) unsafe fn rans_encode_wide_avx2(
 /// need them with one permutation. Decodes whole groups while 64 bytes of
 /// words are left (a group needs at most that) and returns the symbols
 /// decoded and the words' bytes read; the caller goes on from there.
-/// `ctx`, if given, is the context byte of each symbol and its classes;
-/// with fewer context bytes than `out`, or classes out of range, the
-/// kernel decodes nothing.
+/// A group that would leave the words read past `end` is not taken (its
+/// states and symbols are left as they were): `data` may then be the
+/// stream's last words followed by padding, which only a damaged stream
+/// reads. `ctx`, if given, is the context byte of each symbol and its
+/// classes; with fewer context bytes than `out`, or classes out of range,
+/// the kernel decodes nothing.
 ///
 /// # Safety
 /// The CPU must support `avx2` and `popcnt`.
@@ -255,6 +258,7 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
     slots: &[u32; RANS_ALL_SLOTS],
     ctx: Option<(&[u8], &CtxClasses)>,
     out: &mut [u8],
+    end: usize,
 ) -> (usize, usize) {
     use std::arch::x86_64::*;
     const M: i32 = 1 << SCALE_BITS;
@@ -283,6 +287,7 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
         let zero = _mm256_setzero_si256();
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         while i + RANS_WIDE <= n && r + 2 * RANS_WIDE <= data.len() {
+            let (x0, r0) = (xv, r);
             let off: [__m256i; 4] = match ctx {
                 Some((c, m)) => {
                     // The class of each of the 32 context bytes: compare
@@ -329,6 +334,10 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
             let a = _mm256_packus_epi32(_mm256_and_si256(e[0], low8), _mm256_and_si256(e[1], low8));
             let b = _mm256_packus_epi32(_mm256_and_si256(e[2], low8), _mm256_and_si256(e[3], low8));
             let syms = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
+            if r > end {
+                (xv, r) = (x0, r0);
+                break;
+            }
             _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), syms);
             i += RANS_WIDE;
         }
@@ -464,7 +473,17 @@ mod tests {
             let mut out = vec![0u8; 256];
             let mut x = [1u32 << 16; RANS_WIDE];
             // SAFETY: the CPU has AVX2 and popcnt, checked above.
-            unsafe { rans_decode_wide_avx2(&mut x, &data, slots, Some((ctx, &map)), &mut out) }.0
+            unsafe {
+                rans_decode_wide_avx2(
+                    &mut x,
+                    &data,
+                    slots,
+                    Some((ctx, &map)),
+                    &mut out,
+                    data.len(),
+                )
+            }
+            .0
         };
         let ctx = vec![3u8; 256];
         let sound = [7, 0, 1, 2, 3, 4, 5];
