@@ -19,6 +19,7 @@ use crate::codec;
 use crate::store::ChunkId;
 
 use super::objects::{ChunkRecord, Payload};
+use super::pool::{with_scratch, BufPool};
 use super::{RepoError, Site, HARD_MAX_CHAIN};
 
 /// Walks a chunk's delta chain: the chunk itself, then its base, its
@@ -98,12 +99,16 @@ pub(crate) enum Link<'a> {
 /// what any record may declare (and so every allocation); `from` is added
 /// to the name of every chunk decoded here (`"received from the remote"`).
 /// Returns the raw bytes and `rec`. `wrap` is applied to errors about the
-/// records decoded here (not to `link`'s).
+/// records decoded here (not to `link`'s). The buffers it decodes into,
+/// and the payloads of the records it decodes below `id`, come from and go
+/// back to `pool` (the returned bytes and `rec` are the caller's).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_chain<'a, E>(
     id: &ChunkId,
     rec: ChunkRecord,
     max_raw: u64,
     from: &str,
+    pool: &BufPool,
     wrap: impl Fn(RepoError) -> RepoError,
     mut link: impl FnMut(&ChunkId) -> Result<Link<'a>, E>,
 ) -> Result<(Vec<u8>, ChunkRecord), E>
@@ -142,13 +147,18 @@ where
     }
     // Up again: each record against its base's verified bytes.
     let mut base = bottom;
-    let mut scratch = codec::Scratch::default();
     while let Some((c, rec)) = records.pop() {
-        let raw =
-            decode_one(&c, &rec, base.as_deref(), max_raw, from, &mut scratch).map_err(&wrap)?;
+        let raw = with_scratch(|scratch| {
+            decode_one(&c, &rec, base.as_deref(), max_raw, from, pool, scratch)
+        })
+        .map_err(&wrap)?;
+        if let Some(Cow::Owned(old)) = base.take() {
+            pool.put(old);
+        }
         if records.is_empty() {
             return Ok((raw, rec));
         }
+        pool.put(rec.data);
         base = Some(Cow::Owned(raw));
     }
     // Not reached: the walk records `id` itself before anything else.
@@ -167,6 +177,7 @@ fn decode_one(
     base: Option<&[u8]>,
     max_raw: u64,
     from: &str,
+    pool: &BufPool,
     scratch: &mut codec::Scratch,
 ) -> Result<Vec<u8>, RepoError> {
     let site = || Site::chunk(*id).received(from);
@@ -188,11 +199,16 @@ fn decode_one(
             if rec.base.is_some() {
                 return Err(corrupt("a zstd chunk with a delta base".into()));
             }
-            zstd::bulk::decompress(&rec.data, rec.raw_len as usize)
-                .map_err(|e| corrupt(format!("zstd: {e}")))?
+            // At most the buffer's capacity, at least `raw_len`: more than
+            // `raw_len` is refused below.
+            let mut out = pool.take(rec.raw_len as usize);
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(&rec.data, &mut out))
+                .map_err(|e| corrupt(format!("zstd: {e}")))?;
+            out
         }
         Payload::Codec => {
-            let mut out = Vec::new();
+            let mut out = pool.take(rec.raw_len as usize);
             codec::decode_into(&rec.data, base, rec.raw_len, &mut out, scratch).map_err(
                 |source| RepoError::Decode {
                     site: site(),
