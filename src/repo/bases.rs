@@ -16,12 +16,19 @@
 //! again (what least-recently-used would do), and when the cap shrinks
 //! the oldest entries go first.
 //!
+//! Entries are buffers of the repository's [`BufPool`]: one given up by
+//! the cache (evicted, replaced, refused) goes back to the pool once no
+//! reader holds it, so caching a chunk allocates nothing.
+//!
 //! Must not: read the store.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::store::ChunkId;
+
+use super::pool::BufPool;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -33,7 +40,7 @@ pub(crate) struct BaseCache {
 struct Inner {
     cap: u64,
     bytes: u64,
-    map: HashMap<ChunkId, Arc<[u8]>>,
+    map: HashMap<ChunkId, Arc<Vec<u8>>>,
     /// Insertion order (ids no longer in `map` are skipped when evicting).
     order: VecDeque<ChunkId>,
 }
@@ -54,40 +61,73 @@ impl BaseCache {
     }
 
     /// A new cap; entries over it are evicted, oldest first.
-    pub(crate) fn set_cap(&self, cap: u64) {
-        let mut g = self.lock();
-        g.cap = cap;
-        g.evict();
+    pub(crate) fn set_cap(&self, cap: u64, pool: &BufPool) {
+        let gone = {
+            let mut g = self.lock();
+            g.cap = cap;
+            g.evict()
+        };
+        recycle(gone, pool);
     }
 
     /// The verified bytes of chunk `id`, if cached.
-    pub(crate) fn get(&self, id: &ChunkId) -> Option<Arc<[u8]>> {
+    pub(crate) fn get(&self, id: &ChunkId) -> Option<Arc<Vec<u8>>> {
         self.lock().map.get(id).cloned()
     }
 
     /// Keep `raw`, the verified bytes of chunk `id`, whose delta base is
     /// `base` (if any): in that base's place when it is cached, else only
     /// if it fits beside what is held.
-    pub(crate) fn insert(&self, id: ChunkId, raw: &[u8], base: Option<&ChunkId>) {
+    ///
+    /// Borrowed bytes are copied into a pool buffer only when kept; owned
+    /// ones move in (or go back to `pool`).
+    pub(crate) fn insert(
+        &self,
+        id: ChunkId,
+        raw: Cow<'_, [u8]>,
+        base: Option<&ChunkId>,
+        pool: &BufPool,
+    ) {
         let len = raw.len() as u64;
-        let mut g = self.lock();
-        if len > g.cap || g.map.contains_key(&id) {
-            return;
+        let give_back = |raw: Cow<'_, [u8]>| {
+            if let Cow::Owned(v) = raw {
+                pool.put(v);
+            }
+        };
+        let mut gone = Vec::new();
+        {
+            let mut g = self.lock();
+            if len > g.cap || g.map.contains_key(&id) {
+                drop(g);
+                give_back(raw);
+                return;
+            }
+            let replaced = base.and_then(|b| g.map.remove(b));
+            if let Some(old) = &replaced {
+                g.bytes -= old.len() as u64;
+            }
+            if replaced.is_none() && g.bytes + len > g.cap {
+                drop(g);
+                give_back(raw);
+                return;
+            }
+            gone.extend(replaced);
+            g.bytes += len;
+            let raw = match raw {
+                Cow::Owned(v) => pool.fit(v),
+                Cow::Borrowed(b) => {
+                    let mut v = pool.take(b.len());
+                    v.extend_from_slice(b);
+                    pool.fit(v)
+                }
+            };
+            g.map.insert(id, Arc::new(raw));
+            g.order.push_back(id);
+            gone.extend(g.evict());
         }
-        let replaced = base.and_then(|b| g.map.remove(b));
-        if let Some(old) = &replaced {
-            g.bytes -= old.len() as u64;
-        }
-        if replaced.is_none() && g.bytes + len > g.cap {
-            return;
-        }
-        g.bytes += len;
-        g.map.insert(id, Arc::from(raw));
-        g.order.push_back(id);
-        g.evict();
+        recycle(gone, pool);
     }
 
-    /// Bytes held.
     #[cfg(test)]
     fn bytes(&self) -> u64 {
         self.lock().bytes
@@ -95,13 +135,16 @@ impl BaseCache {
 }
 
 impl Inner {
-    fn evict(&mut self) {
+    /// Drops the oldest entries past the cap; returns them.
+    fn evict(&mut self) -> Vec<Arc<Vec<u8>>> {
+        let mut gone = Vec::new();
         while self.bytes > self.cap {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
             if let Some(raw) = self.map.remove(&old) {
                 self.bytes -= raw.len() as u64;
+                gone.push(raw);
             }
         }
         // Ids of entries replaced in place pile up in `order`: drop them
@@ -110,12 +153,27 @@ impl Inner {
             let map = &self.map;
             self.order.retain(|id| map.contains_key(id));
         }
+        gone
+    }
+}
+
+/// Gives the buffers of entries the cache let go back to `pool`; one a
+/// reader still holds is freed by that reader instead.
+fn recycle(gone: Vec<Arc<Vec<u8>>>, pool: &BufPool) {
+    for raw in gone {
+        if let Ok(raw) = Arc::try_unwrap(raw) {
+            pool.put(raw);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pool() -> BufPool {
+        BufPool::new(1 << 20)
+    }
 
     fn chunk(n: u8, len: usize) -> (ChunkId, Vec<u8>) {
         let raw = vec![n; len];
@@ -127,8 +185,11 @@ mod tests {
         let c = BaseCache::new(1000);
         let (id, raw) = chunk(1, 100);
         assert!(c.get(&id).is_none());
-        c.insert(id, &raw, None);
-        assert_eq!(c.get(&id).as_deref(), Some(raw.as_slice()));
+        c.insert(id, raw.as_slice().into(), None, &pool());
+        assert_eq!(
+            c.get(&id).as_deref().map(Vec::as_slice),
+            Some(raw.as_slice())
+        );
     }
 
     #[test]
@@ -136,7 +197,7 @@ mod tests {
         let c = BaseCache::new(250);
         let chunks: Vec<_> = (0..5).map(|n| chunk(n, 100)).collect();
         for (id, raw) in &chunks {
-            c.insert(*id, raw, None);
+            c.insert(*id, raw.as_slice().into(), None, &pool());
             assert!(c.bytes() <= 250);
         }
         // Admitted while there was room; later ones were not.
@@ -144,20 +205,23 @@ mod tests {
         assert!(c.get(&chunks[2].0).is_none());
         // An entry bigger than the cap is never kept.
         let (big, raw) = chunk(9, 300);
-        c.insert(big, &raw, None);
+        c.insert(big, raw.as_slice().into(), None, &pool());
         assert!(c.get(&big).is_none());
         // The next step of a cached chain takes its base's place.
         let (next, raw) = chunk(7, 100);
-        c.insert(next, &raw, Some(&chunks[0].0));
+        c.insert(next, raw.as_slice().into(), Some(&chunks[0].0), &pool());
         assert!(c.get(&chunks[0].0).is_none());
-        assert_eq!(c.get(&next).as_deref(), Some(raw.as_slice()));
+        assert_eq!(
+            c.get(&next).as_deref().map(Vec::as_slice),
+            Some(raw.as_slice())
+        );
         assert_eq!(c.bytes(), 200);
         // A smaller cap evicts the oldest first.
-        c.set_cap(100);
+        c.set_cap(100, &pool());
         assert!(c.get(&chunks[1].0).is_none());
         assert!(c.get(&next).is_some());
         assert!(c.bytes() <= 100);
-        c.set_cap(0);
+        c.set_cap(0, &pool());
         assert_eq!(c.bytes(), 0);
     }
 
@@ -165,10 +229,10 @@ mod tests {
     fn replacing_in_place_forever_stays_bounded() {
         let c = BaseCache::new(1000);
         let (mut prev, raw) = chunk(0, 10);
-        c.insert(prev, &raw, None);
+        c.insert(prev, raw.as_slice().into(), None, &pool());
         for n in 1..=255u8 {
             let (id, raw) = chunk(n, 10);
-            c.insert(id, &raw, Some(&prev));
+            c.insert(id, raw.as_slice().into(), Some(&prev), &pool());
             prev = id;
         }
         assert_eq!(c.bytes(), 10);

@@ -20,6 +20,7 @@ use crate::codec;
 use crate::store::ChunkId;
 
 use super::objects::{ChunkRecord, Payload};
+use super::pool::{with_scratch, BufPool};
 use super::{RepoError, Site, HARD_MAX_CHAIN};
 
 /// Walks a chunk's delta chain: the chunk itself, then its base, its
@@ -101,12 +102,16 @@ pub(crate) enum Link<'a> {
 /// what any record may declare (and so every allocation); `from` is added
 /// to the name of every chunk decoded here (`"received from the remote"`).
 /// Returns the raw bytes and `rec`. `wrap` is applied to errors about the
-/// records decoded here (not to `link`'s).
+/// records decoded here (not to `link`'s). The buffers it decodes into,
+/// and the payloads of the records it decodes below `id`, come from and go
+/// back to `pool` (the returned bytes and `rec` are the caller's).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_chain<'a, E>(
     id: &ChunkId,
     rec: ChunkRecord,
     max_raw: u64,
     from: &str,
+    pool: &BufPool,
     wrap: impl Fn(RepoError) -> RepoError,
     mut link: impl FnMut(&ChunkId) -> Result<Link<'a>, E>,
 ) -> Result<(Vec<u8>, ChunkRecord), E>
@@ -148,32 +153,53 @@ where
     // bases' (a damaged base shows in them), and they are what is returned.
     // If anything fails, the chain is decoded again checking every chunk,
     // so that the error names the first damaged one, as a walk checking
-    // each would have.
-    let mut scratch = codec::Scratch::default();
-    let up = |check_all: bool, scratch: &mut codec::Scratch| {
-        let mut base: Option<Vec<u8>> = None;
-        for (i, (c, rec)) in records.iter().enumerate().rev() {
-            let b = base.as_deref().or(bottom.as_deref());
-            let check = check_all || i == 0;
-            base = Some(decode_one(c, rec, b, max_raw, from, check, scratch)?);
-        }
-        // The walk records `id` itself before anything else.
-        base.ok_or_else(|| RepoError::Corrupt {
+    // each would have. Intermediate bases go back to `pool` as they are
+    // used up.
+    let up = |check_all: bool| {
+        with_scratch(|scratch| {
+            let mut base: Option<Vec<u8>> = None;
+            for (i, (c, rec)) in records.iter().enumerate().rev() {
+                let b = base.as_deref().or(bottom.as_deref());
+                let check = check_all || i == 0;
+                let raw = decode_one(c, rec, b, max_raw, from, check, pool, scratch);
+                if let Some(old) = base.take() {
+                    pool.put(old);
+                }
+                base = Some(raw?);
+            }
+            // The walk records `id` itself before anything else.
+            base.ok_or_else(|| RepoError::Corrupt {
+                site: Site::chunk(*id),
+                reason: "no record to decode".into(),
+            })
+        })
+    };
+    let raw = match up(false) {
+        Ok(raw) => raw,
+        Err(_) if records.len() > 1 => up(true).map_err(&wrap)?,
+        Err(e) => return Err(wrap(e).into()),
+    };
+    if let Some(Cow::Owned(b)) = bottom {
+        pool.put(b);
+    }
+    let mut records = records.into_iter();
+    let Some((_, rec)) = records.next() else {
+        // Not reached: `up` decoded at least `id` itself.
+        return Err(wrap(RepoError::Corrupt {
             site: Site::chunk(*id),
             reason: "no record to decode".into(),
         })
+        .into());
     };
-    let raw = match up(false, &mut scratch) {
-        Ok(raw) => raw,
-        Err(_) if records.len() > 1 => up(true, &mut scratch).map_err(&wrap)?,
-        Err(e) => return Err(wrap(e).into()),
-    };
-    let (_, rec) = records.swap_remove(0);
+    for (_, below) in records {
+        pool.put(below.data);
+    }
     Ok((raw, rec))
 }
 
 /// Decode one record against its base's raw bytes and, with `check`,
 /// check that the result hashes to `id` (its length is always checked).
+#[allow(clippy::too_many_arguments)]
 fn decode_one(
     id: &ChunkId,
     rec: &ChunkRecord,
@@ -181,6 +207,7 @@ fn decode_one(
     max_raw: u64,
     from: &str,
     check: bool,
+    pool: &BufPool,
     scratch: &mut codec::Scratch,
 ) -> Result<Vec<u8>, RepoError> {
     let site = || Site::chunk(*id).received(from);
@@ -202,11 +229,16 @@ fn decode_one(
             if rec.base.is_some() {
                 return Err(corrupt("a zstd chunk with a delta base".into()));
             }
-            zstd::bulk::decompress(&rec.data, rec.raw_len as usize)
-                .map_err(|e| corrupt(format!("zstd: {e}")))?
+            // At most the buffer's capacity, at least `raw_len`: more than
+            // `raw_len` is refused below.
+            let mut out = pool.take(rec.raw_len as usize);
+            zstd::bulk::Decompressor::new()
+                .and_then(|mut d| d.decompress_to_buffer(&rec.data, &mut out))
+                .map_err(|e| corrupt(format!("zstd: {e}")))?;
+            out
         }
         Payload::Codec => {
-            let mut out = Vec::new();
+            let mut out = pool.take(rec.raw_len as usize);
             codec::decode_into(&rec.data, base, rec.raw_len, &mut out, scratch).map_err(
                 |source| RepoError::Decode {
                     site: site(),
@@ -265,11 +297,13 @@ mod tests {
     fn decode(recs: &[(ChunkId, ChunkRecord)], top: usize) -> Result<Vec<u8>, RepoError> {
         let by_id: HashMap<ChunkId, ChunkRecord> = recs.iter().cloned().collect();
         let (id, rec) = recs[top].clone();
+        let pool = BufPool::new(64 << 20);
         decode_chain(
             &id,
             rec,
             1 << 30,
             "",
+            &pool,
             |e| e,
             |c: &ChunkId| Ok::<_, RepoError>(Link::Record(by_id[c].clone())),
         )

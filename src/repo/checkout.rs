@@ -241,6 +241,7 @@ impl Repository {
                     |_, raw| {
                         w.write_all(&raw).map_err(io(&f.tmp))?;
                         progress.advance(raw.len() as u64, 0);
+                        self.pool.put(raw);
                         Ok(())
                     },
                 )?;

@@ -26,6 +26,7 @@ use super::objects::{
     check_path, object_key, ChunkRecord, Commit, CommitStats, FileManifest, Payload, SegmentRef,
     Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
+use super::pool::{with_scratch, BufPool};
 use super::{branch_ref, check_branch_name, RepoError, Repository};
 
 /// What to commit besides the directory.
@@ -242,32 +243,6 @@ struct Shared {
     failed: AtomicBool,
 }
 
-/// Chunk buffers handed back by the encoder for the reader to fill again,
-/// so a commit does not fault in fresh pages for every chunk.
-#[derive(Default)]
-struct BufPool(Mutex<Vec<Vec<u8>>>);
-
-impl BufPool {
-    /// A buffer of `n` bytes (contents unspecified).
-    fn get(&self, n: usize) -> Vec<u8> {
-        let mut b = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
-        b.resize(n, 0);
-        b
-    }
-    fn put(&self, b: Vec<u8>) {
-        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // More idle buffers than this are never needed again at once.
-        if pool.len() < 4 {
-            pool.push(b);
-        }
-    }
-}
-
 impl Repository {
     /// Commit the checkpoint directory `dir`.
     pub fn commit(&self, dir: &Path, opts: &CommitOptions) -> Result<CommitReport, RepoError> {
@@ -372,7 +347,7 @@ impl Repository {
         let budget = self.config.memory_budget;
         let readers = reader_threads(files.len());
         let (queue, batch) = pipeline_sizes(budget, self.config.chunk_bytes, readers);
-        let pool = BufPool::default();
+        let pool = &self.pool;
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job<'_>>(queue);
         let (etx, erx) = std::sync::mpsc::sync_channel::<Encoded>(queue);
         let total: u64 = files
@@ -390,14 +365,14 @@ impl Repository {
         };
         let (read, encoded, written) = std::thread::scope(|s| {
             let writer = s.spawn(|| self.write_stream(erx, batch));
-            let encoder = s.spawn(|| self.encode_stream(rx, etx, &pool));
+            let encoder = s.spawn(|| self.encode_stream(rx, etx));
             // Files are taken in order by `readers` threads, each parsing,
             // hashing and queueing one file at a time; the manifests are put
             // back in file order below, so the tree never depends on which
             // thread read what.
             let mut handles = Vec::with_capacity(readers);
             for _ in 0..readers {
-                let (tx, shared, pool, parents) = (tx.clone(), &shared, &pool, &parents);
+                let (tx, shared, parents) = (tx.clone(), &shared, &parents);
                 handles.push(s.spawn(move || {
                     let mut w = Writer {
                         repo: self,
@@ -608,42 +583,82 @@ pub(crate) fn encode_record(
     scratch: &mut Scratch,
 ) -> Result<ChunkRecord, RepoError> {
     let written = now_secs();
+    let mut data = Vec::new();
+    let (payload, base, depth) = encode_payload(raw, dtype, base, zstd_level, scratch, &mut data)?;
+    Ok(ChunkRecord {
+        payload,
+        raw_len: raw.len() as u64,
+        base,
+        depth,
+        written,
+        data,
+    })
+}
+
+/// [`encode_record`]'s encoding ([`ChunkRecord::encode`]) in a buffer of
+/// `pool`, and the record's depth; the payload is coded into `frame`
+/// first. Nothing is allocated here once the pool's buffers have grown.
+pub(crate) fn encode_record_into(
+    raw: &[u8],
+    dtype: Option<DType>,
+    base: Option<(ChunkId, &[u8], u16)>,
+    zstd_level: i32,
+    scratch: &mut Scratch,
+    frame: &mut Vec<u8>,
+    pool: &BufPool,
+) -> Result<(Vec<u8>, u16), RepoError> {
+    let written = now_secs();
+    let (payload, base, depth) = encode_payload(raw, dtype, base, zstd_level, scratch, frame)?;
+    // Of the raw chunk's size class even when the frame is smaller, so
+    // the buffer serves a raw chunk next.
+    let mut out = pool.take(frame.len().max(raw.len()) + 53);
+    ChunkRecord::encode_parts_into(
+        payload,
+        raw.len() as u64,
+        base.as_ref(),
+        depth,
+        written,
+        frame,
+        &mut out,
+    );
+    Ok((out, depth))
+}
+
+/// Codes `raw` into `out` (cleared first): its payload kind, delta base
+/// and depth.
+fn encode_payload(
+    raw: &[u8],
+    dtype: Option<DType>,
+    base: Option<(ChunkId, &[u8], u16)>,
+    zstd_level: i32,
+    scratch: &mut Scratch,
+    out: &mut Vec<u8>,
+) -> Result<(Payload, Option<ChunkId>, u16), RepoError> {
     let Some(dtype) = dtype else {
-        return Ok(ChunkRecord {
-            payload: Payload::Zstd,
-            raw_len: raw.len() as u64,
-            base: None,
-            depth: 0,
-            written,
-            data: zstd::bulk::compress(raw, zstd_level).map_err(|e| RepoError::Encode {
-                what: "an opaque chunk (zstd)".into(),
-                reason: e.to_string(),
-            })?,
-        });
+        let zstd_err = |e: std::io::Error| RepoError::Encode {
+            what: "an opaque chunk (zstd)".into(),
+            reason: e.to_string(),
+        };
+        out.clear();
+        out.resize(zstd::zstd_safe::compress_bound(raw.len()), 0);
+        let n = zstd::bulk::compress_to_buffer(raw, out, zstd_level).map_err(zstd_err)?;
+        out.truncate(n);
+        return Ok((Payload::Zstd, None, 0));
     };
-    let mut frame = Vec::new();
     codec::encode_into(
         raw,
         base.map(|b| b.1),
         dtype,
         &Options::default(),
-        &mut frame,
+        out,
         scratch,
     );
-    let uses_base = codec::FrameInfo::parse(&frame)
+    let uses_base = codec::FrameInfo::parse(out)
         .map(|i| i.needs_base())
         .unwrap_or(false);
-    let (base, depth) = match base {
-        Some((b, _, d)) if uses_base => (Some(b), d + 1),
-        _ => (None, 0),
-    };
-    Ok(ChunkRecord {
-        payload: Payload::Codec,
-        raw_len: raw.len() as u64,
-        base,
-        depth,
-        written,
-        data: frame,
+    Ok(match base {
+        Some((b, _, d)) if uses_base => (Payload::Codec, Some(b), d + 1),
+        _ => (Payload::Codec, None, 0),
     })
 }
 
@@ -972,56 +987,60 @@ impl<'d> Writer<'_, 'd> {
 
 impl Repository {
     /// The encoder stage of a commit: encodes the new chunks as they come
-    /// (rayon over the queue, one scratch per thread) against their delta
-    /// bases and hands the records to the writer stage; chunk buffers go
-    /// back to `pool`. Ends when the queue closes.
+    /// (rayon over the queue, the thread's scratch) against their delta
+    /// bases and hands the records to the writer stage. Every chunk-sized
+    /// buffer comes from and goes back to the repository's pool: the chunk
+    /// (kept as the next commit's base when the cache takes it), its base,
+    /// the frame and the record. Ends when the queue closes.
     fn encode_stream(
         &self,
         rx: Receiver<Job<'_>>,
         out: SyncSender<Encoded>,
-        pool: &BufPool,
     ) -> Result<(), RepoError> {
         let max_chain = self.config.max_chain;
         let level = self.config.zstd_level;
-        rx.into_iter()
-            .par_bridge()
-            .try_for_each_init(Scratch::default, |scratch, job| {
-                let mut base_raw = Vec::new();
-                let base = match (job.dtype, &job.base) {
-                    (Some(_), Some(b)) => {
-                        match self.delta_base(b, max_chain, job.raw.len(), pool) {
-                            Ok(Some((raw, depth))) => {
-                                base_raw = raw;
-                                Some((b.id, depth))
-                            }
-                            Ok(None) => None,
-                            // A damaged base: store the chunk whole.
-                            Err(e) if e.is_corruption() => None,
-                            Err(e) => return Err(e),
-                        }
+        let pool = &self.pool;
+        rx.into_iter().par_bridge().try_for_each(|job| {
+            let mut base_raw = Vec::new();
+            let base = match (job.dtype, &job.base) {
+                (Some(_), Some(b)) => match self.delta_base(b, max_chain, job.raw.len()) {
+                    Ok(Some((raw, depth))) => {
+                        base_raw = raw;
+                        Some((b.id, depth))
                     }
-                    _ => None,
-                };
-                let rec = encode_record(
+                    Ok(None) => None,
+                    // A damaged base: store the chunk whole.
+                    Err(e) if e.is_corruption() => None,
+                    Err(e) => return Err(e),
+                },
+                _ => None,
+            };
+            let mut frame = pool.take(job.raw.len());
+            let encoded = with_scratch(|scratch| {
+                encode_record_into(
                     &job.raw,
                     job.dtype,
                     base.map(|(b, d)| (b, base_raw.as_slice(), d)),
                     level,
                     scratch,
-                )?;
-                // The next commit's base for this chunk (in its own
-                // base's place): hashed to `job.id` by the reader.
-                self.bases
-                    .insert(job.id, &job.raw, job.base.as_ref().map(|b| &b.id));
-                if let Raw::Owned(raw) = job.raw {
-                    pool.put(raw);
-                }
-                if base.is_some() {
-                    pool.put(base_raw);
-                }
-                out.send((job.id, rec.encode(), rec.depth))
-                    .map_err(|_| stopped("writer"))
-            })
+                    &mut frame,
+                    pool,
+                )
+            });
+            pool.put(frame);
+            pool.put(base_raw);
+            let (record, depth) = encoded?;
+            // The next commit's base for this chunk (in its own base's
+            // place): hashed to `job.id` by the reader.
+            let raw: std::borrow::Cow<'_, [u8]> = match job.raw {
+                Raw::Owned(raw) => raw.into(),
+                Raw::Borrowed(b) => b.into(),
+            };
+            self.bases
+                .insert(job.id, raw, job.base.as_ref().map(|b| &b.id), pool);
+            out.send((job.id, record, depth))
+                .map_err(|_| stopped("writer"))
+        })
     }
 
     /// The writer stage of a commit: gathers encoded chunks into unlogged
@@ -1042,15 +1061,25 @@ impl Repository {
             held += bytes.len();
             batch.put(Space::Chunks, id.as_bytes(), bytes);
             if held >= batch_bytes {
-                self.store.write(std::mem::take(&mut batch))?;
+                self.write_recycled(std::mem::take(&mut batch))?;
                 batch.unlogged();
                 held = 0;
             }
         }
         if held > 0 {
-            self.store.write(batch)?;
+            self.write_recycled(batch)?;
         }
         Ok(stats)
+    }
+
+    /// Writes `batch`, handing its values back to the pool.
+    fn write_recycled(&self, batch: Batch) -> Result<(), RepoError> {
+        let mut values = Vec::new();
+        self.store.write_reclaim(batch, &mut values)?;
+        for v in values {
+            self.pool.put(v);
+        }
+        Ok(())
     }
 
     /// A new chunk's delta base: its raw bytes and stored depth, or `None`
@@ -1062,24 +1091,25 @@ impl Repository {
         b: &BaseRef,
         max_chain: u16,
         raw_len: usize,
-        pool: &BufPool,
     ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
-        let rec = self.chunk_record(&b.id)?;
-        if rec.depth >= max_chain || rec.raw_len != raw_len as u64 {
+        let pool = &self.pool;
+        let h = self.chunk_header(&b.id)?;
+        if h.depth >= max_chain || h.raw_len != raw_len as u64 {
             return Ok(None);
         }
         if let Some(raw) = self.bases.get(&b.id) {
-            let mut buf = pool.get(0);
+            let mut buf = pool.take(raw.len());
             buf.extend_from_slice(&raw);
-            return Ok(Some((buf, rec.depth)));
+            return Ok(Some((buf, h.depth)));
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
             if read_at(file, &mut buf, *off) && ChunkId::digest(&buf) == b.id {
-                return Ok(Some((buf, rec.depth)));
+                return Ok(Some((buf, h.depth)));
             }
             pool.put(buf);
         }
+        let rec = self.chunk_record(&b.id)?;
         self.decode_record(&b.id, rec, None).map(Some)
     }
 

@@ -282,14 +282,21 @@ impl Import<'_> {
                 .map_err(received)
         };
         let rec = decode(id, record)?;
-        let (raw, mut rec) =
-            decode_chain(id, rec, self.max_chunk_raw, &self.from, received, |b| {
+        let (raw, mut rec) = decode_chain(
+            id,
+            rec,
+            self.max_chunk_raw,
+            &self.from,
+            &self.repo.pool,
+            received,
+            |b| {
                 Ok::<_, E>(match base(b)? {
                     Some(ImportBase::Verified(raw)) => Link::Raw(raw.into()),
                     Some(ImportBase::Record(bytes)) => Link::Record(decode(b, &bytes)?),
                     None => Link::Raw(self.repo.read_chunk(b)?.into()),
                 })
-            })?;
+            },
+        )?;
         let bytes = if keyframe {
             let dtype = match rec.payload {
                 Payload::Codec => Some(

@@ -34,6 +34,7 @@ mod fsck;
 mod gc;
 mod log;
 pub mod objects;
+mod pool;
 mod progress;
 pub mod provenance;
 mod reach;
@@ -379,6 +380,9 @@ pub struct Repository {
     /// Decoded chunks kept as the next delta base (a share of the memory
     /// budget, see [`base_cache_bytes`]).
     bases: bases::BaseCache,
+    /// Chunk-sized buffers reused by commit and checkout (a share of the
+    /// memory budget, see [`pool::pool_bytes`]).
+    pool: pool::BufPool,
 }
 
 /// The share of a memory budget held by decoded delta bases between the
@@ -472,6 +476,7 @@ impl Repository {
             root,
             store,
             bases: bases::BaseCache::new(base_cache_bytes(config.memory_budget)),
+            pool: pool::BufPool::new(pool::pool_bytes(config.memory_budget)),
             config,
         })
     }
@@ -536,6 +541,7 @@ impl Repository {
             root,
             store,
             bases: bases::BaseCache::new(base_cache_bytes(config.memory_budget)),
+            pool: pool::BufPool::new(pool::pool_bytes(config.memory_budget)),
             config,
         })
     }
@@ -550,7 +556,8 @@ impl Repository {
     /// checkouts (the stored setting is unchanged).
     pub fn set_memory_budget(&mut self, bytes: u64) {
         self.config.memory_budget = bytes;
-        self.bases.set_cap(base_cache_bytes(bytes));
+        self.bases.set_cap(base_cache_bytes(bytes), &self.pool);
+        self.pool.set_cap(pool::pool_bytes(bytes));
     }
     /// The store underneath, for tests that damage or inspect it on
     /// purpose (the `testing` feature). Everything else goes through the
@@ -729,14 +736,17 @@ impl Repository {
     }
 
     /// A chunk's stored record (missing is an error).
+    /// Its payload is a buffer of the repository's pool: hand it back
+    /// ([`pool::BufPool::put`]) when done on a hot path.
     fn chunk_record(&self, id: &ChunkId) -> Result<ChunkRecord, RepoError> {
-        let b = self
-            .store
-            .get_vec(Space::Chunks, id.as_bytes())?
-            .ok_or_else(|| RepoError::Missing {
+        let mut b = self.pool.take(0);
+        if !self.store.get(Space::Chunks, id.as_bytes(), &mut b)? {
+            self.pool.put(b);
+            return Err(RepoError::Missing {
                 site: Site::chunk(*id),
-            })?;
-        ChunkRecord::decode(&b).map_err(corrupt(Site::chunk(*id)))
+            });
+        }
+        ChunkRecord::decode_owned(b).map_err(corrupt(Site::chunk(*id)))
     }
 
     /// The raw bytes of a chunk, decoded through its delta chain and
@@ -778,6 +788,7 @@ impl Repository {
             rec,
             codec::HARD_MAX_RAW_LEN,
             "",
+            &self.pool,
             |e| e,
             |b| match cache.and_then(|c| c.get(b)) {
                 Some(raw) => Ok::<_, RepoError>(chain::Link::Raw(raw.as_slice().into())),
@@ -787,8 +798,13 @@ impl Repository {
                 },
             },
         )?;
-        // The next step of this chain will want these bytes as its base.
-        self.bases.insert(*id, &raw, base.as_ref());
+        // The next step of this chain will want these bytes as its base
+        // (in `kept`'s place: let go of it first, so its buffer can go
+        // back to the pool).
+        drop(kept);
+        self.bases
+            .insert(*id, raw.as_slice().into(), base.as_ref(), &self.pool);
+        self.pool.put(rec.data);
         Ok((raw, rec.depth))
     }
 

@@ -72,20 +72,44 @@ impl ChunkRecord {
     /// written u64 | data`
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.data.len() + 53);
+        Self::encode_parts_into(
+            self.payload,
+            self.raw_len,
+            self.base.as_ref(),
+            self.depth,
+            self.written,
+            &self.data,
+            &mut out,
+        );
+        out
+    }
+
+    /// [`ChunkRecord::encode`] of the record with these fields and payload
+    /// `data`, into `out` (cleared first), so a caller holding the payload
+    /// elsewhere does not build a record to encode it.
+    pub fn encode_parts_into(
+        payload: Payload,
+        raw_len: u64,
+        base: Option<&ChunkId>,
+        depth: u16,
+        written: u64,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) {
+        out.clear();
         out.push(CHUNK_RECORD_VERSION);
-        out.push(self.payload as u8);
-        out.extend_from_slice(&self.raw_len.to_le_bytes());
-        match &self.base {
+        out.push(payload as u8);
+        out.extend_from_slice(&raw_len.to_le_bytes());
+        match base {
             Some(b) => {
                 out.push(1);
                 out.extend_from_slice(b.as_bytes());
             }
             None => out.push(0),
         }
-        out.extend_from_slice(&self.depth.to_le_bytes());
-        out.extend_from_slice(&self.written.to_le_bytes());
-        out.extend_from_slice(&self.data);
-        out
+        out.extend_from_slice(&depth.to_le_bytes());
+        out.extend_from_slice(&written.to_le_bytes());
+        out.extend_from_slice(data);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, ObjectDecodeError> {
@@ -97,6 +121,21 @@ impl ChunkRecord {
             depth: h.depth,
             written: h.written,
             data: bytes[h.payload_offset..].to_vec(),
+        })
+    }
+
+    /// [`ChunkRecord::decode`] keeping `bytes` as the payload's buffer
+    /// (the header moved out of it) instead of copying the payload.
+    pub fn decode_owned(mut bytes: Vec<u8>) -> Result<ChunkRecord, ObjectDecodeError> {
+        let h = Self::decode_header(&bytes)?;
+        bytes.drain(..h.payload_offset);
+        Ok(ChunkRecord {
+            payload: h.payload,
+            raw_len: h.raw_len,
+            base: h.base,
+            depth: h.depth,
+            written: h.written,
+            data: bytes,
         })
     }
 

@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::codec::{DType, FrameInfo};
-use crate::store::{ChunkId, CommitId, ObjectId, Space, StoreExt};
+use crate::store::{ChunkId, CommitId, ObjectId, Space};
 
 use super::chain::base_chain;
 use super::objects::{corrupt, ChunkHeader, ChunkRecord, Commit, Payload, SegmentRef};
@@ -253,13 +253,25 @@ impl Repository {
     /// [`chunk_header`](Self::chunk_header), with `frame` also checking
     /// that a codec payload starts with a valid frame header.
     fn chunk_header_checked(&self, id: &ChunkId, frame: bool) -> Result<ChunkHeader, RepoError> {
-        let bytes = self
-            .store
-            .get_vec(Space::Chunks, id.as_bytes())?
-            .ok_or_else(|| RepoError::Missing {
+        // A pool buffer: a commit reads every delta base's header.
+        let mut bytes = self.pool.take(0);
+        let h = self.parse_chunk_header(id, frame, &mut bytes);
+        self.pool.put(bytes);
+        h
+    }
+
+    fn parse_chunk_header(
+        &self,
+        id: &ChunkId,
+        frame: bool,
+        bytes: &mut Vec<u8>,
+    ) -> Result<ChunkHeader, RepoError> {
+        if !self.store.get(Space::Chunks, id.as_bytes(), bytes)? {
+            return Err(RepoError::Missing {
                 site: Site::chunk(*id),
-            })?;
-        let h = ChunkRecord::decode_header(&bytes).map_err(corrupt(Site::chunk(*id)))?;
+            });
+        }
+        let h = ChunkRecord::decode_header(bytes).map_err(corrupt(Site::chunk(*id)))?;
         if frame && h.payload == Payload::Codec {
             FrameInfo::parse(&bytes[h.payload_offset..]).map_err(|source| RepoError::Decode {
                 site: Site::chunk(*id),

@@ -321,6 +321,14 @@ pub trait Store: Send + Sync {
     /// syncs writes ([`RocksOptions::sync`], the default).
     fn write(&self, batch: Batch) -> Result<(), StoreError>;
 
+    /// [`Store::write`], adding the batch's values to `values` afterwards
+    /// when the store copied them (so a caller can reuse the buffers);
+    /// by default it adds none.
+    fn write_reclaim(&self, batch: Batch, values: &mut Vec<Vec<u8>>) -> Result<(), StoreError> {
+        let _ = values;
+        self.write(batch)
+    }
+
     /// Calls `f` on every entry whose key starts with `prefix` (empty: every
     /// entry of the space), in ascending byte order of keys, until `f`
     /// returns `Ok(false)` or an error (which is returned). The scan sees one
@@ -392,6 +400,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn write(&self, batch: Batch) -> Result<(), StoreError> {
         (**self).write(batch)
+    }
+    fn write_reclaim(&self, batch: Batch, values: &mut Vec<Vec<u8>>) -> Result<(), StoreError> {
+        (**self).write_reclaim(batch, values)
     }
     fn scan_prefix(
         &self,

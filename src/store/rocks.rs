@@ -637,6 +637,10 @@ impl Store for RocksStore {
     }
 
     fn write(&self, batch: Batch) -> Result<(), StoreError> {
+        self.write_reclaim(batch, &mut Vec::new())
+    }
+
+    fn write_reclaim(&self, batch: Batch, values: &mut Vec<Vec<u8>>) -> Result<(), StoreError> {
         if self.mode == Mode::ReadOnly {
             return Err(StoreError::ReadOnly);
         }
@@ -657,9 +661,9 @@ impl Store for RocksStore {
         let bytes = batch.payload_bytes() as u64;
         self.ensure_room(bytes, !unlogged)?;
         let mut wb = WriteBatch::default();
-        for op in batch.ops {
+        for op in &batch.ops {
             let cf = self.cf(op.space)?;
-            match op.value {
+            match &op.value {
                 Some(v) => wb.put_cf(cf, &op.key, v),
                 None => wb.delete_cf(cf, &op.key),
             }
@@ -671,6 +675,7 @@ impl Store for RocksStore {
             .write_opt(wb, &wo)
             .map_err(|e| write_error(&self.path, e))?;
         self.unflushed.fetch_add(bytes, Ordering::Relaxed);
+        values.extend(batch.ops.into_iter().filter_map(|op| op.value));
         Ok(())
     }
 
