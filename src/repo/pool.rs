@@ -287,14 +287,17 @@ mod tests {
 
     /// The pipelines reuse their chunk buffers: the buffers allocated
     /// depend on how many chunks are in flight at once (queues, windows,
-    /// threads), not on how many chunks the checkpoint has.
+    /// threads: it varies with scheduling, 50-106 seen here), not on how
+    /// many chunks the checkpoint has. Two commits and two checkouts
+    /// handle every chunk four times, so a buffer allocated per chunk in
+    /// any stage would make at least as many buffers as chunks.
     #[test]
     fn commit_and_checkout_allocate_no_buffer_per_chunk() {
-        let small = fresh_buffers(96);
-        let large = fresh_buffers(384);
+        let chunks = 384;
+        let fresh = fresh_buffers(chunks);
         assert!(
-            large <= small + small / 4,
-            "96 chunks: {small} buffers allocated, 384 chunks: {large}"
+            fresh < chunks as u64,
+            "{chunks} chunks: {fresh} buffers allocated"
         );
     }
 }
