@@ -247,8 +247,10 @@ def main() -> int:
                     with PeakRss() as m:
                         dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
                     rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=m.extra))
-                except Exception as e:  # noqa: BLE001
-                    dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {e}"
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as e:  # noqa: BLE001 (DCP's CheckpointException is a BaseException)
+                    dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {str(e).strip().splitlines()[-1:]}"
             del s
 
         report = {"compute": a.compute, "state_bytes": tensor_bytes, "plain_step": steps, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
