@@ -114,14 +114,7 @@ impl ChunkRecord {
 
     pub fn decode(bytes: &[u8]) -> Result<ChunkRecord, ObjectDecodeError> {
         let h = Self::decode_header(bytes)?;
-        Ok(ChunkRecord {
-            payload: h.payload,
-            raw_len: h.raw_len,
-            base: h.base,
-            depth: h.depth,
-            written: h.written,
-            data: bytes[h.payload_offset..].to_vec(),
-        })
+        Ok(Self::with_header(&h, bytes[h.payload_offset..].to_vec()))
     }
 
     /// [`ChunkRecord::decode`] keeping `bytes` as the payload's buffer
@@ -129,14 +122,19 @@ impl ChunkRecord {
     pub fn decode_owned(mut bytes: Vec<u8>) -> Result<ChunkRecord, ObjectDecodeError> {
         let h = Self::decode_header(&bytes)?;
         bytes.drain(..h.payload_offset);
-        Ok(ChunkRecord {
+        Ok(Self::with_header(&h, bytes))
+    }
+
+    /// The record of header `h` with payload `data`.
+    fn with_header(h: &ChunkHeader, data: Vec<u8>) -> ChunkRecord {
+        ChunkRecord {
             payload: h.payload,
             raw_len: h.raw_len,
             base: h.base,
             depth: h.depth,
             written: h.written,
-            data: bytes,
-        })
+            data,
+        }
     }
 
     /// The fields before the payload, without copying it.
