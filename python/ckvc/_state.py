@@ -302,17 +302,20 @@ def _is_u8(leaf: Leaf) -> bool:
 
 
 def _host_buffer(n: int) -> np.ndarray:
-    """``n`` bytes of anonymous memory backed by transparent huge pages
-    where the kernel offers them (``MADV_HUGEPAGE``): the first save writes
-    every page of the buffer once, and 2 MiB pages take 512x fewer faults
-    than 4 KiB ones (measured here: 1.4 GiB copied into a fresh buffer in
-    0.22-0.26 s instead of 0.85-3.1 s). Plain memory elsewhere."""
+    """``n`` bytes of anonymous memory of their own mapping (given back to
+    the system when freed), 4 KiB pages.
+
+    Not ``MADV_HUGEPAGE``: with the kernel's default THP ``defrag``
+    setting (``madvise``) a fault in such a region compacts memory
+    synchronously until it finds a 2 MiB page, and on a machine whose
+    memory has been fragmented for hours that made the first save's copy
+    of 1.4 GiB take 0.85-1.70 s against 0.32-0.56 s with plain pages
+    (fresh processes, alternating; the second copy ~0.1 s either way);
+    only on unfragmented memory were huge pages faster (0.22-0.26 s)."""
     try:
         import mmap
 
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            m.madvise(mmap.MADV_HUGEPAGE)
         return np.frombuffer(m, dtype=np.uint8)
     except (ImportError, OSError, ValueError, AttributeError):
         return np.empty(n, dtype=np.uint8)
