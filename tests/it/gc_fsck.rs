@@ -623,3 +623,44 @@ fn checkout_and_read_name_the_damaged_chunk_file_tensor_and_commit_as_fields() {
     assert_eq!(CorruptReason::of(&e).kind(), "bad_encoding");
     placed(e);
 }
+
+/// Bug (noticed this stop): RocksDB keeps every blob file it has read
+/// open, a blob file holds about one memtable of chunks, and `fsck` of a
+/// store with more blob files than the soft open-file limit failed with
+/// "Too many open files" (11 commits of the corpus, soft limit 24). The
+/// CLI raises its soft limit to the hard one.
+#[test]
+fn fsck_with_a_low_soft_open_file_limit_raises_it_and_succeeds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    commit_all(&repo);
+    drop(repo);
+    let blobs = std::fs::read_dir(tmp.path().join(".ckvc/db"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "blob"))
+        })
+        .count();
+    assert!(blobs >= 10, "{blobs} blob files");
+    let run = |soft: u32| {
+        std::process::Command::new("sh")
+            .current_dir(tmp.path())
+            .arg("-c")
+            .arg(format!(
+                "[ \"$(ulimit -Hn)\" = unlimited ] || [ \"$(ulimit -Hn)\" -ge 4096 ] || exit 99; \
+                 ulimit -Sn {soft} && exec \"$0\" fsck"
+            ))
+            .arg(env!("CARGO_BIN_EXE_ckvc"))
+            .output()
+            .unwrap()
+    };
+    let o = run(20);
+    // A hard limit below 4096 cannot show the case (the machines here
+    // allow 20000).
+    assert_ne!(o.status.code(), Some(99), "hard open-file limit below 4096");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(out.contains("repository is whole"), "{out}{err}");
+}
