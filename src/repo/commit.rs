@@ -1093,23 +1093,28 @@ impl Repository {
         raw_len: usize,
     ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
         let pool = &self.pool;
-        let h = self.chunk_header(&b.id)?;
-        if h.depth >= max_chain || h.raw_len != raw_len as u64 {
+        // Read once: its header decides, its payload is decoded only when
+        // the bytes are neither kept nor in the parent's file.
+        let rec = self.chunk_record(&b.id)?;
+        let depth = rec.depth;
+        if depth >= max_chain || rec.raw_len != raw_len as u64 {
+            pool.put(rec.data);
             return Ok(None);
         }
         if let Some(raw) = self.bases.get(&b.id) {
+            pool.put(rec.data);
             let mut buf = pool.take(raw.len());
             buf.extend_from_slice(&raw);
-            return Ok(Some((buf, h.depth)));
+            return Ok(Some((buf, depth)));
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
             if read_at(file, &mut buf, *off) && ChunkId::digest(&buf) == b.id {
-                return Ok(Some((buf, h.depth)));
+                pool.put(rec.data);
+                return Ok(Some((buf, depth)));
             }
             pool.put(buf);
         }
-        let rec = self.chunk_record(&b.id)?;
         self.decode_record(&b.id, rec, None).map(Some)
     }
 

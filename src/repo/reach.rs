@@ -253,7 +253,7 @@ impl Repository {
     /// [`chunk_header`](Self::chunk_header), with `frame` also checking
     /// that a codec payload starts with a valid frame header.
     fn chunk_header_checked(&self, id: &ChunkId, frame: bool) -> Result<ChunkHeader, RepoError> {
-        // A pool buffer: a commit reads every delta base's header.
+        // A pool buffer: fsck and gc read every reachable chunk's header.
         let mut bytes = self.pool.take(0);
         let h = self.parse_chunk_header(id, frame, &mut bytes);
         self.pool.put(bytes);
