@@ -181,21 +181,18 @@ fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_few
         .checkout(&a[2].0, &out, &CheckoutOptions::default())
         .unwrap();
     same_tree(&all[2].1, &out);
-    let before = gets(&kept_store);
-    let out = tmp.path().join(format!("out-warm-{step}"));
-    warm_handle
-        .checkout(&head, &out, &CheckoutOptions::default())
-        .unwrap();
-    same_tree(&dir, &out);
-    let warm = gets(&kept_store) - before;
+    // The store reads of a byte-exact checkout of `head` by `repo`.
+    let checkout_reads = |repo: &Repository, name: &str| {
+        let before = gets(&kept_store);
+        let out = tmp.path().join(format!("out-{name}-{step}"));
+        repo.checkout(&head, &out, &CheckoutOptions::default())
+            .unwrap();
+        same_tree(&dir, &out);
+        gets(&kept_store) - before
+    };
+    let warm = checkout_reads(&warm_handle, "warm");
     let fresh = Repository::open_store(tmp.path().join("kept"), kept_store.clone()).unwrap();
-    let before = gets(&kept_store);
-    let out = tmp.path().join(format!("out-fresh-{step}"));
-    fresh
-        .checkout(&head, &out, &CheckoutOptions::default())
-        .unwrap();
-    same_tree(&dir, &out);
-    let cold = gets(&kept_store) - before;
+    let cold = checkout_reads(&fresh, "fresh");
     assert!(warm < cold, "warm {warm} cold {cold}");
     drop(kept);
 }
