@@ -23,11 +23,11 @@ use crate::format::{self, Segment};
 use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::objects::{
-    check_path, object_key, ChunkRecord, Commit, CommitStats, FileManifest, Payload, SegmentRef,
-    Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
+    check_path, chunk_head_key, chunk_head_of, corrupt, object_key, ChunkRecord, Commit,
+    CommitStats, FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
 use super::pool::{with_scratch, BufPool};
-use super::{branch_ref, check_branch_name, RepoError, Repository};
+use super::{branch_ref, check_branch_name, RepoError, Repository, Site};
 
 /// What to commit besides the directory.
 #[derive(Debug, Clone, Default)]
@@ -457,6 +457,9 @@ impl Repository {
         manifests.sort_by_key(|(i, _)| *i);
         let mut entries = Vec::with_capacity(manifests.len());
         let mut objects = Batch::new();
+        for (id, head) in written.heads {
+            objects.put(Space::Index, &chunk_head_key(&id), head);
+        }
         let (mut tensor_bytes, mut large_opaque) = (0u64, Vec::new());
         for (i, manifest) in manifests {
             let rel = &files[i].0;
@@ -695,6 +698,10 @@ struct EncodedStats {
     new_chunks: u64,
     stored_bytes: u64,
     max_depth: u16,
+    /// The heads of the chunks written (`Index` space), put by the batch
+    /// that moves the ref, after the store flush that made the chunks
+    /// durable: a head never outlives a crash its chunk did not.
+    heads: Vec<(ChunkId, Vec<u8>)>,
 }
 
 /// The parent commit's files, where a new tensor looks for its delta base.
@@ -930,7 +937,7 @@ impl<'d> Writer<'_, 'd> {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id);
-                if first && !self.repo.store.contains(Space::Chunks, id.as_bytes())? {
+                if first && !self.repo.has_chunk(&id)? {
                     let k = chunks.len() - 1;
                     let base = base_chunks
                         .get(k)
@@ -1058,6 +1065,8 @@ impl Repository {
             stats.new_chunks += 1;
             stats.stored_bytes += bytes.len() as u64;
             stats.max_depth = stats.max_depth.max(depth);
+            let head = chunk_head_of(&bytes).map_err(corrupt(Site::chunk(id)))?;
+            stats.heads.push((id, head.to_vec()));
             held += bytes.len();
             batch.put(Space::Chunks, id.as_bytes(), bytes);
             if held >= batch_bytes {
@@ -1093,16 +1102,27 @@ impl Repository {
         raw_len: usize,
     ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
         let pool = &self.pool;
-        // Read once: its header decides, its payload is decoded only when
-        // the bytes are neither kept nor in the parent's file.
-        let rec = self.chunk_record(&b.id)?;
-        let depth = rec.depth;
-        if depth >= max_chain || rec.raw_len != raw_len as u64 {
-            pool.put(rec.data);
+        // The header decides: from the chunk's head when it has one, else
+        // from its record, read once and decoded only when the bytes are
+        // neither kept nor in the parent's file.
+        let (depth, len, mut rec) = match self.chunk_head(&b.id)? {
+            Some(h) => (h.depth, h.raw_len, None),
+            None => {
+                let rec = self.chunk_record(&b.id)?;
+                (rec.depth, rec.raw_len, Some(rec))
+            }
+        };
+        let give_back = |rec: Option<ChunkRecord>| {
+            if let Some(rec) = rec {
+                pool.put(rec.data);
+            }
+        };
+        if depth >= max_chain || len != raw_len as u64 {
+            give_back(rec);
             return Ok(None);
         }
         if let Some(raw) = self.bases.get(&b.id) {
-            pool.put(rec.data);
+            give_back(rec);
             let mut buf = pool.take(raw.len());
             buf.extend_from_slice(&raw);
             return Ok(Some((buf, depth)));
@@ -1110,11 +1130,16 @@ impl Repository {
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
             if read_at(file, &mut buf, *off) && ChunkId::digest(&buf) == b.id {
-                pool.put(rec.data);
+                give_back(rec);
                 return Ok(Some((buf, depth)));
             }
             pool.put(buf);
         }
+        let rec = match rec.take() {
+            Some(rec) => rec,
+            None => self.chunk_record(&b.id)?,
+        };
+        // The record, not the head, says how deep the bytes decoded are.
         self.decode_record(&b.id, rec, None).map(Some)
     }
 

@@ -24,8 +24,8 @@ use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space};
 use super::chain::{decode_chain, Link};
 use super::commit::{encode_record, now_secs};
 use super::objects::{
-    object_key, ChunkRecord, Commit, FileManifest, Payload, Tree, KIND_COMMIT, KIND_MANIFEST,
-    KIND_TREE,
+    chunk_head_key, chunk_head_of, corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload,
+    Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
 use super::remotes::tracking_ref;
 use super::{ObjectRef, Place, RepoError, Repository, Site, SHALLOW};
@@ -92,6 +92,9 @@ impl ObjectKind {
 impl Repository {
     /// Whether an object (or chunk record) is stored.
     pub fn has_object(&self, kind: ObjectKind, id: &[u8; 32]) -> Result<bool, RepoError> {
+        if kind == ObjectKind::Chunk {
+            return self.has_chunk(&ChunkId::from_bytes(*id));
+        }
         let (space, key) = kind.key(id);
         Ok(self.store.contains(space, &key)?)
     }
@@ -124,6 +127,7 @@ impl Repository {
             objects: Batch::new(),
             shallow: Vec::new(),
             chunks: Mutex::new(unlogged_batch()),
+            heads: Mutex::new(Vec::new()),
             reencoded: AtomicU64::new(0),
             chunk_count: AtomicU64::new(0),
         }
@@ -154,6 +158,9 @@ pub struct Import<'r> {
     shallow: Vec<CommitId>,
     /// Verified chunk records not written yet.
     chunks: Mutex<Batch>,
+    /// The heads of the chunk records staged, for the final batch (after
+    /// the flush that makes their records durable).
+    heads: Mutex<Vec<(ChunkId, Vec<u8>)>>,
     reencoded: AtomicU64,
     chunk_count: AtomicU64,
 }
@@ -321,6 +328,11 @@ impl Import<'_> {
             rec.encode()
         };
         self.chunk_count.fetch_add(1, Ordering::Relaxed);
+        let head = chunk_head_of(&bytes).map_err(corrupt(Site::chunk(*id)))?;
+        self.heads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((*id, head.to_vec()));
         let full = {
             let mut b = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
             b.put(Space::Chunks, id.as_bytes(), bytes);
@@ -373,6 +385,10 @@ impl Import<'_> {
         }
         if self.chunk_count.load(Ordering::Relaxed) > 0 {
             store.flush()?;
+        }
+        let heads = self.heads.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (id, head) in heads {
+            self.objects.put(Space::Index, &chunk_head_key(&id), head);
         }
         if !self.shallow.is_empty() {
             let mut all: Vec<CommitId> = self.repo.shallow()?.into_iter().collect();

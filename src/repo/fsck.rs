@@ -8,15 +8,15 @@
 //! id, then the whole file against its recorded blake3). Damage is reported
 //! per file, with the tensor and every commit that contains the file.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rayon::prelude::*;
 
-use crate::store::{ChunkId, CommitId, ObjectId};
+use crate::store::{ChunkId, CommitId, ObjectId, Space};
 
-use super::objects::SegmentRef;
+use super::objects::{ChunkHeader, ChunkRecord, SegmentRef, KIND_CHUNK_HEAD};
 use super::reach::{Reachable, WalkOptions};
-use super::{CorruptReason, ObjectRef, Place, RepoError, Repository};
+use super::{CorruptReason, ObjectRef, Place, RepoError, Repository, Site};
 
 /// Decoded chunks of a file's previous version kept per path while
 /// verifying the next (bases of its deltas), at most this many bytes.
@@ -96,7 +96,61 @@ impl Repository {
     /// Check everything reachable from every branch and tag.
     pub fn fsck(&self, quick: bool) -> Result<FsckReport, RepoError> {
         let roots = self.roots(u64::MAX)?;
-        self.fsck_commits(&roots, None, quick)
+        self.fsck_walk(&roots, None, quick, true)
+    }
+
+    /// Every chunk head (`Index` space) against its chunk's record: a head
+    /// whose record is gone would let a commit take the chunk as stored,
+    /// and one that disagrees would misstate its delta depth. Records are
+    /// read only for chunks the walk did not reach (`reach` holds the
+    /// headers it read and the damage it found).
+    fn check_heads(&self, reach: &Reachable) -> Result<Vec<Damage>, RepoError> {
+        let mut heads: Vec<(ChunkId, Vec<u8>)> = Vec::new();
+        self.store
+            .scan_prefix(Space::Index, &[KIND_CHUNK_HEAD], &mut |k, v| {
+                if let Some(id) = ChunkId::from_slice(&k[1..]) {
+                    heads.push((id, v.to_vec()));
+                }
+                Ok(true)
+            })?;
+        let damaged: HashSet<ChunkId> = reach.chunk_damage.iter().map(|(id, _)| *id).collect();
+        let mut damage = Vec::new();
+        let mut record = Vec::new();
+        for (id, head) in heads {
+            let found: Result<Option<ChunkHeader>, RepoError> = match reach.headers.get(&id) {
+                Some(h) => Ok(Some(*h)),
+                None if damaged.contains(&id) => continue, // reported by the walk
+                None => match self.store.get(Space::Chunks, id.as_bytes(), &mut record) {
+                    Ok(false) => Ok(None),
+                    // An unreachable record that does not decode: gc's to remove.
+                    Ok(true) => match ChunkRecord::decode_header(&record) {
+                        Ok(h) => Ok(Some(h)),
+                        Err(_) => continue,
+                    },
+                    Err(e) => Err(e.into()),
+                },
+            };
+            let corrupt = |reason: &str| RepoError::Corrupt {
+                site: Site::chunk(id),
+                reason: reason.into(),
+            };
+            let e = match found {
+                Ok(Some(h)) if ChunkRecord::decode_header(&head).ok() == Some(h) => continue,
+                Ok(Some(_)) => corrupt("its head (index space) disagrees with its record"),
+                Ok(None) => corrupt("it has a head (index space) but no record"),
+                Err(e) if e.is_corruption() => e,
+                Err(e) => return Err(e),
+            };
+            damage.push(Damage {
+                error: e.to_string(),
+                object: ObjectRef::Chunk { id },
+                place: Place::default(),
+                reason: CorruptReason::of(&e),
+                path: None,
+                commits: Vec::new(),
+            });
+        }
+        Ok(damage)
     }
 
     /// Check the commits reachable from `roots` (only the newest `depth`
@@ -106,6 +160,18 @@ impl Repository {
         roots: &[CommitId],
         depth: Option<usize>,
         quick: bool,
+    ) -> Result<FsckReport, RepoError> {
+        self.fsck_walk(roots, depth, quick, false)
+    }
+
+    /// [`fsck_commits`](Self::fsck_commits), and with `heads` every chunk
+    /// head checked too (a whole-repository check).
+    fn fsck_walk(
+        &self,
+        roots: &[CommitId],
+        depth: Option<usize>,
+        quick: bool,
+        heads: bool,
     ) -> Result<FsckReport, RepoError> {
         let reach = self.reachable(
             roots,
@@ -272,6 +338,9 @@ impl Repository {
                 }
             }
             report.damage.extend(per_file.into_values());
+        }
+        if heads {
+            report.damage.extend(self.check_heads(&reach)?);
         }
         for d in &mut report.damage {
             d.commits.sort_by_key(|c| (c.1, c.0));

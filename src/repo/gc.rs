@@ -25,7 +25,10 @@ use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::chain::base_chain;
 use super::commit::{encode_record, now_secs};
-use super::objects::{object_key, ChunkHeader, ChunkRecord, Commit, Payload, KIND_COMMIT};
+use super::objects::{
+    chunk_head_key, chunk_head_of, corrupt, object_key, ChunkHeader, ChunkRecord, Commit, Payload,
+    KIND_CHUNK_HEAD, KIND_COMMIT,
+};
 use super::reach::{Reachable, WalkOptions};
 use super::status::dir_size;
 use super::{branch_ref, RepoError, Repository, DOT_DIR};
@@ -263,9 +266,20 @@ struct LinePlan {
     old: Vec<CommitId>,
 }
 
-/// What the sweep would delete: dead chunks (id, bytes), spared count, dead
-/// objects (key, bytes), chunk records stored.
-type SweepPlan = (Vec<(ChunkId, u64)>, usize, Vec<(Vec<u8>, u64)>, usize);
+/// What the sweep removes.
+struct SweepPlan {
+    /// Dead chunks (id, stored bytes).
+    dead_chunks: Vec<(ChunkId, u64)>,
+    /// Unreferenced chunks the grace period spares.
+    spared: usize,
+    /// Dead objects (key, stored bytes).
+    dead_objects: Vec<(Vec<u8>, u64)>,
+    /// Chunk records stored.
+    stored: usize,
+    /// Chunk heads whose record is not stored (damage: a commit would take
+    /// such a chunk as stored); removed with the dead chunks.
+    orphan_heads: Vec<ChunkId>,
+}
 
 /// A rewritten chunk: id, encoded record, its depth.
 type Rewritten = (ChunkId, Vec<u8>, u16);
@@ -396,8 +410,13 @@ impl Repository {
         let live: HashSet<ChunkId> = reach.chunks.keys().copied().collect();
 
         // 4 (planned). What the sweep removes.
-        let (dead_chunks, spared, dead_objects, stored_chunks) =
-            self.sweep_plan(&reach, &live, since)?;
+        let SweepPlan {
+            dead_chunks,
+            spared,
+            dead_objects,
+            stored: stored_chunks,
+            orphan_heads,
+        } = self.sweep_plan(&reach, &live, since)?;
         // Before: the mark is of the current refs unless --keep moves some.
         report.before = if plans.is_empty() {
             self.counts_of(&reach, stored_chunks, &true_depths(&reach.headers))
@@ -452,10 +471,15 @@ impl Repository {
         // 4. Sweep.
         let mut b = Batch::new();
         for (id, _) in &dead_chunks {
+            // The head first in the same batch: never a head without its chunk.
+            b.delete(Space::Index, &chunk_head_key(id));
             b.delete(Space::Chunks, id.as_bytes());
             if b.len() >= 10_000 {
                 self.store.write(std::mem::take(&mut b))?;
             }
+        }
+        for id in &orphan_heads {
+            b.delete(Space::Index, &chunk_head_key(id));
         }
         for (key, _) in &dead_objects {
             b.delete(Space::Objects, key);
@@ -469,6 +493,7 @@ impl Repository {
         self.store.flush()?;
         if interrupted
             || !dead_chunks.is_empty()
+            || !orphan_heads.is_empty()
             || !dead_objects.is_empty()
             || report.keyframes + report.rebased + report.relabelled > 0
         {
@@ -577,9 +602,11 @@ impl Repository {
         })?;
         let mut candidates: Vec<(ChunkId, u64, Option<ChunkHeader>)> = Vec::new();
         let mut stored = 0usize;
+        let mut stored_ids: HashSet<ChunkId> = HashSet::new();
         self.store.scan_prefix(Space::Chunks, &[], &mut |k, v| {
             stored += 1;
             if let Some(id) = ChunkId::from_slice(k) {
+                stored_ids.insert(id);
                 if !live.contains(&id) {
                     candidates.push((id, v.len() as u64, ChunkRecord::decode_header(v).ok()));
                 }
@@ -628,7 +655,23 @@ impl Repository {
             .filter(|(id, _, _)| !spare.contains(id))
             .map(|(id, n, _)| (id, n))
             .collect();
-        Ok((dead_chunks, spared, dead_objects, stored))
+        let mut orphan_heads = Vec::new();
+        self.store
+            .scan_prefix(Space::Index, &[KIND_CHUNK_HEAD], &mut |k, _| {
+                if let Some(id) = ChunkId::from_slice(&k[1..]) {
+                    if !stored_ids.contains(&id) {
+                        orphan_heads.push(id);
+                    }
+                }
+                Ok(true)
+            })?;
+        Ok(SweepPlan {
+            dead_chunks,
+            spared,
+            dead_objects,
+            stored,
+            orphan_heads,
+        })
     }
 
     /// Give every live chunk a live base (the nearest live chunk of its old
@@ -747,6 +790,9 @@ impl Repository {
                     let (id, bytes, actual) = r?;
                     // A delta that no longer pays is stored full: depth 0.
                     depth.insert(id, actual);
+                    // A logged batch: the new head is durable with its record.
+                    let head = chunk_head_of(&bytes).map_err(corrupt(super::Site::chunk(id)))?;
+                    b.put(Space::Index, &chunk_head_key(&id), head.to_vec());
                     b.put(Space::Chunks, id.as_bytes(), bytes);
                 }
                 self.store.write(b)?;

@@ -55,7 +55,7 @@ pub use exchange::{Import, ImportBase, ObjectKind};
 pub use fsck::{Damage, FsckReport};
 pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, RepoCounts};
 pub use log::LogEntry;
-use objects::{corrupt, object_key, ChunkRecord, Commit, FileManifest, Tree};
+use objects::{corrupt, object_key, ChunkHeader, ChunkRecord, Commit, FileManifest, Tree};
 pub use objects::{ObjectDecodeError, PathError, PathProblem, RefLogEntry};
 pub use progress::{NoProgress, Progress};
 pub use reach::{ChunkUse, Reachable, WalkOptions};
@@ -66,8 +66,15 @@ pub use watch::{watch, RunLayout, WatchEvent, WatchOptions, WatchReport};
 
 /// The directory under a repository's root that holds its data.
 pub const DOT_DIR: &str = ".ckvc";
-/// Repository layout version, in `Meta/format`.
-pub const REPO_FORMAT: u8 = 1;
+/// Repository layout version, in `Meta/format`. 2 added chunk heads
+/// (`Index` space, [`objects::chunk_head_key`]), which every writer keeps
+/// beside its chunk records; a version-1 repository is read as it is and
+/// marked version 2 by its first read-write open (its old chunks simply
+/// have no head), so a build that knows nothing of heads cannot delete a
+/// chunk and leave its head behind.
+pub const REPO_FORMAT: u8 = 2;
+/// The oldest layout this build opens (see [`REPO_FORMAT`]).
+const OLDEST_REPO_FORMAT: u8 = 1;
 /// No delta chain is ever followed further than this, whatever the
 /// settings say: a cycle or an absurd chain is corruption, not a hang.
 pub const HARD_MAX_CHAIN: u16 = 1000;
@@ -520,13 +527,28 @@ impl Repository {
         let format = store
             .get_vec(Space::Meta, b"format")?
             .ok_or(RepoError::NotARepository { path: root.clone() })?;
-        if format.as_slice() != [REPO_FORMAT] {
-            return Err(RepoError::Corrupt {
-                site: Site::of(ObjectRef::Meta {
-                    key: "format".into(),
-                }),
-                reason: format!("version {format:?}, this build reads [{REPO_FORMAT}]"),
-            });
+        match format.as_slice() {
+            [REPO_FORMAT] => {}
+            [v] if (OLDEST_REPO_FORMAT..REPO_FORMAT).contains(v) => {
+                let mut b = crate::store::Batch::new();
+                b.expect(Space::Meta, b"format", Some(&format));
+                b.put(Space::Meta, b"format", vec![REPO_FORMAT]);
+                match store.write(b) {
+                    // A reader never writes: it reads the old layout as is.
+                    Ok(()) | Err(StoreError::ReadOnly) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            _ => {
+                return Err(RepoError::Corrupt {
+                    site: Site::of(ObjectRef::Meta {
+                        key: "format".into(),
+                    }),
+                    reason: format!(
+                        "version {format:?}, this build reads {OLDEST_REPO_FORMAT} to {REPO_FORMAT}"
+                    ),
+                })
+            }
         }
         let config = match store.get_vec(Space::Meta, b"config")? {
             Some(c) => serde_json::from_slice(&c).map_err(|e| RepoError::Corrupt {
@@ -733,6 +755,34 @@ impl Repository {
             });
         }
         Ok(bytes)
+    }
+
+    /// The header of a stored chunk from its head (`Index` space), without
+    /// reading the record; `None` when the chunk has no head (written
+    /// before repository format 2, or not stored).
+    pub(crate) fn chunk_head(&self, id: &ChunkId) -> Result<Option<ChunkHeader>, RepoError> {
+        let Some(v) = self
+            .store
+            .get_vec(Space::Index, &objects::chunk_head_key(id))?
+        else {
+            return Ok(None);
+        };
+        ChunkRecord::decode_header(&v)
+            .map(Some)
+            .map_err(corrupt(Site::chunk(*id)))
+    }
+
+    /// Whether the chunk `id` is stored. A chunk with a head is known
+    /// without touching its record; one without is looked up in `Chunks`
+    /// (an absent key costs an index lookup, a present one a blob read).
+    pub(crate) fn has_chunk(&self, id: &ChunkId) -> Result<bool, RepoError> {
+        if self
+            .store
+            .contains(Space::Index, &objects::chunk_head_key(id))?
+        {
+            return Ok(true);
+        }
+        Ok(self.store.contains(Space::Chunks, id.as_bytes())?)
     }
 
     /// A chunk's stored record (missing is an error).

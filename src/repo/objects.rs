@@ -29,6 +29,27 @@ pub fn object_key(kind: u8, id: &ObjectId) -> [u8; 33] {
     k
 }
 
+/// First byte of a chunk head's key in the `Index` space.
+pub const KIND_CHUNK_HEAD: u8 = b'H';
+
+/// The key of a chunk's head in the `Index` space: `'H' ++ chunk id`.
+/// Its value is the chunk record's header, the record's bytes before its
+/// payload ([`ChunkHeader::payload_offset`] of them), so the depth, length
+/// and base of a stored chunk are known without reading its payload from
+/// a blob file (repository format 2, `docs/format/objects.md`).
+pub fn chunk_head_key(id: &ChunkId) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = KIND_CHUNK_HEAD;
+    k[1..].copy_from_slice(id.as_bytes());
+    k
+}
+
+/// The head of an encoded chunk record: its bytes before the payload.
+pub fn chunk_head_of(record: &[u8]) -> Result<&[u8], ObjectDecodeError> {
+    let h = ChunkRecord::decode_header(record)?;
+    Ok(&record[..h.payload_offset])
+}
+
 /// How a chunk's payload is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

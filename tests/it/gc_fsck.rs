@@ -99,6 +99,8 @@ fn compaction_and_retention_keep_every_surviving_step_byte_exact() {
     for (_, id, dir) in &ids {
         checks_out(&repo, id, dir);
     }
+    // The rewritten records' heads were rewritten with them.
+    assert!(repo.fsck(true).unwrap().is_clean());
     // Idempotent.
     let again = gc(&repo, |o| {
         o.compact = true;

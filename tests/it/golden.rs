@@ -1,5 +1,6 @@
 //! Known-answer tests: the exact bytes of every object encoding (chunk
-//! records, file manifests, trees, commits, ref-log entries) and of packs
+//! records and their heads, file manifests, trees, commits, ref-log
+//! entries) and of packs
 //! and pack indexes. Object ids are blake3 of these bytes, so a change here
 //! changes every id: it must be a versioned change (docs/format/objects.md,
 //! docs/format/remote.md, CHANGELOG "On-disk format").
@@ -8,7 +9,8 @@ use ckvc::codec::DType;
 use ckvc::format::FileKind;
 use ckvc::remote::pack::{decode_index, verify_pack, Kind, PackWriter};
 use ckvc::repo::objects::{
-    ChunkRecord, Commit, CommitStats, FileManifest, Payload, RefLogEntry, SegmentRef, Tree,
+    chunk_head_key, chunk_head_of, ChunkRecord, Commit, CommitStats, FileManifest, Payload,
+    RefLogEntry, SegmentRef, Tree,
 };
 use ckvc::repo::provenance::Provenance;
 use ckvc::store::{ChunkId, CommitId, ObjectId};
@@ -90,6 +92,42 @@ fn chunk_record_bytes_are_pinned_and_version_1_still_decodes() {
     ));
     let old = ChunkRecord::decode(&v1).unwrap();
     assert_eq!(old, ChunkRecord { written: 0, ..rec });
+}
+
+#[test]
+fn chunk_head_key_and_value_are_pinned() {
+    let rec = ChunkRecord {
+        payload: Payload::Codec,
+        raw_len: 0x0102,
+        base: Some(ChunkId::from_bytes(id(0xab))),
+        depth: 3,
+        written: 0x6543_2100,
+        data: vec![0xde, 0xad],
+    };
+    let key = chunk_head_key(&ChunkId::from_bytes(id(0x5a)));
+    pinned(
+        "chunk head key",
+        &key,
+        concat!(
+            "48",
+            "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
+        ),
+    );
+    // The record's bytes before the payload.
+    let bytes = rec.encode();
+    pinned(
+        "chunk head",
+        chunk_head_of(&bytes).unwrap(),
+        concat!(
+            "02",
+            "00",
+            "0201000000000000",
+            "01",
+            "abababababababababababababababababababababababababababababababab",
+            "0300",
+            "0021436500000000",
+        ),
+    );
 }
 
 #[test]

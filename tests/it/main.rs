@@ -9,6 +9,7 @@ mod fuzz_regressions;
 mod gc_fsck;
 mod gc_model;
 mod golden;
+mod heads;
 mod hostile;
 mod layers;
 mod pipeline;
@@ -103,6 +104,8 @@ pub fn copy_dir(from: &Path, to: &Path) {
 pub struct Instrumented<S: Store> {
     pub inner: S,
     pub chunk_gets: AtomicU64,
+    /// `contains` of a chunk record that answered "stored".
+    pub chunk_found: AtomicU64,
     pub writes_left: AtomicI64,
 }
 
@@ -111,6 +114,7 @@ impl<S: Store> Instrumented<S> {
         Instrumented {
             inner,
             chunk_gets: AtomicU64::new(0),
+            chunk_found: AtomicU64::new(0),
             writes_left: AtomicI64::new(i64::MAX),
         }
     }
@@ -124,7 +128,11 @@ impl<S: Store> Store for Instrumented<S> {
         self.inner.get(space, key, buf)
     }
     fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
-        self.inner.contains(space, key)
+        let found = self.inner.contains(space, key)?;
+        if found && space == Space::Chunks {
+            self.chunk_found.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(found)
     }
     fn write(&self, batch: Batch) -> Result<(), StoreError> {
         if self.writes_left.fetch_sub(1, Ordering::SeqCst) <= 0 {
