@@ -46,7 +46,7 @@ impl Where {
     pub fn open(&self, write: bool) -> Result<Repository, Failure> {
         let mut repo = Repository::discover(&self.start(), write).map_err(fail)?;
         if let Some(mib) = self.memory_budget {
-            repo.set_memory_budget(mib << 20);
+            repo.set_memory_budget(mib << 20).map_err(fail)?;
         }
         Ok(repo)
     }

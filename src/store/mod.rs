@@ -353,6 +353,15 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
+    /// Bounds the memory holding writes to `space` not yet in table or
+    /// blob files (for RocksDB: that space's memtable size; up to two are
+    /// held while one is being flushed). Writes are unchanged. A no-op by
+    /// default and on read-only stores.
+    fn set_write_buffer(&self, space: Space, bytes: usize) -> Result<(), StoreError> {
+        let _ = (space, bytes);
+        Ok(())
+    }
+
     /// Refuses with [`StoreError::Full`] when the device could not hold a
     /// [`Store::compact`] (which may rewrite every live value before the
     /// old files go), so a caller can refuse before it changes anything.
@@ -417,6 +426,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn compact(&self) -> Result<(), StoreError> {
         (**self).compact()
+    }
+    fn set_write_buffer(&self, space: Space, bytes: usize) -> Result<(), StoreError> {
+        (**self).set_write_buffer(space, bytes)
     }
     fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
         (**self).ensure_room_to_compact()

@@ -70,7 +70,9 @@ pub struct RocksOptions {
     pub blob_files: bool,
     /// Default 4 KiB.
     pub min_blob_size: u64,
-    /// Memtable size of `Space::Chunks`. Default 64 MiB.
+    /// Memtable size of `Space::Chunks`. Default 32 MiB (what a
+    /// repository's default memory budget asks for; see
+    /// [`Store::set_write_buffer`]).
     pub chunk_write_buffer: usize,
     /// Write table and blob files with `O_DIRECT` (flushes and
     /// compactions), where the store's file system accepts it (probed at
@@ -86,7 +88,7 @@ impl Default for RocksOptions {
             sync: true,
             blob_files: true,
             min_blob_size: 4 << 10,
-            chunk_write_buffer: 64 << 20,
+            chunk_write_buffer: 32 << 20,
             direct_writes: true,
         }
     }
@@ -119,7 +121,8 @@ pub struct RocksStore {
     mode: Mode,
     sync: bool,
     blob_files: bool,
-    chunk_write_buffer: u64,
+    /// The memtable size of `Space::Chunks` (see [`Store::set_write_buffer`]).
+    chunk_write_buffer: AtomicU64,
     /// Serialises writers inside this process, so a batch's preconditions are
     /// checked and its writes applied with no other write in between.
     write_lock: Mutex<()>,
@@ -520,7 +523,7 @@ impl RocksStore {
             mode,
             sync: options.sync,
             blob_files: options.blob_files,
-            chunk_write_buffer: options.chunk_write_buffer as u64,
+            chunk_write_buffer: AtomicU64::new(options.chunk_write_buffer as u64),
             write_lock: Mutex::new(()),
         })
     }
@@ -592,7 +595,7 @@ impl RocksStore {
         let unflushed = self
             .unflushed
             .load(Ordering::Relaxed)
-            .min(2 * self.chunk_write_buffer);
+            .min(2 * self.chunk_write_buffer.load(Ordering::Relaxed));
         let need = MIN_FREE + unflushed + bytes * if logged { 2 } else { 1 };
         ensure_free(&self.path, need)
     }
@@ -751,6 +754,26 @@ impl Store for RocksStore {
                 .map_err(|e| write_error(&self.path, e))?;
         }
         self.unflushed.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn set_write_buffer(&self, space: Space, bytes: usize) -> Result<(), StoreError> {
+        let current = (space == Space::Chunks)
+            .then(|| self.chunk_write_buffer.load(Ordering::Relaxed) as usize);
+        // Each change writes a new options file: none when nothing changes.
+        if self.mode == Mode::ReadOnly || current == Some(bytes) {
+            return Ok(());
+        }
+        self.db
+            .set_options_cf(
+                self.cf(space)?,
+                &[("write_buffer_size", &bytes.to_string())],
+            )
+            .map_err(backend)?;
+        if space == Space::Chunks {
+            self.chunk_write_buffer
+                .store(bytes as u64, Ordering::Relaxed);
+        }
         Ok(())
     }
 

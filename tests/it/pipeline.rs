@@ -196,3 +196,53 @@ fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_few
     assert!(warm < cold, "warm {warm} cold {cold}");
     drop(kept);
 }
+
+/// The chunk memtable size in the store's newest options file.
+fn chunk_memtable(root: &Path) -> u64 {
+    let db = root.join(".ckvc/db");
+    let newest = std::fs::read_dir(&db)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("OPTIONS-"))
+        .max_by_key(|n| n[8..].parse::<u64>().unwrap_or(0))
+        .unwrap();
+    let text = std::fs::read_to_string(db.join(newest)).unwrap();
+    let chunks = text.split("[CFOptions \"chunks\"]").nth(1).unwrap();
+    chunks
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("write_buffer_size="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_chunk_memtable_is_an_eighth_of_the_memory_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("r");
+    let config = Config {
+        memory_budget: 128 << 20,
+        ..Config::default()
+    };
+    drop(Repository::init(&root, config).unwrap());
+    let mut repo = Repository::open(&root, true).unwrap();
+    assert_eq!(chunk_memtable(&root), 16 << 20);
+    // A handle's own budget (`--memory-budget`), bounded to 64 MiB.
+    repo.set_memory_budget(4 << 30).unwrap();
+    assert_eq!(chunk_memtable(&root), 64 << 20);
+    let (step, dir) = steps()[1].clone();
+    let r = repo
+        .commit(
+            &dir,
+            &CommitOptions {
+                step: Some(step),
+                ..CommitOptions::default()
+            },
+        )
+        .unwrap();
+    let out = tmp.path().join("out");
+    repo.checkout(&r.id, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&dir, &out);
+}
