@@ -39,28 +39,35 @@ fn pinned(what: &str, bytes: &[u8], want: &str) {
     );
 }
 
-#[test]
-fn chunk_record_bytes_are_pinned_and_version_1_still_decodes() {
-    let rec = ChunkRecord {
+/// The bytes of [`sample_record`] before its payload (`dead`).
+const SAMPLE_HEAD: &str = concat!(
+    "02",
+    "00",
+    "0201000000000000",
+    "01",
+    "abababababababababababababababababababababababababababababababab",
+    "0300",
+    "0021436500000000",
+);
+
+/// A delta record with every field set.
+fn sample_record() -> ChunkRecord {
+    ChunkRecord {
         payload: Payload::Codec,
         raw_len: 0x0102,
         base: Some(ChunkId::from_bytes(id(0xab))),
         depth: 3,
         written: 0x6543_2100,
         data: vec![0xde, 0xad],
-    };
-    let want = concat!(
-        "02",
-        "00",
-        "0201000000000000",
-        "01",
-        "abababababababababababababababababababababababababababababababab",
-        "0300",
-        "0021436500000000",
-        "dead"
-    );
-    pinned("chunk record v2", &rec.encode(), want);
-    assert_eq!(ChunkRecord::decode(&unhex(want)).unwrap(), rec);
+    }
+}
+
+#[test]
+fn chunk_record_bytes_are_pinned_and_version_1_still_decodes() {
+    let rec = sample_record();
+    let want = format!("{SAMPLE_HEAD}dead");
+    pinned("chunk record v2", &rec.encode(), &want);
+    assert_eq!(ChunkRecord::decode(&unhex(&want)).unwrap(), rec);
     let full = ChunkRecord {
         payload: Payload::Zstd,
         base: None,
@@ -96,14 +103,7 @@ fn chunk_record_bytes_are_pinned_and_version_1_still_decodes() {
 
 #[test]
 fn chunk_head_key_and_value_are_pinned() {
-    let rec = ChunkRecord {
-        payload: Payload::Codec,
-        raw_len: 0x0102,
-        base: Some(ChunkId::from_bytes(id(0xab))),
-        depth: 3,
-        written: 0x6543_2100,
-        data: vec![0xde, 0xad],
-    };
+    let rec = sample_record();
     let key = chunk_head_key(&ChunkId::from_bytes(id(0x5a)));
     pinned(
         "chunk head key",
@@ -115,19 +115,7 @@ fn chunk_head_key_and_value_are_pinned() {
     );
     // The record's bytes before the payload.
     let bytes = rec.encode();
-    pinned(
-        "chunk head",
-        chunk_head_of(&bytes).unwrap(),
-        concat!(
-            "02",
-            "00",
-            "0201000000000000",
-            "01",
-            "abababababababababababababababababababababababababababababababab",
-            "0300",
-            "0021436500000000",
-        ),
-    );
+    pinned("chunk head", chunk_head_of(&bytes).unwrap(), SAMPLE_HEAD);
 }
 
 #[test]

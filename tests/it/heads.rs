@@ -9,19 +9,19 @@ use std::sync::Arc;
 
 use ckvc::repo::objects::{chunk_head_key, ChunkRecord, KIND_CHUNK_HEAD};
 use ckvc::repo::{
-    CheckoutOptions, CommitOptions, Config, CorruptReason, GcOptions, ObjectRef, Repository,
+    CheckoutOptions, CommitOptions, CommitReport, Config, CorruptReason, GcOptions, ObjectRef,
+    Repository,
 };
 use ckvc::store::{Batch, ChunkId, MemStore, Space, Store, StoreExt};
 
 use super::{same_tree, steps, Instrumented};
 
-fn commit_step(repo: &Repository, step: u64, dir: &std::path::Path) {
+fn commit_step(repo: &Repository, step: u64, dir: &std::path::Path) -> CommitReport {
     let opts = CommitOptions {
         step: Some(step),
-        allow_step_order: true,
         ..CommitOptions::default()
     };
-    repo.commit(dir, &opts).unwrap();
+    repo.commit(dir, &opts).unwrap()
 }
 
 fn heads(store: &dyn Store) -> Vec<(ChunkId, Vec<u8>)> {
@@ -62,26 +62,10 @@ fn a_delta_commit_and_a_repeated_one_read_no_chunk_record() {
     let repo = Repository::open_store(tmp.path().into(), store.clone()).unwrap();
     let (gets, found) = (&store.chunk_gets, &store.chunk_found);
     let before = (gets.load(Ordering::Relaxed), found.load(Ordering::Relaxed));
-    let r = repo
-        .commit(
-            &all[2].1,
-            &CommitOptions {
-                step: Some(all[2].0),
-                ..CommitOptions::default()
-            },
-        )
-        .unwrap();
+    let r = commit_step(&repo, all[2].0, &all[2].1);
     assert!(r.stats.max_depth >= 2, "{:?}", r.stats);
     // The same checkpoint again at a later step: every chunk is stored.
-    let again = repo
-        .commit(
-            &all[2].1,
-            &CommitOptions {
-                step: Some(all[2].0 + 1),
-                ..CommitOptions::default()
-            },
-        )
-        .unwrap();
+    let again = commit_step(&repo, all[2].0 + 1, &all[2].1);
     assert_eq!(again.stats.new_chunks, 0);
     let after = (gets.load(Ordering::Relaxed), found.load(Ordering::Relaxed));
     assert_eq!(after, before, "chunk records read (gets, found)");
@@ -129,15 +113,7 @@ fn a_version_1_repository_is_read_as_it_is_and_upgraded_by_its_first_writer() {
         Some(vec![ckvc::repo::REPO_FORMAT])
     );
     // Bases without heads are read from their records.
-    let r = repo
-        .commit(
-            &all[2].1,
-            &CommitOptions {
-                step: Some(all[2].0),
-                ..CommitOptions::default()
-            },
-        )
-        .unwrap();
+    let r = commit_step(&repo, all[2].0, &all[2].1);
     assert!(r.stats.max_depth >= 2, "{:?}", r.stats);
     assert_eq!(heads(repo.store()).len() as u64, r.stats.new_chunks);
     let out = tmp.path().join("out2");
