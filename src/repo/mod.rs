@@ -392,8 +392,6 @@ pub struct Repository {
     pool: pool::BufPool,
 }
 
-/// The share of a memory budget held by decoded delta bases between the
-/// chunks of this process's commits and checkouts.
 /// The store's memtable for chunks under `budget`: an eighth of it, 8 to
 /// 64 MiB. Chunk batches are not logged and a commit flushes at its end,
 /// so its size only sets how often the store flushes (and how large a
@@ -405,6 +403,8 @@ pub(crate) fn chunk_memtable_bytes(budget: u64) -> usize {
     (budget / 8).clamp(8 << 20, 64 << 20) as usize
 }
 
+/// The share of a memory budget held by decoded delta bases between the
+/// chunks of this process's commits and checkouts.
 pub(crate) fn base_cache_bytes(budget: u64) -> u64 {
     // Measured on a 3-step DCP run (152 MiB a step, budget 256 MiB): a
     // quarter of the budget added 60-100 MiB to peak RSS for no CPU time
