@@ -265,7 +265,9 @@ class Repository:
     ``Repository(path)`` opens an existing one, ``Repository.init(path)``
     creates one. No lock is held between calls: the command line may
     commit while this object exists; each save takes the write lock only
-    while it commits.
+    while it commits. Opening a repository raises the process's soft limit
+    on open files to its hard limit (the store keeps the blob files it has
+    read open, about one per 32 MiB of chunks).
     """
 
     def __init__(self, path: Union[str, os.PathLike], branch: Optional[str] = None) -> None:

@@ -337,12 +337,16 @@ fn commit_dict<'py>(
 
 /// Open the repository whose root is `path` (not a repository:
 /// [`RepoError::NotARepository`], not a damaged store).
+/// Raises the process's soft open-file limit to its hard one first (the
+/// store keeps the blob files it reads open; see
+/// [`ckvc::store::raise_open_file_limit`]).
 fn open_repo(path: &Path, write: bool) -> Result<Repository, RepoError> {
     if !path.join(ckvc::repo::DOT_DIR).is_dir() {
         return Err(RepoError::NotARepository {
             path: path.to_path_buf(),
         });
     }
+    ckvc::store::raise_open_file_limit();
     Repository::open(path, write)
 }
 

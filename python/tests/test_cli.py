@@ -85,3 +85,31 @@ def test_damaged_chunk_is_a_corrupt_error_with_its_place(repo):
     assert err.commit == c.id and err.file == "tensors.safetensors" and err.tensor == "w"
     assert "tensor w" in err.what and err.reason
     assert isinstance(err.reason_kind, str)
+
+
+def test_opening_a_repository_raises_the_soft_open_file_limit(tmp_path):
+    # The store keeps every blob file it reads open; a training process's
+    # soft limit (often 1024) must not be what fails a load.
+    import resource
+    import subprocess
+    import sys
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 64:
+        pytest.skip(f"hard open-file limit {hard}")
+    ckvc.Repository.init(str(tmp_path / "r"))
+    code = (
+        "import resource, sys, ckvc\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "r = ckvc.Repository(sys.argv[1])\n"
+        "r.steps()\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "True", out.stderr

@@ -174,7 +174,7 @@ fn write_raw(s: &str) -> Result<(), Failure> {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    raise_open_file_limit();
+    ckvc::store::raise_open_file_limit();
     let result = match cli.command {
         Command::Repo(cmd) => repo::run(cmd, &cli.at),
         Command::Maint(cmd) => maint::run(cmd, &cli.at),
@@ -192,27 +192,6 @@ pub fn main() -> ExitCode {
 
 /// Raises this process's soft limit on open files to its hard limit.
 ///
-/// The store keeps every blob file it has read open (RocksDB's file cache
-/// is unbounded for a reader, which must keep its table files open), and
-/// a blob file holds about one memtable (64 MiB) of chunks: an `fsck`,
-/// `gc` or old-step checkout of a store of 60 GB or more would meet a soft
-/// limit of 1024 (a common default) as "Too many open files". The hard
-/// limit is what the administrator allows; the soft one only a default.
-fn raise_open_file_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit for the calls to read and write.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            // Failure leaves the soft limit as it was: nothing to report.
-            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::escape_controls;

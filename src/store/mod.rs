@@ -41,6 +41,34 @@ pub use id::{to_hex, ChunkId, CommitId, Hash32, ObjectId, ParseIdError};
 pub use mem::MemStore;
 pub use rocks::{Mode, RocksOptions, RocksStore};
 
+/// Raises this process's soft limit on open files to its hard limit.
+///
+/// The store keeps every blob file it has read open (RocksDB's file cache
+/// is unbounded for a reader, which must keep its table files open), and
+/// a blob file holds about one chunk memtable (32 MiB by default) of
+/// chunks: an `fsck`, `gc` or old-step checkout of a store of 30 GB or
+/// more would meet a soft limit of 1024 (a common default) as "Too many
+/// open files". The hard limit is what the administrator allows; the soft
+/// one only a default (the JVM raises it the same way). Called by the CLI
+/// at start and by the Python package when it opens a repository; failure
+/// leaves the limit as it was. A no-op where there are no such limits.
+pub fn raise_open_file_limit() {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `lim` is a valid rlimit for the calls to read and write.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+                lim.rlim_cur = lim.rlim_max;
+                let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+    }
+}
+
 /// A key space. Each is a RocksDB column family, so each can be tuned for
 /// its values (large encoded chunks vs small objects) and scanned alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
