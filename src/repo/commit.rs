@@ -23,8 +23,8 @@ use crate::format::{self, Segment};
 use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::objects::{
-    check_path, chunk_head_key, chunk_head_of, corrupt, object_key, ChunkRecord, Commit,
-    CommitStats, FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
+    check_path, chunk_head_key, corrupt, object_key, stored_head, ChunkRecord, Commit, CommitStats,
+    FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
 use super::pool::{with_scratch, BufPool};
 use super::{branch_ref, check_branch_name, RepoError, Repository, Site};
@@ -1065,8 +1065,9 @@ impl Repository {
             stats.new_chunks += 1;
             stats.stored_bytes += bytes.len() as u64;
             stats.max_depth = stats.max_depth.max(depth);
-            let head = chunk_head_of(&bytes).map_err(corrupt(Site::chunk(id)))?;
-            stats.heads.push((id, head.to_vec()));
+            if let Some(head) = stored_head(&bytes).map_err(corrupt(Site::chunk(id)))? {
+                stats.heads.push((id, head.to_vec()));
+            }
             held += bytes.len();
             batch.put(Space::Chunks, id.as_bytes(), bytes);
             if held >= batch_bytes {

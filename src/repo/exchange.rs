@@ -24,7 +24,7 @@ use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space};
 use super::chain::{decode_chain, Link};
 use super::commit::{encode_record, now_secs};
 use super::objects::{
-    chunk_head_key, chunk_head_of, corrupt, object_key, ChunkRecord, Commit, FileManifest, Payload,
+    chunk_head_key, corrupt, object_key, stored_head, ChunkRecord, Commit, FileManifest, Payload,
     Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
 use super::remotes::tracking_ref;
@@ -328,11 +328,12 @@ impl Import<'_> {
             rec.encode()
         };
         self.chunk_count.fetch_add(1, Ordering::Relaxed);
-        let head = chunk_head_of(&bytes).map_err(corrupt(Site::chunk(*id)))?;
-        self.heads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((*id, head.to_vec()));
+        if let Some(head) = stored_head(&bytes).map_err(corrupt(Site::chunk(*id)))? {
+            self.heads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((*id, head.to_vec()));
+        }
         let full = {
             let mut b = self.chunks.lock().unwrap_or_else(|e| e.into_inner());
             b.put(Space::Chunks, id.as_bytes(), bytes);

@@ -26,7 +26,7 @@ use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 use super::chain::base_chain;
 use super::commit::{encode_record, now_secs};
 use super::objects::{
-    chunk_head_key, chunk_head_of, corrupt, object_key, ChunkHeader, ChunkRecord, Commit, Payload,
+    chunk_head_key, corrupt, object_key, stored_head, ChunkHeader, ChunkRecord, Commit, Payload,
     KIND_CHUNK_HEAD, KIND_COMMIT,
 };
 use super::reach::{Reachable, WalkOptions};
@@ -791,8 +791,11 @@ impl Repository {
                     // A delta that no longer pays is stored full: depth 0.
                     depth.insert(id, actual);
                     // A logged batch: the new head is durable with its record.
-                    let head = chunk_head_of(&bytes).map_err(corrupt(super::Site::chunk(id)))?;
-                    b.put(Space::Index, &chunk_head_key(&id), head.to_vec());
+                    // A record now too small for a head loses its old one.
+                    match stored_head(&bytes).map_err(corrupt(super::Site::chunk(id)))? {
+                        Some(head) => b.put(Space::Index, &chunk_head_key(&id), head.to_vec()),
+                        None => b.delete(Space::Index, &chunk_head_key(&id)),
+                    };
                     b.put(Space::Chunks, id.as_bytes(), bytes);
                 }
                 self.store.write(b)?;

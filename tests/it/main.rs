@@ -104,8 +104,9 @@ pub fn copy_dir(from: &Path, to: &Path) {
 pub struct Instrumented<S: Store> {
     pub inner: S,
     pub chunk_gets: AtomicU64,
-    /// `contains` of a chunk record that answered "stored".
-    pub chunk_found: AtomicU64,
+    /// Reads (`get`) and `contains` answering "stored" of chunk records of
+    /// at least `HEAD_MIN_RECORD` bytes (the ones kept in blob files).
+    pub large_chunk_reads: AtomicU64,
     pub writes_left: AtomicI64,
 }
 
@@ -114,23 +115,35 @@ impl<S: Store> Instrumented<S> {
         Instrumented {
             inner,
             chunk_gets: AtomicU64::new(0),
-            chunk_found: AtomicU64::new(0),
+            large_chunk_reads: AtomicU64::new(0),
             writes_left: AtomicI64::new(i64::MAX),
+        }
+    }
+}
+
+impl<S: Store> Instrumented<S> {
+    fn count_large(&self, record: &[u8]) {
+        if record.len() >= ckvc::repo::objects::HEAD_MIN_RECORD {
+            self.large_chunk_reads.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 impl<S: Store> Store for Instrumented<S> {
     fn get(&self, space: Space, key: &[u8], buf: &mut Vec<u8>) -> Result<bool, StoreError> {
+        let found = self.inner.get(space, key, buf)?;
         if space == Space::Chunks {
             self.chunk_gets.fetch_add(1, Ordering::Relaxed);
+            self.count_large(buf);
         }
-        self.inner.get(space, key, buf)
+        Ok(found)
     }
     fn contains(&self, space: Space, key: &[u8]) -> Result<bool, StoreError> {
         let found = self.inner.contains(space, key)?;
         if found && space == Space::Chunks {
-            self.chunk_found.fetch_add(1, Ordering::Relaxed);
+            let mut v = Vec::new();
+            self.inner.get(space, key, &mut v)?;
+            self.count_large(&v);
         }
         Ok(found)
     }
