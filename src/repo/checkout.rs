@@ -5,9 +5,9 @@
 //! against its whole-file hash; files are written under a temporary name
 //! and renamed into place only when whole, so a damaged chunk never leaves
 //! a wrong file behind. Chunks are decoded on all cores in windows bounded
-//! by the memory budget while one thread writes each file sequentially.
+//! by the memory budget while one thread writes each file sequentially
+//! (around the page cache where it can, see [`super::outfile`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender};
 
@@ -16,6 +16,7 @@ use rayon::prelude::*;
 use crate::store::{ChunkId, CommitId};
 
 use super::objects::{check_path, FileManifest, SegmentRef};
+use super::outfile::{OutBuf, OutFile, OUT_BUF_BYTES};
 use super::{ObjectRef, Place, RepoError, Repository, Site};
 
 /// Checkout knobs.
@@ -219,14 +220,14 @@ impl Repository {
     ) -> (usize, Result<(), RepoError>) {
         let mut incoming = rx.into_iter().flatten();
         let mut done = 0;
+        let mut buf = OutBuf::new(OUT_BUF_BYTES);
         for f in files {
             let io = |path: &Path| {
                 let path = path.to_path_buf();
                 move |source| RepoError::Io { path, source }
             };
             let result = (|| {
-                let file = std::fs::File::create_new(&f.tmp).map_err(io(&f.tmp))?;
-                let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+                let mut w = OutFile::create(&f.tmp, &mut buf).map_err(io(&f.tmp))?;
                 self.stream_file(
                     &f.m,
                     f.rel,
@@ -245,10 +246,7 @@ impl Repository {
                         Ok(())
                     },
                 )?;
-                let file = w.into_inner().map_err(|e| RepoError::Io {
-                    path: f.tmp.clone(),
-                    source: e.into_error(),
-                })?;
+                let file = w.finish().map_err(io(&f.tmp))?;
                 set_mode(&file, f.m.mode & 0o777).map_err(io(&f.tmp))?;
                 Ok(file)
             })();

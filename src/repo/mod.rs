@@ -34,6 +34,7 @@ mod fsck;
 mod gc;
 mod log;
 pub mod objects;
+mod outfile;
 mod pool;
 mod progress;
 pub mod provenance;
