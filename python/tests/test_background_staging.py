@@ -4,6 +4,7 @@ training goes on; ``optimizer.step()`` and any in-place change of a saved
 tensor in the saving thread wait for the copy; a change from another thread
 before the copy is done fails the save."""
 
+import sys
 import threading
 
 import numpy as np
@@ -294,3 +295,25 @@ def test_torch_compiled_model_compiles_once_more_not_once_per_background_save(re
         assert_bits_equal(repo.load(i), at_call)
     assert len(graphs) <= 2 * first, f"{len(graphs)} graphs compiled for {first} at first"
     torch._dynamo.reset()
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE and /proc are Linux's")
+def test_the_staging_buffer_is_faulted_in_once_before_the_first_copy():
+    n = 64 << 20
+    host = _state.HostBuffer(n)
+    before = _rss()
+    host.populate()
+    grown = _rss() - before
+    assert host.populated
+    assert grown >= n * 0.9, f"RSS grew {grown} bytes for a {n}-byte buffer"
+    host.array[:] = 7
+    host.populate()  # a no-op the second time: the contents stay
+    assert int(host.array[::4096].min()) == 7
