@@ -677,3 +677,35 @@ fn checkout_of_more_files_than_open_descriptors_allowed_succeeds() {
     );
     same_tree(&ck, &root.join("out"));
 }
+
+#[test]
+fn a_checkout_onto_a_full_disk_is_a_clear_error_and_leaves_no_file() {
+    let Some(fs) = Tmpfs::mount(40) else {
+        eprintln!("checkout onto a full disk: cannot mount a tmpfs here (not root)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root and must mount the tmpfs"
+        );
+        return;
+    };
+    let (tmp, root) = new_repo();
+    let ckpt = small_step(tmp.path(), 0);
+    commit(&root, &ckpt);
+    let out = fs.path().join("out");
+    // Less room than the checkpoint needs: a write fails part way through
+    // a file (on the write thread, direct where tmpfs takes it).
+    for leave in [64 << 10, 1 << 20] {
+        fs.fill_to(leave);
+        let (code, o, err) = run_ckvc(&root, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
+        assert_eq!(code, Some(1), "{leave} free: {o}{err}");
+        assert!(err.to_lowercase().contains("no space left"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .map(|rd| rd.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{leave} free: left behind {left:?}");
+        fs.unfill();
+    }
+    let (code, o, err) = run_ckvc(&root, &["checkout", "HEAD", "-o", out.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{o}{err}");
+    same_tree(&ckpt, &out);
+}
