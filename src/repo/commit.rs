@@ -134,8 +134,95 @@ pub(super) struct CommitTarget {
 pub(super) enum Source<'a> {
     /// A file on disk, opened when its turn comes.
     Path(PathBuf),
-    /// Bytes in memory (mode 0o644).
-    Bytes(&'a [u8]),
+    /// Bytes in memory, the file being their concatenation (mode 0o644).
+    Bytes(Parts<'a>),
+}
+
+/// A file in memory as the concatenation of slices (a header and each
+/// tensor where it lives: nothing copied to commit them). A chunk inside
+/// one slice is handed on as a slice of it; one across slices is copied.
+#[derive(Clone)]
+pub(super) struct Parts<'a> {
+    parts: Vec<&'a [u8]>,
+    /// Where each part starts in the file (`parts.len() + 1` entries).
+    starts: Vec<u64>,
+}
+
+impl<'a> Parts<'a> {
+    pub(super) fn new(parts: Vec<&'a [u8]>) -> Parts<'a> {
+        let parts: Vec<&[u8]> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        let mut at = 0u64;
+        starts.push(0);
+        for p in &parts {
+            at += p.len() as u64;
+            starts.push(at);
+        }
+        Parts { parts, starts }
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// The part holding byte `at` and where in it (`None` at or past the end).
+    fn locate(&self, at: u64) -> Option<(usize, usize)> {
+        if at >= self.len() {
+            return None;
+        }
+        let i = self.starts.partition_point(|&s| s <= at) - 1;
+        Some((i, (at - self.starts[i]) as usize))
+    }
+
+    /// Bytes `at..at + n` when one part holds them all.
+    fn slice(&self, at: u64, n: usize) -> Option<&'a [u8]> {
+        let (i, off) = self.locate(at)?;
+        self.parts[i].get(off..off + n)
+    }
+
+    /// Copies bytes from `at` into `out` (as many as fit and exist);
+    /// returns how many.
+    fn copy_to(&self, at: u64, out: &mut [u8]) -> usize {
+        let mut done = 0;
+        while done < out.len() {
+            let Some((i, off)) = self.locate(at + done as u64) else {
+                break;
+            };
+            let src = &self.parts[i][off..];
+            let n = src.len().min(out.len() - done);
+            out[done..done + n].copy_from_slice(&src[..n]);
+            done += n;
+        }
+        done
+    }
+}
+
+/// [`Parts`] read as a file (the format parsers read headers through it).
+struct PartsReader<'p, 'a> {
+    parts: &'p Parts<'a>,
+    pos: u64,
+}
+
+impl Read for PartsReader<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.parts.copy_to(self.pos, buf);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for PartsReader<'_, '_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let pos = match to {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.parts.len().checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start")
+        })?;
+        Ok(self.pos)
+    }
 }
 
 /// Adds `extra` metrics (`--metric`) to `metrics`, over what is there;
@@ -354,7 +441,7 @@ impl Repository {
             .iter()
             .map(|(_, src)| match src {
                 Source::Path(p) => std::fs::metadata(p).map_or(0, |m| m.len()),
-                Source::Bytes(b) => b.len() as u64,
+                Source::Bytes(b) => b.len(),
             })
             .sum();
         progress.start("commit", total, files.len() as u64);
@@ -753,7 +840,7 @@ fn tensor_offsets(m: &FileManifest) -> HashMap<&str, (&SegmentRef, u64)> {
 enum Input<'f, 'd> {
     File(&'f mut std::fs::File),
     /// The whole file in memory: its chunks are handed on as slices.
-    Bytes(&'d [u8]),
+    Bytes(&'f Parts<'d>),
 }
 
 impl<'d> Writer<'_, 'd> {
@@ -779,7 +866,7 @@ impl<'d> Writer<'_, 'd> {
             }
             Source::Bytes(b) => self.file(
                 Input::Bytes(b),
-                b.len() as u64,
+                b.len(),
                 0o644,
                 Path::new(rel),
                 rel,
@@ -830,12 +917,12 @@ impl<'d> Writer<'_, 'd> {
             path: path.to_path_buf(),
             source,
         };
-        let mut cursor;
-        let (mut f, whole): (&mut dyn ReadSeek, Option<&'d [u8]>) = match input {
+        let mut reader;
+        let (mut f, whole): (&mut dyn ReadSeek, Option<&Parts<'d>>) = match input {
             Input::File(f) => (f, None),
             Input::Bytes(b) => {
-                cursor = std::io::Cursor::new(b);
-                (&mut cursor, Some(b))
+                reader = PartsReader { parts: b, pos: 0 };
+                (&mut reader, Some(b))
             }
         };
         let layout = ctx
@@ -907,11 +994,20 @@ impl<'d> Writer<'_, 'd> {
                 let n = left.min(piece as u64) as usize;
                 let raw = match whole {
                     Some(b) => {
-                        let at = (len - file_left) as usize;
-                        Raw::Borrowed(b.get(at..at + n).ok_or_else(|| RepoError::BadInput {
-                            path: path.to_path_buf(),
-                            reason: "the file's layout runs past its end".into(),
-                        })?)
+                        let at = len - file_left;
+                        match b.slice(at, n) {
+                            Some(s) => Raw::Borrowed(s),
+                            None => {
+                                let mut raw = self.pool.get(n);
+                                if b.copy_to(at, &mut raw) != n {
+                                    return Err(RepoError::BadInput {
+                                        path: path.to_path_buf(),
+                                        reason: "the file's layout runs past its end".into(),
+                                    });
+                                }
+                                Raw::Owned(raw)
+                            }
+                        }
                     }
                     None => {
                         let mut raw = self.pool.get(n);

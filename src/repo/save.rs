@@ -1,4 +1,4 @@
-//! `commit_buffers`: store files held in memory as a new commit, for
+//! `commit_buffers` / `commit_parts`: store files held in memory as a new commit, for
 //! callers that build a checkpoint without writing it to disk (the Python
 //! package's `save`).
 //!
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::format::DirContext;
 
-use super::commit::{add_metrics, Source};
+use super::commit::{add_metrics, Parts, Source};
 use super::objects::check_path;
 use super::{CommitOptions, CommitReport, RepoError, Repository, StepSource};
 
@@ -31,6 +31,19 @@ impl Repository {
     pub fn commit_buffers(
         &self,
         files: &[(&str, &[u8])],
+        opts: &CommitOptions,
+    ) -> Result<CommitReport, RepoError> {
+        let files: Vec<(&str, Vec<&[u8]>)> = files.iter().map(|(r, b)| (*r, vec![*b])).collect();
+        self.commit_parts(&files, opts)
+    }
+
+    /// [`Repository::commit_buffers`] with each file given as the
+    /// concatenation of slices (a header and each tensor where it lives):
+    /// nothing is copied into one buffer first. A chunk that lies in one
+    /// slice is coded from it in place.
+    pub fn commit_parts(
+        &self,
+        files: &[(&str, Vec<&[u8]>)],
         opts: &CommitOptions,
     ) -> Result<CommitReport, RepoError> {
         let here = || PathBuf::from(IN_MEMORY);
@@ -56,7 +69,7 @@ impl Repository {
         add_metrics(&mut metrics, &opts.metrics, Path::new(IN_MEMORY))?;
         let mut sources: Vec<(String, Source<'_>)> = files
             .iter()
-            .map(|(rel, bytes)| (rel.to_string(), Source::Bytes(bytes)))
+            .map(|(rel, parts)| (rel.to_string(), Source::Bytes(Parts::new(parts.clone()))))
             .collect();
         // Trees list their files sorted, as a directory commit sees them.
         sources.sort_by(|a, b| a.0.cmp(&b.0));
@@ -109,6 +122,60 @@ mod tests {
         }
         out.extend_from_slice(&7i64.to_le_bytes());
         out
+    }
+
+    #[test]
+    fn a_file_given_in_parts_stores_the_same_bytes_and_chunks_as_one_buffer() {
+        let w: Vec<f32> = (0..700_000).map(|i| (i as f32 * 0.003).cos()).collect();
+        let f = safetensors(&w);
+        let whole = repo();
+        let one = whole
+            .commit_buffers(&[("t.safetensors", &f)], &step(1))
+            .expect("commit");
+        let chunks = |r: &Repository, id| -> Vec<_> {
+            let c = r.commit_object(&id).expect("commit");
+            let tree = r.tree(&c.tree).expect("tree");
+            let (rel, mid) = &tree.entries[0];
+            let m = r.manifest(mid, rel).expect("manifest");
+            m.segments
+                .iter()
+                .flat_map(|s| s.chunks().to_vec())
+                .collect()
+        };
+        let want = chunks(&whole, one.id);
+        let h = 8 + u64::from_le_bytes(f[..8].try_into().unwrap()) as usize;
+        // Cuts at the header's end (the Python layout), inside the header,
+        // inside the tensor data (chunks spanning parts are copied), and
+        // empty and one-byte parts.
+        let cuts: [&[usize]; 4] = [
+            &[h],
+            &[3, h - 1, h + 5, 1 << 20, (1 << 20) + 1, f.len() - 2],
+            &[0, 0, h, h, f.len()],
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+        ];
+        for cut in cuts {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for &c in cut {
+                parts.push(&f[at..c]);
+                at = c;
+            }
+            parts.push(&f[at..]);
+            let r = repo();
+            let got = r
+                .commit_parts(&[("t.safetensors", parts)], &step(1))
+                .expect("commit");
+            assert_eq!(got.tensor_bytes, one.tensor_bytes, "cuts {cut:?}");
+            assert_eq!(chunks(&r, got.id), want, "cuts {cut:?}");
+            assert_eq!(r.read_file(&got.id, "t.safetensors").expect("read"), f);
+        }
+    }
+
+    fn step(step: u64) -> CommitOptions {
+        CommitOptions {
+            step: Some(step),
+            ..CommitOptions::default()
+        }
     }
 
     #[test]
