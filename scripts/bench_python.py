@@ -19,10 +19,12 @@ second run of the same save with no training step beside it (a step's
 activations and gradients would hide it), on repositories of their own
 (so the first save there stages into fresh memory too).
 
-ckvc runs twice, each on its own repository (so each first save stages
-into fresh memory): staging="sync" (every tensor copied in the call) and
-staging="background" (the default: large tensors copied in a thread while
-the next forward/backward runs; optimizer.step() waits for the copy).
+ckvc runs three times, each on its own repository (so each first save
+stages into fresh memory): a blocking save (the call returns when the
+commit is durable; the tensors are read in place, no staging copy),
+staging="sync" (every tensor copied in the call) and staging="background"
+(the default of blocking=False: large tensors copied in a thread while the
+next forward/backward runs; optimizer.step() waits for the copy).
 
 With --compute idle, the forward/backward of each step is replaced by a
 sleep as long as a real one (measured while warming up): what the host CPU
@@ -173,7 +175,7 @@ def main() -> int:
                 tensor_bytes += t.numel() * t.element_size()
         rows = []
 
-        modes = ("sync", "background")
+        modes = ("blocking", "sync", "background")
         repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-{mode}")) for mode in modes}
         mem_repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-mem-{mode}")) for mode in modes}
         steps = {}
@@ -214,22 +216,33 @@ def main() -> int:
                 repo = repos[mode]
                 s = state()
                 before = dir_bytes(repo.path)
-                t0 = time.perf_counter()
-                fut = repo.save(s, step=rnd, blocking=False, staging=mode)
-                t1 = time.perf_counter()
-                step_time = timed_step()
-                waited = marks["hook"] - marks["step"]
-                c = fut.result()
-                t2 = time.perf_counter()
-                delay = step_time - base_step
-                # +step is what the loop lost; when the load swings more than
-                # that, the wait for the copy is still lost time
-                lost = max(delay, waited)
+                if mode == "blocking":
+                    # save() returns when durable: the loop waits for all of it
+                    t0 = time.perf_counter()
+                    c = repo.save(s, step=rnd)
+                    t1 = t2 = time.perf_counter()
+                    delay, waited, lost = 0.0, 0.0, 0.0
+                else:
+                    t0 = time.perf_counter()
+                    fut = repo.save(s, step=rnd, blocking=False, staging=mode)
+                    t1 = time.perf_counter()
+                    step_time = timed_step()
+                    waited = marks["hook"] - marks["step"]
+                    c = fut.result()
+                    t2 = time.perf_counter()
+                    delay = step_time - base_step
+                    # +step is what the loop lost; when the load swings more
+                    # than that, the wait for the copy is still lost time
+                    lost = max(delay, waited)
                 stored = dir_bytes(repo.path) - before
                 s = state()
                 with PeakRss() as m:
-                    mem_repos[mode].save(s, step=rnd, blocking=False, staging=mode).result()
-                rows.append(dict(round=rnd, method=f"ckvc staging={mode}", call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=m.extra))
+                    if mode == "blocking":
+                        mem_repos[mode].save(s, step=rnd)
+                    else:
+                        mem_repos[mode].save(s, step=rnd, blocking=False, staging=mode).result()
+                method = "ckvc save (blocking)" if mode == "blocking" else f"ckvc staging={mode}"
+                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=m.extra))
             # DCP async_save
             if dcp_ok:
                 import torch.distributed.checkpoint as dcp

@@ -306,15 +306,20 @@ class Repository:
         ``state`` is what training code has: nested dicts (str or int
         keys), lists, tuples, torch tensors (any dtype, views, shared
         storage), numpy arrays, and numbers, str, bytes, bool, None. The
-        tensors are copied into one reused host staging buffer laid out as
-        the safetensors file, so the state stored is the one at the call.
+        tensors are laid out as one safetensors file.
 
-        ``blocking=True`` returns the ``Commit`` once it is durable.
+        ``blocking=True`` returns the ``Commit`` once it is durable. The
+        tensors are read where they are (contiguous CPU tensors and arrays;
+        others are made contiguous first), nothing is copied into a
+        staging buffer: do not change them from another thread during the
+        call, as with ``torch.save``.
         ``blocking=False`` returns a ``SaveFuture``; the commit runs in a
         background thread (the GIL released). At most one save is in
         flight: a new save first waits for the previous one. Errors surface
         on ``result()`` and ``wait()`` (and at interpreter exit), never
-        silently.
+        silently. The tensors are copied into one reused host staging
+        buffer laid out as the file, so the state stored is the one at the
+        call.
 
         ``staging`` (with ``blocking=False``) says when the tensors are
         copied into the staging buffer:
@@ -366,7 +371,12 @@ class Repository:
                 _raise_all(failed)
             p = _state.plan(state)
             background = not blocking and staging == "background" and _state._TORCH
-            tensors, deferred = self._staging.stage(p, background=background)
+            tensors: Any
+            if blocking:
+                # Read in place while this call waits: no staging copy.
+                tensors, deferred = _state.in_place_parts(p), []
+            else:
+                tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()
             if any(clone is None for _, _, clone in deferred):
                 _add_step_hook(fut)

@@ -50,13 +50,15 @@ def init(path: _Path) -> None:
 
 def commit_buffers(
     path: _Path,
-    files: Sequence[Tuple[str, _Buffer]],
+    files: Sequence[Tuple[str, Union[_Buffer, List[_Buffer]]]],
     step: int,
     message: str = "",
     metrics: Sequence[Tuple[str, float]] = (),
     branch: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Internal (``Repository.save`` calls it with its own staging buffer).
+    """Internal (``Repository.save`` calls it with its own staging buffer,
+    or, for a blocking save, with a list of buffers per file: the header
+    and each tensor in place, the file being their concatenation).
     Commit in-memory files at ``step`` with the GIL released: the buffers
     are read without the GIL, so no other thread may write them during the
     call (that would be a data race). Returns the commit report:

@@ -498,6 +498,43 @@ class Staging:
                 _check_version(leaf, v)
 
 
+def in_place_parts(p: Plan) -> List[Any]:
+    """The tensors file of ``p`` as a list of buffers whose concatenation
+    is the file: the header, then each tensor's bytes read where they are
+    (a contiguous CPU tensor or array is not copied; another is made
+    contiguous, or copied to the CPU, first). For a save that blocks until
+    its commit is durable: the caller's tensors must not change meanwhile."""
+    parts: List[Any] = [p.header]
+    for leaf in p.leaves:
+        if leaf.nbytes == 0:
+            continue
+        parts.append(_leaf_bytes(leaf))
+    return parts
+
+
+def _leaf_bytes(leaf: Leaf) -> np.ndarray:
+    """One leaf's stored bytes as a flat uint8 array, a view of the tensor
+    or array where it is contiguous (the bytes ``_copy_leaf`` would put in
+    the staging buffer)."""
+    if leaf.kind == "torch":
+        t = leaf.obj.detach()
+        try:
+            if t.device.type != "cpu":
+                t = t.to("cpu")
+            t = t.resolve_conj().resolve_neg().contiguous()
+            b = t.reshape(-1).view(torch.uint8).numpy()
+            if b.nbytes == leaf.nbytes:
+                return b
+        except (RuntimeError, TypeError, AttributeError):
+            pass
+        # dtypes whose views torch or numpy refuse: the staging copy
+        out = np.empty(leaf.nbytes, dtype=np.uint8)
+        _copy_leaf(out, torch.from_numpy(out), -leaf.offset, leaf)
+        return out
+    a = np.ascontiguousarray(leaf.obj)
+    return a.reshape(-1).view(np.uint8)
+
+
 def _check_version(leaf: Leaf, v: int) -> None:
     seen = _version(leaf.obj)
     if seen != v:

@@ -404,8 +404,10 @@ impl Bytes {
 }
 
 /// Commit in-memory files (`[(path, buffer)]`, any C-contiguous byte
-/// buffers) at `step`. The buffers must stay alive and unmodified during
-/// the call (the GIL is released while the library reads them).
+/// buffers; a file may also be a list of buffers, the file being their
+/// concatenation: nothing is copied into one buffer first) at `step`. The
+/// buffers must stay alive and unmodified during the call (the GIL is
+/// released while the library reads them).
 #[pyfunction]
 #[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None))]
 fn commit_buffers<'py>(
@@ -417,23 +419,29 @@ fn commit_buffers<'py>(
     metrics: Vec<(String, f64)>,
     branch: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let mut held = Vec::with_capacity(files.len());
-    let mut parts = Vec::with_capacity(files.len());
+    let mut held = Vec::new();
+    let mut files_parts: Vec<(String, Vec<Bytes>)> = Vec::with_capacity(files.len());
     for (rel, obj) in &files {
-        let buf = PyBuffer::<u8>::get(obj)?;
-        if !buf.is_c_contiguous() {
-            return Err(InvalidInputError::new_err(format!(
-                "the buffer of {rel} is not contiguous"
-            )));
-        }
-        parts.push((
-            rel.clone(),
-            Bytes {
+        let objs: Vec<Bound<'py, PyAny>> = if obj.is_instance_of::<PyList>() {
+            obj.cast::<PyList>()?.iter().collect()
+        } else {
+            vec![obj.clone()]
+        };
+        let mut parts = Vec::with_capacity(objs.len());
+        for o in &objs {
+            let buf = PyBuffer::<u8>::get(o)?;
+            if !buf.is_c_contiguous() {
+                return Err(InvalidInputError::new_err(format!(
+                    "a buffer of {rel} is not contiguous"
+                )));
+            }
+            parts.push(Bytes {
                 ptr: buf.buf_ptr() as *const u8,
                 len: buf.len_bytes(),
-            },
-        ));
-        held.push(buf);
+            });
+            held.push(buf);
+        }
+        files_parts.push((rel.clone(), parts));
     }
     let opts = CommitOptions {
         step: Some(step),
@@ -443,17 +451,18 @@ fn commit_buffers<'py>(
         ..CommitOptions::default()
     };
     let report = run(py, &Ctx::default(), move || {
-        let slices: Vec<(&str, &[u8])> = parts
+        let slices: Vec<(&str, Vec<&[u8]>)> = files_parts
             .iter()
-            .map(|(rel, b)| {
+            .map(|(rel, parts)| {
                 // SAFETY: `held` keeps every export alive until after this
-                // closure returns, and the Python side does not write its
-                // staging buffers while the commit runs.
-                (rel.as_str(), unsafe { b.as_slice() })
+                // closure returns, and the Python side does not write the
+                // buffers while the commit runs.
+                let parts = parts.iter().map(|b| unsafe { b.as_slice() }).collect();
+                (rel.as_str(), parts)
             })
             .collect();
         let repo = open_repo(&path, true)?;
-        repo.commit_buffers(&slices, &opts)
+        repo.commit_parts(&slices, &opts)
     })?;
     drop(held);
     report_dict(py, &report)

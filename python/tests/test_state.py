@@ -96,6 +96,39 @@ def test_torch_round_trip_every_dtype(repo):
     assert back["step"] == 3 and back["dtype"] == torch.float16
 
 
+def test_a_blocking_save_reads_tensors_in_place_and_stores_what_staging_stores(repo):
+    torch = pytest.importorskip("torch")
+    from ckvc import _state
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 33, generator=g)
+    z = torch.complex(torch.randn(5, generator=g), torch.randn(5, generator=g))
+    state = {
+        "w": w,
+        "bf16": torch.randn(7, 9, generator=g).to(torch.bfloat16),
+        "views": {"T": w.t(), "slice": w[3:9, ::2], "expanded": torch.arange(3.0).expand(4, 3)},
+        "conj": z.conj(),
+        "neg": torch._neg_view(torch.randn(4, generator=g)),
+        "flags": torch.randn(6, generator=g) > 0,
+        "step": torch.tensor(3.0),
+        "np": {"be": np.arange(5, dtype=">i4"), "nc": np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]},
+    }
+    p = _state.plan(state)
+    parts = _state.in_place_parts(p)
+    assert bytes(parts[0]) == p.header
+    by_key = {leaf.key: part for leaf, part in zip([x for x in p.leaves if x.nbytes], parts[1:])}
+    assert by_key["w"].ctypes.data == w.data_ptr(), "a contiguous tensor is read where it is"
+    assert sum(len(memoryview(x).cast("B")) for x in parts) == p.file_len
+    repo.save(state, step=1)
+    repo.save(state, step=2, blocking=False, staging="sync").result()
+    with repo.open(1) as a, repo.open(2) as b:
+        assert a.read_file(_state.TENSORS_FILE) == b.read_file(_state.TENSORS_FILE)
+    back = repo.load(1)
+    assert torch.equal(back["conj"], z.conj().resolve_conj())
+    assert torch.equal(back["neg"], state["neg"].resolve_neg())
+    assert torch.equal(back["views"]["slice"], w[3:9, ::2])
+
+
 def test_shared_storage_is_stored_once_and_stays_tied(repo):
     torch = pytest.importorskip("torch")
     emb = torch.randn(50, 8)
