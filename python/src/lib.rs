@@ -654,7 +654,13 @@ impl Reader {
             force,
             ..CheckoutOptions::default()
         };
-        let r = run(py, &ctx, || self.repo.checkout(&cid, &out, &opts))?;
+        let r = run(py, &ctx, || {
+            // Gigabytes are read around the page cache (as the CLI does).
+            let bulk = self.repo.checkout_reader(&cid)?;
+            bulk.as_ref()
+                .unwrap_or(&self.repo)
+                .checkout(&cid, &out, &opts)
+        })?;
         Ok((r.files, r.bytes))
     }
 

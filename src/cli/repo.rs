@@ -537,6 +537,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 repo.switch_branch(b).map_err(fail)?;
             }
             let step = repo.commit_object(&id).map_err(fail)?.step;
+            // Gigabytes are read around the page cache.
+            let bulk = repo.checkout_reader(&id).map_err(fail)?;
+            let repo = bulk.as_ref().unwrap_or(&repo);
             let dest = output.unwrap_or_else(|| Path::new(&format!("step-{step}")).to_path_buf());
             let opts = CheckoutOptions { force, only, clean };
             let r = match repo.checkout_with_progress(&id, &dest, &opts, &Bars::bytes()) {

@@ -48,7 +48,7 @@ mod status;
 mod watch;
 
 pub use crate::store::ErrorClass;
-pub use checkout::{CheckoutOptions, CheckoutReport};
+pub use checkout::{CheckoutOptions, CheckoutReport, BULK_READ_BYTES};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
 pub use damage::{CorruptReason, ObjectRef, Place, Site};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};
@@ -525,6 +525,23 @@ impl Repository {
             Mode::ReadOnly
         };
         let store = RocksStore::open(&db, mode)?;
+        Self::open_store(root.to_path_buf(), Arc::new(store))
+    }
+
+    /// Open the repository whose root is `root` to read far more than
+    /// the page cache would usefully keep (a checkout of gigabytes): read
+    /// only, its table and blob files read with `O_DIRECT` where the file
+    /// system takes it (see [`crate::store::RocksOptions::direct_reads`]).
+    pub fn open_for_bulk_reads(root: &Path) -> Result<Repository, RepoError> {
+        let db = root.join(DOT_DIR).join("db");
+        if !db.join("CURRENT").is_file() {
+            return Err(StoreError::MissingCurrent { path: db }.into());
+        }
+        let options = crate::store::RocksOptions {
+            direct_reads: true,
+            ..crate::store::RocksOptions::default()
+        };
+        let store = RocksStore::open_with(&db, Mode::ReadOnly, &options)?;
         Self::open_store(root.to_path_buf(), Arc::new(store))
     }
 
