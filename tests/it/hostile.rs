@@ -164,6 +164,20 @@ impl Tmpfs {
     }
 }
 
+/// A tmpfs of `mib` MiB, or `None` where none can be mounted (not root:
+/// the test `what` is skipped, saying so; CI runs as root and must mount it).
+fn tmpfs_or_skip(mib: u64, what: &str) -> Option<Tmpfs> {
+    let fs = Tmpfs::mount(mib);
+    if fs.is_none() {
+        eprintln!("{what}: cannot mount a tmpfs here (not root); skipped");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root and must mount the tmpfs"
+        );
+    }
+    fs
+}
+
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.dir.path()).status();
@@ -172,14 +186,9 @@ impl Drop for Tmpfs {
 
 #[test]
 fn nearly_full_disk_is_a_clear_error_for_every_command() {
-    let Some(fs) = Tmpfs::mount(40) else {
-        // Covered through the injected-ENOSPC store:
-        // gc_fsck::a_full_disk_during_commit_or_gc_leaves_the_repository_as_it_was.
-        eprintln!("nearly_full_disk: cannot mount a tmpfs here (not root); the injected-ENOSPC test covers the store");
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root and must mount the tmpfs"
-        );
+    // Without a tmpfs (not root), the injected-ENOSPC store covers it:
+    // gc_fsck::a_full_disk_during_commit_or_gc_leaves_the_repository_as_it_was.
+    let Some(fs) = tmpfs_or_skip(40, "nearly_full_disk") else {
         return;
     };
     let root = fs.path().join("repo");
@@ -680,12 +689,7 @@ fn checkout_of_more_files_than_open_descriptors_allowed_succeeds() {
 
 #[test]
 fn a_checkout_onto_a_full_disk_is_a_clear_error_and_leaves_no_file() {
-    let Some(fs) = Tmpfs::mount(40) else {
-        eprintln!("checkout onto a full disk: cannot mount a tmpfs here (not root)");
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs as root and must mount the tmpfs"
-        );
+    let Some(fs) = tmpfs_or_skip(40, "checkout onto a full disk") else {
         return;
     };
     let (tmp, root) = new_repo();
