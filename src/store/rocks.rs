@@ -87,7 +87,8 @@ pub struct RocksOptions {
     /// guest has not touched for a while costs ~10 us to fault in, so
     /// buffered reads of a 10 GiB checkout's blobs spent 12-17 s in the
     /// kernel, direct reads 1.5-1.9 s. Reads the page cache already holds
-    /// are faster buffered (see [`crate::repo::BULK_READ_BYTES`]).
+    /// are faster buffered: the repository asks for this for checkouts of
+    /// many gigabytes only.
     pub direct_reads: bool,
 }
 
