@@ -1000,6 +1000,7 @@ impl<'d> Writer<'_, 'd> {
                             None => {
                                 let mut raw = self.pool.get(n);
                                 if b.copy_to(at, &mut raw) != n {
+                                    self.pool.put(raw);
                                     return Err(RepoError::BadInput {
                                         path: path.to_path_buf(),
                                         reason: "the file's layout runs past its end".into(),
