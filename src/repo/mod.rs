@@ -513,19 +513,12 @@ impl Repository {
 
     /// Open the repository whose root is `root`.
     pub fn open(root: &Path, write: bool) -> Result<Repository, RepoError> {
-        let db = root.join(DOT_DIR).join("db");
-        // Only `init` creates a store: a repository whose store lost its
-        // CURRENT file (or the whole directory) is damaged, not new.
-        if !db.join("CURRENT").is_file() {
-            return Err(StoreError::MissingCurrent { path: db }.into());
-        }
         let mode = if write {
             Mode::ReadWrite
         } else {
             Mode::ReadOnly
         };
-        let store = RocksStore::open(&db, mode)?;
-        Self::open_store(root.to_path_buf(), Arc::new(store))
+        Self::open_rocks(root, mode, &crate::store::RocksOptions::default())
     }
 
     /// Open the repository whose root is `root` to read far more than
@@ -533,15 +526,25 @@ impl Repository {
     /// only, its table and blob files read with `O_DIRECT` where the file
     /// system takes it (see [`crate::store::RocksOptions::direct_reads`]).
     pub fn open_for_bulk_reads(root: &Path) -> Result<Repository, RepoError> {
-        let db = root.join(DOT_DIR).join("db");
-        if !db.join("CURRENT").is_file() {
-            return Err(StoreError::MissingCurrent { path: db }.into());
-        }
         let options = crate::store::RocksOptions {
             direct_reads: true,
             ..crate::store::RocksOptions::default()
         };
-        let store = RocksStore::open_with(&db, Mode::ReadOnly, &options)?;
+        Self::open_rocks(root, Mode::ReadOnly, &options)
+    }
+
+    fn open_rocks(
+        root: &Path,
+        mode: Mode,
+        options: &crate::store::RocksOptions,
+    ) -> Result<Repository, RepoError> {
+        let db = root.join(DOT_DIR).join("db");
+        // Only `init` creates a store: a repository whose store lost its
+        // CURRENT file (or the whole directory) is damaged, not new.
+        if !db.join("CURRENT").is_file() {
+            return Err(StoreError::MissingCurrent { path: db }.into());
+        }
+        let store = RocksStore::open_with(&db, mode, options)?;
         Self::open_store(root.to_path_buf(), Arc::new(store))
     }
 

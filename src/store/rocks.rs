@@ -351,17 +351,14 @@ fn writer_active(path: &Path) -> bool {
 fn direct_io_works(dir: &Path) -> bool {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    const BLOCK: usize = 4096;
     let probe = dir.join(format!("ckvc-direct-probe-{}", std::process::id()));
-    // An aligned block inside a buffer of two, without an aligned allocator.
-    let buf = vec![0u8; 2 * BLOCK];
-    let skip = buf.as_ptr().align_offset(BLOCK).min(BLOCK);
+    let mut buf = vec![0u8; 2 * PROBE_BLOCK];
     let ok = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .custom_flags(libc::O_DIRECT)
         .open(&probe)
-        .and_then(|mut f| f.write_all(&buf[skip..skip + BLOCK]))
+        .and_then(|mut f| f.write_all(aligned_block(&mut buf)))
         .is_ok();
     let _ = std::fs::remove_file(&probe);
     ok
@@ -378,15 +375,25 @@ fn direct_io_works(_: &Path) -> bool {
 fn direct_reads_work(store: &Path) -> bool {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    const BLOCK: usize = 4096;
-    let mut buf = vec![0u8; 2 * BLOCK];
-    let skip = buf.as_ptr().align_offset(BLOCK).min(BLOCK);
+    let mut buf = vec![0u8; 2 * PROBE_BLOCK];
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(store.join("CURRENT"))
-        .and_then(|mut f| f.read(&mut buf[skip..skip + BLOCK]))
+        .and_then(|mut f| f.read(aligned_block(&mut buf)))
         .is_ok_and(|n| n > 0)
+}
+
+/// The block size of the direct-I/O probes.
+#[cfg(target_os = "linux")]
+const PROBE_BLOCK: usize = 4096;
+
+/// An aligned [`PROBE_BLOCK`] inside `buf` (two blocks long), without an
+/// aligned allocator.
+#[cfg(target_os = "linux")]
+fn aligned_block(buf: &mut [u8]) -> &mut [u8] {
+    let skip = buf.as_ptr().align_offset(PROBE_BLOCK).min(PROBE_BLOCK);
+    &mut buf[skip..skip + PROBE_BLOCK]
 }
 
 #[cfg(not(target_os = "linux"))]
