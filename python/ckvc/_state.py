@@ -517,20 +517,12 @@ def _leaf_bytes(leaf: Leaf) -> np.ndarray:
     or array where it is contiguous (the bytes ``_copy_leaf`` would put in
     the staging buffer)."""
     if leaf.kind == "torch":
-        t = leaf.obj.detach()
-        try:
-            if t.device.type != "cpu":
-                t = t.to("cpu")
-            t = t.resolve_conj().resolve_neg().contiguous()
-            b = t.reshape(-1).view(torch.uint8).numpy()
-            if b.nbytes == leaf.nbytes:
-                return b
-        except (RuntimeError, TypeError, AttributeError):
-            pass
-        # dtypes whose views torch or numpy refuse: the staging copy
-        out = np.empty(leaf.nbytes, dtype=np.uint8)
-        _copy_leaf(out, torch.from_numpy(out), -leaf.offset, leaf)
-        return out
+        # as _copy_leaf's byte copy: on the CPU, lazy conj/neg resolved
+        t = leaf.obj.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
+        b = t.reshape(-1).view(torch.uint8).numpy()
+        if b.nbytes != leaf.nbytes:  # never store bytes of another length
+            raise ValueError(f"tensor {leaf.key!r}: {b.nbytes} bytes, its layout says {leaf.nbytes}")
+        return b
     a = np.ascontiguousarray(leaf.obj)
     return a.reshape(-1).view(np.uint8)
 
