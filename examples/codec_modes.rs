@@ -16,13 +16,18 @@ fn main() {
         .map_or("../shared/corpus/gpt-small", |s| s.as_str());
     let dtype = args.get(2).map_or("bf16", |s| s.as_str());
     let delta = args.get(3).is_some_and(|s| s == "delta");
+    // GROUP=weights|optimizer: only the tensors of that row.
+    let group = std::env::var("GROUP").ok();
     let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let o = Options::default();
     // [stream][mode] -> (symbols, bytes)
     let mut stats = vec![[(0u64, 0u64); 7]; 8];
     let mut kinds = [0u64; 3];
     let mut whole = 0u64;
-    for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
+    for (t, base) in with_bases(&run, delta)
+        .filter(|(t, _)| t.dtype.short_name() == dtype)
+        .filter(|(t, _)| group.as_deref().is_none_or(|g| g == t.group))
+    {
         let f = codec::encode(&t.data, base, t.dtype, &o);
         let info = FrameInfo::parse(&f).expect("own frame");
         let w = info.group_width;

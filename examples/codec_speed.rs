@@ -43,6 +43,8 @@ fn main() {
         .map_or("../shared/corpus/gpt-small", |s| s.as_str());
     let dtype = args.get(2).map_or("bf16", |s| s.as_str());
     let delta = args.get(3).is_some_and(|s| s == "delta");
+    // GROUP=weights|optimizer: only the tensors of that row.
+    let group = std::env::var("GROUP").ok();
     let passes: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(10);
     let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let concat = std::env::var("CONCAT").is_ok();
@@ -52,7 +54,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(usize::MAX);
-    for (t, base) in with_bases(&run, delta).filter(|(t, _)| t.dtype.short_name() == dtype) {
+    for (t, base) in with_bases(&run, delta)
+        .filter(|(t, _)| t.dtype.short_name() == dtype)
+        .filter(|(t, _)| group.as_deref().is_none_or(|g| g == t.group))
+    {
         let cb = (chunk / t.dtype.width()).max(1) * t.dtype.width();
         for (i, c) in t.data.chunks(cb).enumerate() {
             let b = base.map(|b| &b[i * cb..(i * cb + c.len()).min(b.len())]);

@@ -252,6 +252,27 @@ pub fn encode(
     best.1
 }
 
+/// The fewest payload bytes [`encode`] can code `syms` to when neither
+/// context coding nor zstd is open to it (a block shorter than both
+/// minimums): every other mode codes symbol by symbol, so none comes under
+/// the order-0 entropy, and those with a table not under it plus their
+/// header's fixed part (Huffman: the range, half a byte a symbol of it and
+/// three sizes; rANS: the range, a byte a symbol and a state). Raw counts
+/// its symbols, which a raw block's payload leaves in place.
+pub fn floor_bytes(syms: &[u8]) -> f64 {
+    let h = histogram(syms);
+    let n = syms.len();
+    if h.iter().filter(|&&c| c > 0).count() <= 1 {
+        return n.min(1) as f64;
+    }
+    let packed = packed::Shape::of(&h).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
+    let (lo, hi) = hist_range(&h);
+    let range = (hi - lo) as usize + 1;
+    let header = 2 + (range.div_ceil(2) + 12).min(range + 4);
+    let coded = entropy_bits(&h) / 8.0 + header as f64;
+    (n as f64).min(packed).min(coded)
+}
+
 /// A packed block may be this much larger than the best other coding of it
 /// and still be chosen: it decodes several times faster.
 const PACKED_SLACK: f64 = 0.01;
@@ -320,7 +341,7 @@ const PROBE_STEP: usize = 8;
 /// symbol in `ZSTD_MIN_REPEATS`.
 const ZSTD_MIN_REPEATS: usize = 4;
 /// Smallest block zstd is tried on.
-const ZSTD_MIN_SYMBOLS: usize = 4096;
+pub(super) const ZSTD_MIN_SYMBOLS: usize = 4096;
 
 /// zstd is tried only on blocks whose order-0 entropy is at most this many
 /// bits a symbol (exponent streams): matches in noise are rare.
@@ -489,6 +510,28 @@ mod tests {
                     s.iter().fold(0, |a, &b| a | (b ^ first)),
                 );
                 prop_assert_eq!(min_max(s), naive);
+            }
+        }
+
+        /// `floor_bytes` is a floor: no block shorter than zstd's and
+        /// context coding's least comes out smaller, whatever mode it
+        /// takes (noise, skewed, narrow, constant and tiny blocks).
+        #[test]
+        fn no_short_block_codes_below_its_floor(
+            s in proptest::collection::vec(any::<u8>(), 1..3000),
+            skew in 0u32..8,
+            lo in any::<u8>(),
+        ) {
+            let shaped: Vec<u8> = s.iter().map(|&b| lo.wrapping_add(b >> skew)).collect();
+            let sparse: Vec<u8> = s.iter().map(|&b| if b < 250 { lo } else { b }).collect();
+            let (opts, mut scratch) = (Options::default(), EncodeScratch::default());
+            for s in [&s, &shaped, &sparse] {
+                let mut out = Vec::new();
+                let bytes = match encode(s, None, &opts, &mut out, &mut scratch) {
+                    BlockMode::Raw => s.len(),
+                    _ => out.len(),
+                };
+                prop_assert!(bytes as f64 >= floor_bytes(s), "{} < {}", bytes, floor_bytes(s));
             }
         }
     }

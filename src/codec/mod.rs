@@ -723,6 +723,16 @@ fn encode_elements(
     if whole.is_some() {
         std::mem::swap(&mut huff.zstd_out, whole_out);
     }
+    // Blocks shorter than zstd's and context coding's least come to no
+    // less than `block::floor_bytes` each, plus a table entry: a whole
+    // frame already below that is the one kept, without coding them (the
+    // same frame, sooner: the 5 KiB RNG state of a checkpoint).
+    if let Some(z) = whole.filter(|&z| {
+        n < block::ZSTD_MIN_SYMBOLS.min(block::RANS_CTX_MIN_SYMBOLS)
+            && (z as f64) + 1.0 < blocks_floor_bytes(&out[at..at + w * n], n)
+    }) {
+        return put_whole(out, table_at, &whole_out[..z]);
+    }
     let mut cur = at;
     let mut entry = table_at;
     for k in 0..w {
@@ -762,10 +772,25 @@ fn encode_elements(
     }
     out.truncate(cur);
     if let Some(z) = whole.filter(|&z| table_at + z < cur) {
-        out.truncate(table_at);
-        out.extend_from_slice(&whole_out[..z]);
-        out[5] |= 0x40;
+        put_whole(out, table_at, &whole_out[..z]);
     }
+}
+
+/// The streams of a frame as one zstd frame `z` in place of its block
+/// table at `table_at` and the blocks after it (version 6, flag 0x40).
+fn put_whole(out: &mut Vec<u8>, table_at: usize, z: &[u8]) {
+    out.truncate(table_at);
+    out.extend_from_slice(z);
+    out[5] |= 0x40;
+}
+
+/// The fewest bytes the blocks and table entries of the streams of `n`
+/// symbols in `streams` take, for `n` below a block's length.
+fn blocks_floor_bytes(streams: &[u8], n: usize) -> f64 {
+    streams
+        .chunks(n.max(1))
+        .map(|s| block::floor_bytes(s) + 4.0)
+        .sum()
 }
 
 /// zstd's level for a small chunk stored as one zstd frame.
