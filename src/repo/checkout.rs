@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::store::{ChunkId, CommitId};
 
 use super::objects::{check_path, FileManifest, SegmentRef};
-use super::outfile::{OutBuf, OutFile, OUT_BUF_BYTES};
+use super::outfile::{OutFile, PageBuf, OUT_BUF_BYTES};
 use super::{ObjectRef, Place, RepoError, Repository, Site};
 
 /// Checkout knobs.
@@ -247,7 +247,7 @@ impl Repository {
     ) -> (usize, Result<(), RepoError>) {
         let mut incoming = rx.into_iter().flatten();
         let mut done = 0;
-        let mut buf = OutBuf::new(OUT_BUF_BYTES);
+        let mut buf = PageBuf::new(OUT_BUF_BYTES);
         for f in files {
             let io = |path: &Path| {
                 let path = path.to_path_buf();

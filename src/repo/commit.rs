@@ -22,6 +22,7 @@ use crate::codec::{self, DType, Options, Scratch};
 use crate::format::{self, Segment};
 use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
+use super::infile::{AtFile, InFile};
 use super::objects::{
     check_path, chunk_head_key, corrupt, object_key, stored_head, ChunkRecord, Commit, CommitStats,
     FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
@@ -283,7 +284,7 @@ struct Job<'d> {
 /// where its bytes should be (used only if they hash to `id`).
 struct BaseRef {
     id: ChunkId,
-    file: Option<(Arc<std::fs::File>, u64)>,
+    file: Option<(Arc<AtFile>, u64)>,
 }
 
 /// `Meta/commit-source`: the last commit made by `commit` in this
@@ -775,7 +776,7 @@ struct Writer<'a, 'd> {
     tx: Option<SyncSender<Job<'d>>>,
     pool: &'a BufPool,
     /// The parent's files opened for delta bases, by path (`None`: absent).
-    handles: HashMap<String, Option<Arc<std::fs::File>>>,
+    handles: HashMap<String, Option<Arc<AtFile>>>,
     progress: &'a dyn super::Progress,
 }
 
@@ -838,7 +839,7 @@ fn tensor_offsets(m: &FileManifest) -> HashMap<&str, (&SegmentRef, u64)> {
 
 /// What [`Writer::file`] reads a file from.
 enum Input<'f, 'd> {
-    File(&'f mut std::fs::File),
+    File(&'f mut InFile),
     /// The whole file in memory: its chunks are handed on as slices.
     Bytes(&'f Parts<'d>),
 }
@@ -858,7 +859,7 @@ impl<'d> Writer<'_, 'd> {
                     path: path.clone(),
                     source,
                 };
-                let mut f = std::fs::File::open(path).map_err(io)?;
+                let mut f = InFile::open(path).map_err(io)?;
                 let meta = f.metadata().map_err(io)?;
                 let mode = file_mode(&meta);
                 let input = Input::File(&mut f);
@@ -881,12 +882,12 @@ impl<'d> Writer<'_, 'd> {
     /// The parent's file `rel` in the directory it was committed from,
     /// opened once, when it is still a file of the parent's length (its
     /// bytes are checked against the chunk ids before use).
-    fn parent_file(&mut self, parents: &ParentFiles<'_>, rel: &str) -> Option<Arc<std::fs::File>> {
+    fn parent_file(&mut self, parents: &ParentFiles<'_>, rel: &str) -> Option<Arc<AtFile>> {
         if let Some(h) = self.handles.get(rel) {
             return h.clone();
         }
         let h = match (&parents.source, parents.manifests.get(rel)) {
-            (Some(dir), Some(m)) => std::fs::File::open(dir.join(rel))
+            (Some(dir), Some(m)) => AtFile::open(&dir.join(rel))
                 .ok()
                 .filter(|f| {
                     f.metadata()
@@ -964,7 +965,7 @@ impl<'d> Writer<'_, 'd> {
                     .or_else(|| parents.anywhere.get(t.name.as_str()).copied()),
                 Segment::Opaque { .. } => None,
             };
-            let (base_chunks, base_file): (&[ChunkId], Option<(Arc<std::fs::File>, u64)>) =
+            let (base_chunks, base_file): (&[ChunkId], Option<(Arc<AtFile>, u64)>) =
                 match (seg, found) {
                     (
                         Segment::Tensor(t),
@@ -1264,15 +1265,8 @@ fn stopped(stage: &'static str) -> RepoError {
 }
 
 /// Fill `buf` from `file` at `off`; false on any error or short read.
-#[cfg(unix)]
-fn read_at(file: &std::fs::File, buf: &mut [u8], off: u64) -> bool {
-    use std::os::unix::fs::FileExt;
+fn read_at(file: &AtFile, buf: &mut [u8], off: u64) -> bool {
     file.read_exact_at(buf, off).is_ok()
-}
-
-#[cfg(not(unix))]
-fn read_at(_: &std::fs::File, _: &mut [u8], _: u64) -> bool {
-    false
 }
 
 #[cfg(unix)]

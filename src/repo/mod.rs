@@ -32,6 +32,7 @@ mod diff;
 mod exchange;
 mod fsck;
 mod gc;
+mod infile;
 mod log;
 pub mod objects;
 mod outfile;

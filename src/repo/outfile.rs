@@ -22,35 +22,44 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// Alignment of the buffer, of every direct write's length and offset.
-const ALIGN: usize = 4096;
-
 /// Bytes of the buffer: each full buffer is one `write`.
 pub(crate) const OUT_BUF_BYTES: usize = 4 << 20;
 
-/// A page-aligned buffer of `cap` bytes, reused from file to file.
-pub(crate) struct OutBuf {
+/// A page-aligned buffer of `cap` bytes, reused from file to file (by
+/// checkout's output files and commit's input files).
+pub(crate) struct PageBuf {
     mem: Vec<u8>,
     start: usize,
     cap: usize,
 }
 
-impl OutBuf {
+impl PageBuf {
+    /// Alignment of the buffer, and of every direct read's and write's
+    /// length and offset.
+    pub(crate) const ALIGN: usize = 4096;
+
     /// `cap` is rounded up to a whole number of pages.
-    pub(crate) fn new(cap: usize) -> OutBuf {
-        let cap = cap.max(1).div_ceil(ALIGN) * ALIGN;
+    pub(crate) fn new(cap: usize) -> PageBuf {
+        let cap = cap.max(1).div_ceil(PageBuf::ALIGN) * PageBuf::ALIGN;
         // An aligned region inside a buffer one page longer, without an
         // aligned allocator.
-        let mem = vec![0u8; cap + ALIGN];
-        let start = mem.as_ptr().align_offset(ALIGN).min(ALIGN);
-        OutBuf { mem, start, cap }
+        let mem = vec![0u8; cap + PageBuf::ALIGN];
+        let start = mem
+            .as_ptr()
+            .align_offset(PageBuf::ALIGN)
+            .min(PageBuf::ALIGN);
+        PageBuf { mem, start, cap }
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.mem[self.start..self.start + self.cap]
     }
 
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.mem[self.start..self.start + self.cap]
     }
 }
@@ -58,7 +67,7 @@ impl OutBuf {
 /// A new file written front to back.
 pub(crate) struct OutFile<'b> {
     file: File,
-    buf: &'b mut OutBuf,
+    buf: &'b mut PageBuf,
     /// Bytes of `buf` not yet written.
     fill: usize,
     /// Bytes written to the file so far (a multiple of the buffer).
@@ -68,7 +77,7 @@ pub(crate) struct OutFile<'b> {
 
 impl<'b> OutFile<'b> {
     /// Creates `path` (which must not exist) for writing through `buf`.
-    pub(crate) fn create(path: &Path, buf: &'b mut OutBuf) -> io::Result<OutFile<'b>> {
+    pub(crate) fn create(path: &Path, buf: &'b mut PageBuf) -> io::Result<OutFile<'b>> {
         let file = File::create_new(path)?;
         let direct = set_direct(&file, true).is_ok();
         Ok(OutFile {
@@ -106,7 +115,7 @@ impl<'b> OutFile<'b> {
         if self.fill > 0 {
             let len = self.written + self.fill as u64;
             let n = if self.direct {
-                let padded = self.fill.div_ceil(ALIGN) * ALIGN;
+                let padded = self.fill.div_ceil(PageBuf::ALIGN) * PageBuf::ALIGN;
                 let fill = self.fill;
                 self.buf.bytes_mut()[fill..padded].fill(0);
                 padded
@@ -174,7 +183,7 @@ fn set_direct(_: &File, on: bool) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn write_in_pieces(path: &Path, data: &[u8], piece: usize, buf: &mut OutBuf) {
+    fn write_in_pieces(path: &Path, data: &[u8], piece: usize, buf: &mut PageBuf) {
         let mut f = OutFile::create(path, buf).unwrap();
         for p in data.chunks(piece.max(1)) {
             f.write_all(p).unwrap();
@@ -185,14 +194,14 @@ mod tests {
     #[test]
     fn files_of_every_length_around_the_page_and_the_buffer_read_back_exactly() {
         let dir = tempfile::tempdir().unwrap();
-        let mut buf = OutBuf::new(3 * ALIGN);
+        let mut buf = PageBuf::new(3 * PageBuf::ALIGN);
         let cap = buf.cap;
         for (i, len) in [
             0,
             1,
-            ALIGN - 1,
-            ALIGN,
-            ALIGN + 1,
+            PageBuf::ALIGN - 1,
+            PageBuf::ALIGN,
+            PageBuf::ALIGN + 1,
             cap - 1,
             cap,
             cap + 1,
@@ -222,7 +231,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"keep").unwrap();
-        let mut buf = OutBuf::new(ALIGN);
+        let mut buf = PageBuf::new(PageBuf::ALIGN);
         assert!(OutFile::create(&path, &mut buf).is_err());
         assert_eq!(std::fs::read(&path).unwrap(), b"keep");
     }
@@ -231,7 +240,7 @@ mod tests {
     fn a_refused_direct_write_is_retried_buffered_at_the_same_offset() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
-        let mut buf = OutBuf::new(ALIGN);
+        let mut buf = PageBuf::new(PageBuf::ALIGN);
         let mut f = OutFile::create(&path, &mut buf).unwrap();
         let was_direct = f.is_direct();
         // A length no direct write takes (not a whole page): the kernel
@@ -239,7 +248,7 @@ mod tests {
         f.write_all(&[1u8; 100]).unwrap();
         f.write_buf(100).unwrap();
         assert!(!f.is_direct(), "direct before: {was_direct}");
-        let data: Vec<u8> = (0..ALIGN + 5).map(|k| k as u8).collect();
+        let data: Vec<u8> = (0..PageBuf::ALIGN + 5).map(|k| k as u8).collect();
         f.write_all(&data).unwrap();
         f.finish().unwrap();
         let mut want = vec![1u8; 100];
