@@ -53,38 +53,19 @@ pub struct CheckoutReport {
 /// buffered with its blobs out of the page cache, and 5.1-5.4 s against
 /// 3.0-3.5 s with them in it; six gpt-small checkouts of 11 MiB took
 /// 0.58-0.66 s direct against 0.37-0.45 s. Direct reads pay only where
-/// the data cannot be in the page cache anyway, or is not: see
-/// [`UNCACHED_READ_BYTES`].
+/// the data cannot be in the page cache anyway.
 pub const BULK_READ_BYTES: u64 = 4 << 30;
-
-/// Commits of at least this many bytes are read with `O_DIRECT` also when
-/// the page cache holds less than half of the store's blob files
-/// ([`crate::store::Store::cached_share`]). The large run's newest step
-/// (1.42 GiB, depth 3) with the store dropped from the cache and the
-/// machine idle 75 s: 5.68 s direct against 8.29 s buffered (kernel 0.45
-/// s against 5.55 s). Below it, a few hundred MiB, the page-ins cost
-/// little and direct reads forgo the kernel's read-ahead.
-pub const UNCACHED_READ_BYTES: u64 = 256 << 20;
-
-/// Whether a checkout of `bytes` reads the store with `O_DIRECT`, given
-/// the share of its blob files the page cache holds (asked only when it
-/// matters).
-fn reads_direct(bytes: u64, cached_share: impl FnOnce() -> Option<f64>) -> bool {
-    bytes >= BULK_READ_BYTES
-        || (bytes >= UNCACHED_READ_BYTES && cached_share().is_some_and(|s| s < 0.5))
-}
 
 impl Repository {
     /// The handle to check `commit` out with: `None` for this one, or, for
-    /// a commit of at least [`BULK_READ_BYTES`] in a repository on disk (or
-    /// of [`UNCACHED_READ_BYTES`] when the page cache holds less than half
-    /// of its blob files), a reader of the same repository that reads its
-    /// files with `O_DIRECT` ([`Repository::open_for_bulk_reads`], the same
-    /// memory budget). Gigabytes read through the page cache cost more than
-    /// the cache saves. Where that reader cannot be opened, `None`.
+    /// a commit of at least [`BULK_READ_BYTES`] in a repository on disk, a
+    /// reader of the same repository that reads its files with `O_DIRECT`
+    /// ([`Repository::open_for_bulk_reads`], the same memory budget).
+    /// Gigabytes read through the page cache cost more than the cache
+    /// saves. Where that reader cannot be opened, `None`.
     pub fn checkout_reader(&self, commit: &CommitId) -> Result<Option<Repository>, RepoError> {
         let c = self.commit_object(commit)?;
-        if !reads_direct(c.stats.logical_bytes, || self.store.cached_share()) {
+        if c.stats.logical_bytes < BULK_READ_BYTES {
             return Ok(None);
         }
         Ok(Repository::open_for_bulk_reads(self.root())
@@ -623,18 +604,7 @@ pub fn glob_match(glob: &str, path: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{glob_match, reads_direct, BULK_READ_BYTES, UNCACHED_READ_BYTES};
-
-    #[test]
-    fn direct_reads_for_bulk_commits_and_for_uncached_stores() {
-        let never = || -> Option<f64> { panic!("not asked") };
-        assert!(reads_direct(BULK_READ_BYTES, never));
-        assert!(!reads_direct(UNCACHED_READ_BYTES - 1, never));
-        assert!(reads_direct(UNCACHED_READ_BYTES, || Some(0.2)));
-        assert!(!reads_direct(UNCACHED_READ_BYTES, || Some(0.8)));
-        // Not known (another kernel, no blob files): buffered, as before.
-        assert!(!reads_direct(BULK_READ_BYTES - 1, || None));
-    }
+    use super::glob_match;
 
     #[test]
     fn globs() {

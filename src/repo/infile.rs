@@ -23,7 +23,6 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::outfile::PageBuf;
-use crate::store::cached_bytes;
 
 /// Bytes of a block: each block the cache does not hold is one direct read.
 pub(crate) const IN_BLOCK_BYTES: usize = 8 << 20;
@@ -238,15 +237,45 @@ impl AtFile {
     }
 }
 
-/// Whether the page cache holds all `len` bytes at `at` (up to the
-/// file's end); yes where the kernel cannot tell, so the file is read as
-/// before, buffered.
+/// Whether the page cache holds every page of `len` bytes at `at` (up
+/// to the file's end), asked with `cachestat(2)` (Linux 6.5), which reads
+/// nothing and starts no read-ahead. Where the kernel cannot tell, yes:
+/// then the file is read as before, buffered.
+#[cfg(target_os = "linux")]
 fn all_cached(file: &File, at: u64, len: u64) -> bool {
-    let len = match file.metadata() {
-        Ok(m) => len.min(m.len().saturating_sub(at)),
-        Err(_) => return true,
+    use std::os::fd::AsRawFd;
+    /// `__NR_cachestat`, the same on every architecture.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let Ok(size) = file.metadata().map(|m| m.len()) else {
+        return true;
     };
-    cached_bytes(file, at, len).is_none_or(|c| c >= len)
+    let len = len.min(size.saturating_sub(at));
+    if len == 0 {
+        return true;
+    }
+    let range: [u64; 2] = [at, len];
+    // nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted.
+    let mut stat = [0u64; 5];
+    // SAFETY: `range` and `stat` are the kernel's `struct cachestat_range`
+    // and `struct cachestat` (two and five u64), borrowed for the call;
+    // the descriptor is borrowed from `file`.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            range.as_ptr(),
+            stat.as_mut_ptr(),
+            0u32,
+        )
+    };
+    let page = PageBuf::ALIGN as u64;
+    let pages = (at + len).div_ceil(page) - at / page;
+    r != 0 || stat[0] >= pages
+}
+
+#[cfg(not(target_os = "linux"))]
+fn all_cached(_: &File, _: u64, _: u64) -> bool {
+    true
 }
 
 /// A file's `O_DIRECT` descriptor, opened when first wanted, through

@@ -49,7 +49,7 @@ mod status;
 mod watch;
 
 pub use crate::store::ErrorClass;
-pub use checkout::{CheckoutOptions, CheckoutReport, BULK_READ_BYTES, UNCACHED_READ_BYTES};
+pub use checkout::{CheckoutOptions, CheckoutReport, BULK_READ_BYTES};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
 pub use damage::{CorruptReason, ObjectRef, Place, Site};
 pub use diff::{DiffReport, ElementDiff, FileDiff, FileStatus, TensorChange, TensorDiff};

@@ -31,14 +31,12 @@
 use std::fmt;
 use std::path::PathBuf;
 
-mod cache;
 mod id;
 mod mem;
 mod rocks;
 #[cfg(test)]
 mod tests;
 
-pub use cache::cached_bytes;
 pub use id::{to_hex, ChunkId, CommitId, Hash32, ObjectId, ParseIdError};
 pub use mem::MemStore;
 pub use rocks::{Mode, RocksOptions, RocksStore};
@@ -399,13 +397,6 @@ pub trait Store: Send + Sync {
     fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
         Ok(())
     }
-
-    /// The share of the store's bulk files (for RocksDB: its blob files)
-    /// that the page cache holds, 0 to 1; `None` where that is not known
-    /// (no such files, a kernel that cannot tell; by default).
-    fn cached_share(&self) -> Option<f64> {
-        None
-    }
 }
 
 /// Conveniences on top of [`Store`], for every store.
@@ -469,8 +460,5 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
         (**self).ensure_room_to_compact()
-    }
-    fn cached_share(&self) -> Option<f64> {
-        (**self).cached_share()
     }
 }

@@ -820,22 +820,6 @@ impl Store for RocksStore {
         Ok(())
     }
 
-    fn cached_share(&self) -> Option<f64> {
-        let (mut size, mut cached) = (0u64, 0u64);
-        for entry in std::fs::read_dir(&self.path).ok()?.flatten() {
-            if entry.path().extension().is_some_and(|e| e == "blob") {
-                // A file deleted meanwhile (a compaction) counts as nothing.
-                let Ok(f) = std::fs::File::open(entry.path()) else {
-                    continue;
-                };
-                let len = f.metadata().map_or(0, |m| m.len());
-                size += len;
-                cached += super::cached_bytes(&f, 0, len)?;
-            }
-        }
-        (size > 0).then(|| cached as f64 / size as f64)
-    }
-
     fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
         if self.mode == Mode::ReadOnly {
             return Ok(());

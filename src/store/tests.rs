@@ -396,41 +396,6 @@ conformance!(
 // ---- RocksDB only ----
 
 #[test]
-fn rocks_cached_share_counts_the_blob_files_the_page_cache_holds() {
-    let (s, dir) = rocks(&fast());
-    // No blob file yet: not known.
-    assert_eq!(s.cached_share(), None);
-    let mut b = Batch::new();
-    for k in 0..8u8 {
-        b.put(Space::Chunks, &[k; 32], vec![k; 1 << 20]);
-    }
-    s.write(b).unwrap();
-    s.flush().unwrap();
-    let blobs: Vec<_> = std::fs::read_dir(dir.path().join("db"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
-        .collect();
-    assert!(!blobs.is_empty(), "the values went to blob files");
-    let Some(_) = s.cached_share() else {
-        return; // a kernel before 6.5 cannot tell
-    };
-    use std::os::fd::AsRawFd;
-    for p in &blobs {
-        let f = std::fs::File::open(p).unwrap();
-        f.sync_all().unwrap();
-        // SAFETY: advice on a descriptor borrowed from `f`.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    }
-    assert!(s.cached_share().unwrap() < 0.01);
-    for p in &blobs {
-        std::fs::read(p).unwrap();
-    }
-    assert!(s.cached_share().unwrap() > 0.99);
-}
-
-#[test]
 fn rocks_unlogged_batches_are_visible_at_once_and_durable_after_flush() {
     let dir = tmp();
     let path = dir.path().join("db");
