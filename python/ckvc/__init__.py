@@ -58,6 +58,12 @@ __all__ = [
 
 Rev = Union[int, str]
 
+#: How much lower than the trainer's the priority (nice value) of a
+#: background save's commit is, once its tensors are staged: on a machine
+#: whose cores also run the forward and backward pass, the training step
+#: comes first and the commit takes the time it leaves.
+BACKGROUND_NICE = 10
+
 
 @dataclass(frozen=True)
 class Commit:
@@ -396,7 +402,9 @@ class Repository:
                             staging_buf.copy_deferred(p, deferred)
                         finally:
                             fut._staged.set()
-                    d = _ckvc.commit_buffers(self.path, files, step, now_msg, mets, self.branch)
+                    d = _ckvc.commit_buffers(
+                        self.path, files, step, now_msg, mets, self.branch, nice=BACKGROUND_NICE
+                    )
                     fut._finish(self._commit(d["id"]), None)
                 except BaseException as e:  # noqa: BLE001 - handed to the future
                     fut._finish(None, e)

@@ -55,15 +55,18 @@ def commit_buffers(
     message: str = "",
     metrics: Sequence[Tuple[str, float]] = (),
     branch: Optional[str] = None,
+    nice: int = 0,
 ) -> Dict[str, Any]:
     """Internal (``Repository.save`` calls it with its own staging buffer,
     or, for a blocking save, with a list of buffers per file: the header
     and each tensor in place, the file being their concatenation).
     Commit in-memory files at ``step`` with the GIL released: the buffers
     are read without the GIL, so no other thread may write them during the
-    call (that would be a data race). Returns the commit report:
-    id, step, branch, already_committed, logical_bytes, stored_bytes, files,
-    new_chunks, max_depth."""
+    call (that would be a data race). With ``nice`` above 0 (a background
+    save) the calling thread's nice value is raised by it for good and the
+    commit runs on a pool of threads of that priority. Returns the commit
+    report: id, step, branch, already_committed, logical_bytes,
+    stored_bytes, files, new_chunks, max_depth."""
 
 def commit_dir(
     path: _Path,

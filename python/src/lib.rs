@@ -407,9 +407,13 @@ impl Bytes {
 /// buffers; a file may also be a list of buffers, the file being their
 /// concatenation: nothing is copied into one buffer first) at `step`. The
 /// buffers must stay alive and unmodified during the call (the GIL is
-/// released while the library reads them).
+/// released while the library reads them). With `nice` above 0 (a
+/// background save) the calling thread's nice value is raised by it for
+/// good and the commit runs on a pool of threads of that priority, so
+/// a training loop on the same cores comes first.
 #[pyfunction]
-#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None))]
+#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0))]
+#[allow(clippy::too_many_arguments)]
 fn commit_buffers<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -418,6 +422,7 @@ fn commit_buffers<'py>(
     message: String,
     metrics: Vec<(String, f64)>,
     branch: Option<String>,
+    nice: i32,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut held = Vec::new();
     let mut files_parts: Vec<(String, Vec<Bytes>)> = Vec::with_capacity(files.len());
@@ -462,11 +467,47 @@ fn commit_buffers<'py>(
             })
             .collect();
         let repo = open_repo(&path, true)?;
-        repo.commit_parts(&slices, &opts)
+        match background_pool(nice) {
+            Some(pool) => pool.install(|| repo.commit_parts(&slices, &opts)),
+            None => repo.commit_parts(&slices, &opts),
+        }
     })?;
     drop(held);
     report_dict(py, &report)
 }
+
+/// For `nice` above 0: raise this thread's nice value by it (threads it
+/// starts inherit it) and return the pool background commits run on,
+/// built by the first such thread so that its threads have the same
+/// priority. On `--compute cpu` of `scripts/bench_python.py` (forward and
+/// backward on the same two cores) a second background save lengthened
+/// the training step beside it by 0.78x `torch.save` + fsync at the
+/// trainer's priority.
+fn background_pool(nice: i32) -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    if nice <= 0 {
+        return None;
+    }
+    lower_priority(nice);
+    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().build().ok())
+        .as_ref()
+}
+
+/// Raise the calling thread's nice value by `by` (best effort: where it
+/// cannot be changed the commit runs as it is).
+#[cfg(target_os = "linux")]
+fn lower_priority(by: i32) {
+    // SAFETY: gettid has no arguments; getpriority and setpriority read
+    // and set the priority of the calling thread (its id) only.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (now + by).min(19));
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_priority(_: i32) {}
 
 /// Commit a checkpoint directory (what `ckvc commit DIR` does).
 #[pyfunction]

@@ -2,6 +2,7 @@
 
 import os
 import stat
+import threading
 
 import numpy as np
 import pytest
@@ -104,3 +105,30 @@ def test_another_writer_holding_the_lock_is_a_locked_error(repo):
         assert repo.steps() == [1]  # readers read beside the writer
         assert repo.load(1)["a"].sum() == 0
     assert repo.save({"a": np.ones(4)}, step=2).step == 2
+
+
+def test_a_background_commit_runs_below_the_trainers_priority(repo):
+    # The commit of a background save raises its thread's nice value by
+    # ckvc.BACKGROUND_NICE (the thread is the save's own); the caller's
+    # thread keeps its priority. Seen here on a thread of the test's own
+    # that calls the binding as a background save does.
+    from ckvc import _ckvc
+
+    seen = {}
+
+    def work():
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        _ckvc.commit_buffers(
+            repo.path, [("a.bin", b"x" * 100_000)], 7, nice=ckvc.BACKGROUND_NICE
+        )
+        seen["delta"] = os.getpriority(os.PRIO_PROCESS, tid) - before
+        seen["before"] = before
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(60)
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen["delta"] == min(ckvc.BACKGROUND_NICE, 19 - seen["before"])
+    assert main == seen["before"]
+    assert repo.steps()[-1] == 7
