@@ -74,8 +74,10 @@ def commit_dir(
     step: Optional[int] = None,
     message: str = "",
     branch: Optional[str] = None,
+    nice: int = 0,
 ) -> Dict[str, Any]:
-    """Commit a checkpoint directory (``ckvc commit DIR``); the same report."""
+    """Commit a checkpoint directory (``ckvc commit DIR``); the same report.
+    ``nice`` as for ``commit_buffers`` (the Trainer callback's commits)."""
 
 class Reader:
     """A read-only view of the repository at ``path``, as of opening."""

@@ -509,9 +509,10 @@ fn lower_priority(by: i32) {
 #[cfg(not(target_os = "linux"))]
 fn lower_priority(_: i32) {}
 
-/// Commit a checkpoint directory (what `ckvc commit DIR` does).
+/// Commit a checkpoint directory (what `ckvc commit DIR` does); `nice`
+/// as for [`commit_buffers`] (the Trainer callback's background commits).
 #[pyfunction]
-#[pyo3(signature = (path, dir, step = None, message = String::new(), branch = None))]
+#[pyo3(signature = (path, dir, step = None, message = String::new(), branch = None, nice = 0))]
 fn commit_dir<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -519,6 +520,7 @@ fn commit_dir<'py>(
     step: Option<u64>,
     message: String,
     branch: Option<String>,
+    nice: i32,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = CommitOptions {
         step,
@@ -527,7 +529,11 @@ fn commit_dir<'py>(
         ..CommitOptions::default()
     };
     let report = run(py, &Ctx::default(), move || {
-        open_repo(&path, true)?.commit(&dir, &opts)
+        let repo = open_repo(&path, true)?;
+        match background_pool(nice) {
+            Some(pool) => pool.install(|| repo.commit(&dir, &opts)),
+            None => repo.commit(&dir, &opts),
+        }
     })?;
     report_dict(py, &report)
 }

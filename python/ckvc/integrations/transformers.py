@@ -27,7 +27,7 @@ import threading
 from typing import List, Optional, Tuple
 
 from .. import _ckvc
-from .. import Repository
+from .. import BACKGROUND_NICE, Repository
 
 try:
     from transformers import TrainerCallback
@@ -86,7 +86,9 @@ class CkvcCallback(TrainerCallback):
                     return
                 d, snap, step = item
                 try:
-                    r = _ckvc.commit_dir(self.repo_path, snap, step, "", self.branch)
+                    r = _ckvc.commit_dir(
+                        self.repo_path, snap, step, "", self.branch, nice=BACKGROUND_NICE
+                    )
                     self.committed.append((step, r["id"], d))
                     if self._last_snapshot is not None:
                         shutil.rmtree(self._last_snapshot, ignore_errors=True)
