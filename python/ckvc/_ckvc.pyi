@@ -63,8 +63,9 @@ def commit_buffers(
     Commit in-memory files at ``step`` with the GIL released: the buffers
     are read without the GIL, so no other thread may write them during the
     call (that would be a data race). With ``nice`` above 0 (a background
-    save) the calling thread's nice value is raised by it for good and the
-    commit runs on a pool of threads of that priority. Returns the commit
+    save) the calling thread's nice value is set that much above the
+    process's, for good, and the commit runs on a pool of threads of that
+    priority. Returns the commit
     report: id, step, branch, already_committed, logical_bytes,
     stored_bytes, files, new_chunks, max_depth."""
 

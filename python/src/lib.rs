@@ -408,9 +408,10 @@ impl Bytes {
 /// concatenation: nothing is copied into one buffer first) at `step`. The
 /// buffers must stay alive and unmodified during the call (the GIL is
 /// released while the library reads them). With `nice` above 0 (a
-/// background save) the calling thread's nice value is raised by it for
-/// good and the commit runs on a pool of threads of that priority, so
-/// a training loop on the same cores comes first.
+/// background save) the calling thread's nice value is set that much
+/// above the process's, for good, and the commit runs on a pool of
+/// threads of that priority, so a training loop on the same cores comes
+/// first.
 #[pyfunction]
 #[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0))]
 #[allow(clippy::too_many_arguments)]
@@ -476,8 +477,8 @@ fn commit_buffers<'py>(
     report_dict(py, &report)
 }
 
-/// For `nice` above 0: raise this thread's nice value by it (threads it
-/// starts inherit it) and return the pool background commits run on,
+/// For `nice` above 0: set this thread's nice value that much above the
+/// process's (threads it starts inherit it) and return the pool background commits run on,
 /// built by the first such thread so that its threads have the same
 /// priority. On `--compute cpu` of `scripts/bench_python.py` (forward and
 /// backward on the same two cores) a second background save lengthened
@@ -493,16 +494,22 @@ fn background_pool(nice: i32) -> Option<&'static rayon::ThreadPool> {
         .as_ref()
 }
 
-/// Raise the calling thread's nice value by `by` (best effort: where it
-/// cannot be changed the commit runs as it is).
+/// Make the calling thread's nice value `by` above the process's (its
+/// main thread's), unless it is that or more already, so a thread that
+/// commits again (the Trainer callback's) stays there (best effort: where
+/// it cannot be changed the commit runs as it is).
 #[cfg(target_os = "linux")]
 fn lower_priority(by: i32) {
-    // SAFETY: gettid has no arguments; getpriority and setpriority read
-    // and set the priority of the calling thread (its id) only.
+    // SAFETY: getpid and gettid have no arguments; getpriority reads the
+    // priority of the process's main thread and of the calling thread,
+    // setpriority sets the calling thread's (its id) only.
     unsafe {
+        let main = libc::getpriority(libc::PRIO_PROCESS, libc::getpid() as libc::id_t);
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        libc::setpriority(libc::PRIO_PROCESS, tid, (now + by).min(19));
+        let target = (main + by).min(19);
+        if libc::getpriority(libc::PRIO_PROCESS, tid) < target {
+            libc::setpriority(libc::PRIO_PROCESS, tid, target);
+        }
     }
 }
 
