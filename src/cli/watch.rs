@@ -40,7 +40,32 @@ pub struct WatchArgs {
     /// One JSON object per event on stdout.
     #[arg(long)]
     json: bool,
+    /// Lower the watcher's CPU priority by N (its nice value +N, 0 to 19)
+    /// before it commits, so the training job on the same machine comes
+    /// first when they compete for cores.
+    #[arg(long, default_value_t = 10, value_name = "N",
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    nice: i32,
 }
+
+/// Raise the calling thread's nice value by `by` (best effort: where the
+/// system refuses, the watcher runs as it is).
+#[cfg(unix)]
+fn lower_priority(by: i32) {
+    if by <= 0 {
+        return;
+    }
+    // SAFETY: getpriority and setpriority with `who` 0 read and set the
+    // calling thread's priority (Linux) or the process's; no memory is
+    // passed.
+    unsafe {
+        let now = libc::getpriority(libc::PRIO_PROCESS, 0);
+        libc::setpriority(libc::PRIO_PROCESS, 0, (now + by).min(19));
+    }
+}
+
+#[cfg(not(unix))]
+fn lower_priority(_: i32) {}
 
 fn secs(name: &str, v: f64) -> Result<Duration, Failure> {
     Duration::try_from_secs_f64(v)
@@ -51,6 +76,8 @@ pub fn run(a: WatchArgs, w: &Where) -> Result<(), Failure> {
     // Find the repository once (reads only); watch opens it for writing
     // only while it commits.
     let root = w.open(false)?.root().to_path_buf();
+    // Before any thread starts: each one the commits start inherits it.
+    lower_priority(a.nice);
     let opts = WatchOptions {
         settle: secs("settle", a.settle)?,
         interval: secs("interval", a.interval)?,

@@ -157,6 +157,55 @@ fn start_watch(repo: &Path, run: &Path, extra: &[&str]) -> Child {
         .unwrap()
 }
 
+/// `ckvc watch` lowers its priority (nice +10 by default, `--nice N`)
+/// before it commits, so the training job beside it comes first.
+#[cfg(target_os = "linux")]
+#[test]
+fn watch_runs_at_a_lower_priority_than_the_job() {
+    fn nice_of(child: &Child) -> i64 {
+        // /proc/PID/stat: the command sits in parentheses; the nice value
+        // is field 19, the 17th after them.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        rest.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (repo, run) = (tmp.path().join("repo"), tmp.path().join("run"));
+    for d in [&repo, &run] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let (code, _, err) = run_ckvc(&repo, &["init"]);
+    assert_eq!(code, Some(0), "{err}");
+    // SAFETY: reads this process's priority; no memory is passed.
+    let ours = i64::from(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) });
+    for (extra, by) in [
+        (vec![], 10),
+        (vec!["--nice", "3"], 3),
+        (vec!["--nice", "0"], 0),
+    ] {
+        let mut w = start_watch(&repo, &run, &extra);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = ours;
+        while Instant::now() < deadline {
+            seen = nice_of(&w);
+            if seen == (ours + by).min(19) && (by == 0 || seen != ours) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        w.kill().unwrap();
+        w.wait().unwrap();
+        assert_eq!(seen, (ours + by).min(19), "--nice {by}");
+    }
+    let run = run.to_str().unwrap();
+    let (code, _, err) = run_ckvc(&repo, &["watch", "--nice", "20", "--once", run]);
+    assert_eq!(
+        code,
+        Some(2),
+        "an out-of-range --nice is a usage error: {err}"
+    );
+}
+
 fn logged_steps(repo: &Path) -> Vec<(u64, String)> {
     let (code, out, err) = run_ckvc(repo, &["log", "--json"]);
     assert_eq!(code, Some(0), "{err}");
