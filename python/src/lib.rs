@@ -468,30 +468,29 @@ fn commit_buffers<'py>(
             })
             .collect();
         let repo = open_repo(&path, true)?;
-        match background_pool(nice) {
-            Some(pool) => pool.install(|| repo.commit_parts(&slices, &opts)),
-            None => repo.commit_parts(&slices, &opts),
-        }
+        at_priority(nice, || repo.commit_parts(&slices, &opts))
     })?;
     drop(held);
     report_dict(py, &report)
 }
 
-/// For `nice` above 0: set this thread's nice value that much above the
-/// process's (threads it starts inherit it) and return the pool background commits run on,
-/// built by the first such thread so that its threads have the same
-/// priority. On `--compute cpu` of `scripts/bench_python.py` (forward and
+/// Run `f` here, or for `nice` above 0 with this thread's nice value set
+/// that much above the process's (threads it starts inherit it) on the
+/// pool background commits run on, built by the first such thread so that
+/// its threads have the same priority. On `--compute cpu` of `scripts/bench_python.py` (forward and
 /// backward on the same two cores) a second background save lengthened
 /// the training step beside it by 0.78x `torch.save` + fsync at the
 /// trainer's priority.
-fn background_pool(nice: i32) -> Option<&'static rayon::ThreadPool> {
+fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
     if nice <= 0 {
-        return None;
+        return f();
     }
     lower_priority(nice);
-    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().build().ok())
-        .as_ref()
+    match POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().build().ok()) {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
 }
 
 /// Make the calling thread's nice value `by` above the process's (its
@@ -537,10 +536,7 @@ fn commit_dir<'py>(
     };
     let report = run(py, &Ctx::default(), move || {
         let repo = open_repo(&path, true)?;
-        match background_pool(nice) {
-            Some(pool) => pool.install(|| repo.commit(&dir, &opts)),
-            None => repo.commit(&dir, &opts),
-        }
+        at_priority(nice, || repo.commit(&dir, &opts))
     })?;
     report_dict(py, &report)
 }

@@ -1228,7 +1228,7 @@ impl Repository {
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
-            if read_at(file, &mut buf, *off) && ChunkId::digest(&buf) == b.id {
+            if file.read_exact_at(&mut buf, *off).is_ok() && ChunkId::digest(&buf) == b.id {
                 give_back(rec);
                 return Ok(Some((buf, depth)));
             }
@@ -1262,11 +1262,6 @@ impl Repository {
 /// own error is the one the commit returns).
 fn stopped(stage: &'static str) -> RepoError {
     RepoError::Stopped { stage }
-}
-
-/// Fill `buf` from `file` at `off`; false on any error or short read.
-fn read_at(file: &AtFile, buf: &mut [u8], off: u64) -> bool {
-    file.read_exact_at(buf, off).is_ok()
 }
 
 #[cfg(unix)]
