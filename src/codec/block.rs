@@ -1,18 +1,19 @@
 //! Per-block entropy coding: each 64 KiB block of a stream is stored as the
-//! smallest of raw, constant run, Huffman, rANS, bit-packed and zstd.
+//! smallest of raw, constant run, Huffman, rANS, bit-packed, zstd and
+//! sparse.
 //!
 //! Owns: the block mode byte ([`BlockMode`]), the choice of a block's mode
 //! from size estimates (sampled for large blocks), and the dispatch of a
 //! block's encode and decode to the coder of its mode. Must not: code
-//! symbols itself (`huffman`, `rans`, `context`, `packed` and the zstd
-//! library do) or compute statistics (`stats` does); it stands on those,
+//! symbols itself (`huffman`, `rans`, `context`, `packed`, `sparse` and
+//! the zstd library do) or compute statistics (`stats` does); it stands on those,
 //! and none of them imports it.
 
 use std::f64::consts::LN_2;
 
 use super::context::{self, CtxModel};
 use super::stats::{self, entropy_bits, histogram, sampled_histogram, sampled_rest};
-use super::{huffman, packed, rans, DecodeError, Options};
+use super::{huffman, packed, rans, sparse, DecodeError, Options};
 
 /// How one block is stored. The discriminant is the on-disk mode byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,9 @@ pub enum BlockMode {
     /// A zstd frame (RFC 8878) of the block's symbols (from format
     /// version 5): matches, which order-0 coding cannot see.
     Zstd = 6,
+    /// One symbol everywhere but a few places, which are stored with
+    /// their symbols (from format version 7).
+    Sparse = 7,
 }
 
 impl BlockMode {
@@ -43,6 +47,7 @@ impl BlockMode {
             4 => Some(BlockMode::RansCtx),
             5 => Some(BlockMode::Packed),
             6 => Some(BlockMode::Zstd),
+            7 => Some(BlockMode::Sparse),
             _ => None,
         }
     }
@@ -214,6 +219,22 @@ pub fn encode(
     if packed_bytes <= best.0 * (1.0 + PACKED_SLACK) {
         best = (packed_bytes, BlockMode::Packed);
     }
+    // Sparse (format version 7), where one symbol fills all but a few
+    // places: chosen when no larger than the best (it decodes by the
+    // places that are not that symbol, not symbol by symbol: faster than
+    // any other coding of such a block; a slack of 5% bought nothing
+    // more on either corpus).
+    if opts.sparse && n >= SPARSE_MIN_SYMBOLS {
+        let (z, others) = sparse::dominant(&h);
+        if others as f64 * scale * SPARSE_MAX_SHARE as f64 <= n as f64 {
+            let max = 2 * n / SPARSE_MAX_SHARE;
+            if let Some(b) = sparse::plan(syms, z, max, best.0, &mut scratch.sparse) {
+                if b as f64 <= best.0 {
+                    best = (b as f64, BlockMode::Sparse);
+                }
+            }
+        }
+    }
     // zstd (format version 5), for the matches order-0 coding cannot see:
     // tried only where a quick probe finds repeated 8-byte strings.
     let mut zbytes = false;
@@ -242,6 +263,7 @@ pub fn encode(
         }
         BlockMode::Packed => packed::encode(syms, packing.expect("set with Packed"), out),
         BlockMode::Zstd if zbytes => out.extend_from_slice(&scratch.zstd_out),
+        BlockMode::Sparse => out.extend_from_slice(&scratch.sparse.payload),
         _ => huffman::encode(syms, &lens, out, &mut scratch.huffman),
     }
     // Sizes from a sample are estimates: a block that did not pay is raw.
@@ -253,12 +275,13 @@ pub fn encode(
 }
 
 /// The fewest payload bytes [`encode`] can code `syms` to when neither
-/// context coding nor zstd is open to it (a block shorter than both
-/// minimums): every other mode codes symbol by symbol, so none comes under
-/// the order-0 entropy, and those with a table not under it plus their
-/// header's fixed part (Huffman: the range, half a byte a symbol of it and
-/// three sizes; rANS: the range, a byte a symbol and a state). Raw counts
-/// its symbols, which a raw block's payload leaves in place.
+/// context coding, zstd nor sparse coding is open to it (a block shorter
+/// than their minimums): every other mode codes symbol by symbol, so none
+/// comes under the order-0 entropy, and those with a table not under it
+/// plus their header's fixed part (Huffman: the range, half a byte a
+/// symbol of it and three sizes; rANS: the range, a byte a symbol and a
+/// state). Raw counts its symbols, which a raw block's payload leaves in
+/// place.
 pub fn floor_bytes(syms: &[u8]) -> f64 {
     let h = histogram(syms);
     let n = syms.len();
@@ -277,6 +300,13 @@ pub fn floor_bytes(syms: &[u8]) -> f64 {
 /// and still be chosen: it decodes several times faster.
 const PACKED_SLACK: f64 = 0.01;
 
+/// Sparse coding is tried on blocks of at least this many symbols where at
+/// most one in `SPARSE_MAX_SHARE` is not the most common. (Its gaps see
+/// runs, which order-0 coding cannot: like context coding and zstd, it is
+/// kept out of blocks shorter than [`floor_bytes`] speaks for.)
+const SPARSE_MIN_SYMBOLS: usize = ZSTD_MIN_SYMBOLS;
+const SPARSE_MAX_SHARE: usize = 8;
+
 /// Encoder state kept between blocks (one per thread).
 #[derive(Default)]
 pub struct EncodeScratch {
@@ -287,6 +317,8 @@ pub struct EncodeScratch {
     /// A zstd compression context and its level, and its last output.
     zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
     pub(super) zstd_out: Vec<u8>,
+    /// The sparse coder's lists and its last payload.
+    sparse: sparse::EncodeScratch,
 }
 
 /// The zstd frame of `syms` at `level` in `scratch.zstd_out`; its length,
@@ -424,6 +456,8 @@ pub struct Tables {
     pub zstd: Option<zstd::bulk::Decompressor<'static>>,
     /// The streams of a frame stored as one zstd frame (version 6).
     pub whole: Vec<u8>,
+    /// A sparse block's decoded gap buckets and symbols (version 7).
+    pub sparse: Vec<u8>,
 }
 
 /// Decode one block whose payload is `frame[start..start+len]` into `out`;
@@ -470,6 +504,15 @@ pub fn decode(
         BlockMode::Packed => packed::decode(payload, start as u64, out)?,
         BlockMode::Zstd if version < 5 => {
             return Err(corrupt("zstd block in a frame before format version 5"))
+        }
+        BlockMode::Sparse if version < 7 => {
+            return Err(corrupt("sparse block in a frame before format version 7"))
+        }
+        BlockMode::Sparse => {
+            let Tables {
+                huffman, sparse, ..
+            } = tables;
+            sparse::decode(frame, start, len, out, huffman, sparse)?
         }
         BlockMode::Zstd => {
             let bad = || corrupt("zstd block does not decode to its symbol count");

@@ -3,15 +3,16 @@
 //! Owns: sign-bit rotation and byte grouping, the delta representations
 //! against a base chunk, the element map of zero or unchanged elements
 //! ([`ElementMap`]), and block-adaptive entropy coding (raw / constant /
-//! Huffman / rANS / bit-packed per 64 KiB block of each stream), framed as
-//! specified byte by byte in `docs/format/codec.md`.
+//! Huffman / rANS / bit-packed / zstd / sparse per 64 KiB block of each
+//! stream), framed as specified byte by byte in `docs/format/codec.md`.
 //!
 //! This file holds the public API (encode / decode, [`Options`],
 //! [`Scratch`], [`FrameInfo`], [`DecodeError`]) and the frame: header,
 //! delta search, stream table. Beneath it, private modules, each importing
 //! only those below it: `block` (a block's mode, chosen from estimates)
 //! over the coders `huffman` (with `bits`), `context` (context modelling)
-//! over `rans` (the interleaved coder), and `packed`; `layout` (rotation,
+//! over `rans` (the interleaved coder), `packed`, and `sparse` (over
+//! `huffman` and `packed`); `layout` (rotation,
 //! grouping, deltas) and `elements` (the element map) for the frame;
 //! `stats` (histograms, entropy, frequency normalisation) and `simd` (every
 //! `#[target_feature]` kernel) at the bottom; `dtype` for element types.
@@ -42,6 +43,7 @@ mod layout;
 mod packed;
 mod palette;
 mod rans;
+mod sparse;
 mod stats;
 
 use block::BlockMode;
@@ -55,7 +57,7 @@ pub use stats::{entropy_bits, histogram};
 pub const MAGIC: [u8; 2] = *b"CK";
 /// The frame format version this build writes; it reads this one and every
 /// earlier one.
-pub const FORMAT_VERSION: u8 = 6;
+pub const FORMAT_VERSION: u8 = 7;
 /// Codec id of the grouped-entropy codec (the only one so far).
 pub const CODEC_GROUPED: u8 = 1;
 /// Block size of each stream: a fresh entropy code every 64 KiB.
@@ -159,6 +161,9 @@ pub struct Options {
     /// 6, transform bit 7), when that is smaller: quantized or clustered
     /// weights, masks.
     pub palette: Palette,
+    /// Allow sparse blocks (format version 7): a block that is one symbol
+    /// in all but a few places, stored as those places and their symbols.
+    pub sparse: bool,
 }
 
 impl Default for Options {
@@ -177,6 +182,7 @@ impl Default for Options {
             regroup: true,
             small_zstd_max: 64 << 10,
             palette: Palette::Auto,
+            sparse: true,
         }
     }
 }
@@ -199,6 +205,7 @@ impl Options {
             regroup: false,
             small_zstd_max: 0,
             palette: Palette::Never,
+            sparse: false,
         }
     }
 }
@@ -723,8 +730,9 @@ fn encode_elements(
     if whole.is_some() {
         std::mem::swap(&mut huff.zstd_out, whole_out);
     }
-    // Blocks shorter than zstd's and context coding's least come to no
-    // less than `block::floor_bytes` each, plus a table entry: a whole
+    // Blocks shorter than zstd's, sparse and context coding's least
+    // (sparse coding's is zstd's) come to no less than
+    // `block::floor_bytes` each, plus a table entry: a whole
     // frame already below that is the one kept, without coding them (the
     // same frame, sooner: the 5 KiB RNG state of a checkpoint).
     if let Some(z) = whole.filter(|&z| {

@@ -168,7 +168,9 @@ fn symbols_the_sample_misses_are_still_coded() {
                 }
             })
             .collect();
-        for opts in all_options() {
+        // (Sparse blocks are exact, whatever the sample saw: 1 in 40
+        // symbols off the most common is sparse coding's.)
+        for opts in all_options().map(|o| Options { sparse: false, ..o }) {
             let mut out = Vec::new();
             let mode = block::encode(
                 &syms,
@@ -301,10 +303,10 @@ fn known_answer_frames() {
     // both raw blocks (three symbols do not pay for a table).
     let raw = bf16_bytes(&[1.0, -2.0, 0.5]);
     let f = encode(&raw, None, DType::BF16, &never);
-    assert_eq!(hex(&f), "434b060108040600030000000300000001007f807e");
+    assert_eq!(hex(&f), "434b070108040600030000000300000001007f807e");
     // 5 bytes of u8 all equal: one constant block, no tail.
     let f = encode(&[9u8; 5], None, DType::U8, &never);
-    assert_eq!(hex(&f), "434b06010100050101000009");
+    assert_eq!(hex(&f), "434b07010100050101000009");
     // f32 [0.25, 0.5] and a 3-byte tail; no base. Streams 0-2 are constant
     // zero, stream 3 (exponents 7d 7e) is raw; the tail follows the header.
     let mut raw = f32_bytes(&[0.25, 0.5]);
@@ -312,7 +314,7 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &never);
     assert_eq!(
         hex(&f),
-        "434b06010b040b010203010100000101000001010000000200000000007d7e"
+        "434b07010b040b010203010100000101000001010000000200000000007d7e"
     );
     // 64 f32 against an identical base: per-stream delta (kind 1, rotated),
     // four stream ops, every stream one constant block of zeros.
@@ -320,14 +322,14 @@ fn known_answer_frames() {
     let f = encode(&raw, Some(&raw), DType::F32, &never);
     assert_eq!(
         hex(&f),
-        "434b06010b058002010101010101000001010000010100000101000000000000"
+        "434b07010b058002010101010101000001010000010100000101000000000000"
     );
     // 16 u8 of 10, 12, 14, 16 (the least plus 2 bits shifted by 1): one
     // packed block (mode 5), `lo 0a | bits 02 | shift 01` and 2 bits a
     // symbol, four a byte: 0,1,2,3 -> e4.
     let raw: Vec<u8> = (0..16).map(|i| 10 + 2 * (i % 4) as u8).collect();
     let f = encode(&raw, None, DType::U8, &never);
-    assert_eq!(hex(&f), "434b0601010010050700000a0201e4e4e4e4");
+    assert_eq!(hex(&f), "434b0701010010050700000a0201e4e4e4e4");
 }
 
 /// Frames written by format versions 1 to 5 (the known answers above
@@ -421,18 +423,19 @@ fn zstd_block_known_answer() {
     assert_eq!(decode(&f, None).unwrap(), raw);
     // This encoder writes it so (another zstd release may pick other
     // matches: then only the frame's header and mode are pinned here).
-    // Version 6 writes the same block after its shorter header (raw length
-    // 4096 as LEB128: 80 20), when the chunk is not one zstd frame whole.
+    // Versions 6 and 7 write the same block after their shorter header
+    // (raw length 4096 as LEB128: 80 20), when the chunk is not one zstd
+    // frame whole.
     let blocks = Options {
         small_zstd_max: 0,
         regroup: false,
         ..Options::default()
     };
     let ours = encode(&raw, None, DType::U8, &blocks);
-    let v6 = format!("434b0601010080 20{}", &ZSTD_KAT[32..]).replace(' ', "");
-    assert_eq!(hex(&ours[..11]), v6[..22]);
+    let short = format!("434b0701010080 20{}", &ZSTD_KAT[32..]).replace(' ', "");
+    assert_eq!(hex(&ours[..11]), short[..22]);
     assert_eq!(decode(&ours, None).unwrap(), raw);
-    assert_eq!(hex(&ours), v6);
+    assert_eq!(hex(&ours), short);
     // A zstd block that decodes to fewer or more symbols than the block
     // has, or is not a zstd frame, is corrupt, never a panic.
     let mut short = f.clone();
@@ -512,7 +515,7 @@ fn element_map_known_answers() {
     let f = encode(&raw, None, DType::F32, &always);
     assert_eq!(
         hex(&f),
-        "434b06010b0c200201000000cf010100000101000001010000000200000000007f80"
+        "434b07010b0c200201000000cf010100000101000001010000000200000000007f80"
     );
     assert_eq!(decode(&f, None).unwrap(), raw);
     // 64 f32: 40 zeros, then 24 of 1.0; runs 0 kept, 40 skipped, 24 kept
@@ -524,7 +527,7 @@ fn element_map_known_answers() {
     let f = encode(&raw, None, DType::F32, &always);
     assert_eq!(
         hex(&f),
-        "434b06010b0c80020103000000002818010100000101000001010000010100000000007f"
+        "434b07010b0c80020103000000002818010100000101000001010000010100000000007f"
     );
     assert_eq!(decode(&f, None).unwrap(), raw);
     // Against a base, elements equal to the base's are skipped: here all
@@ -773,8 +776,8 @@ fn grouped_whole_zstd_known_answer() {
     let _ = hex;
 }
 
-/// Inputs of the fixture files `tests/fixtures/codec/*.v4.ckf` to `v6`.
-fn fixture_inputs() -> [(u8, &'static str, DType, Vec<u8>); 3] {
+/// Inputs of the fixture files `tests/fixtures/codec/*.v4.ckf` to `v7`.
+fn fixture_inputs() -> [(u8, &'static str, DType, Vec<u8>); 4] {
     // Version 4: Adam's first moment of an embedding whose unused rows
     // stay zero (48 rows of 128, every third row nonzero): an element map.
     let mut v = Vec::new();
@@ -797,22 +800,53 @@ fn fixture_inputs() -> [(u8, &'static str, DType, Vec<u8>); 3] {
         (4, "f32_zero_rows", DType::F32, mapped),
         (5, "f32_repeated_exponent_rows", DType::F32, rows),
         (6, "u8_rng_state", DType::U8, rng),
+        (7, "f32_rare_exponent_outliers", DType::F32, rare_outliers()),
     ]
 }
 
-/// The frame of a fixture in its version: version 6 as this build writes
-/// it; versions 4 and 5 as this build writes it without version 6's
-/// fields (no wider grouping, no whole-chunk zstd), with the 16-byte
-/// header of those versions: the bytes the encoder of that version wrote,
-/// which made the same choices.
+/// Version 7's fixture: 8192 positive f32 on a grid of 2^-7 in [1, 2)
+/// (one exponent, low mantissa bytes 0), one in ~97 scaled by 4 or 1/4:
+/// its exponent stream is one symbol but at ~85 scattered places, a
+/// sparse block.
+fn rare_outliers() -> Vec<u8> {
+    let mut next = random_u32s(23);
+    let v: Vec<f32> = (0..8192)
+        .map(|_| {
+            let x = next();
+            let m = 1.0 + (x % 128) as f32 / 128.0;
+            match (x >> 8) % 97 {
+                0 => m * 4.0,
+                1 if x >> 31 == 0 => m * 0.25,
+                _ => m,
+            }
+        })
+        .collect();
+    f32_bytes(&v)
+}
+
+/// The frame of a fixture in its version: version 7 as this build writes
+/// it; version 6 as this build writes it without sparse blocks, and
+/// versions 4 and 5 also without version 6's fields (no wider grouping,
+/// no whole-chunk zstd), with the 16-byte header of those versions: the
+/// bytes the encoder of that version wrote, which made the same choices.
 fn fixture_frame(version: u8, dtype: DType, raw: &[u8]) -> Vec<u8> {
     if version == FORMAT_VERSION {
         return encode(raw, None, dtype, &Options::default());
     }
+    // Before version 7: no sparse blocks; version 6's header otherwise.
+    let opts = Options {
+        sparse: false,
+        ..Options::default()
+    };
+    if version == 6 {
+        let mut f = encode(raw, None, dtype, &opts);
+        f[2] = 6;
+        return f;
+    }
     let opts = Options {
         regroup: false,
         small_zstd_max: 0,
-        ..Options::default()
+        ..opts
     };
     let f = encode(raw, None, dtype, &opts);
     let info = FrameInfo::parse(&f).unwrap();
@@ -848,38 +882,90 @@ fn write_codec_fixtures() {
 /// A fixture file of every frame version from 4 on (1 to 3:
 /// `tests/it/codec_corpus.rs`) decodes to its input, says its version,
 /// and uses its version's new field: the element map (4), a zstd block
-/// (5), grouping by a wider word and one zstd frame (6).
+/// (5), grouping by a wider word and one zstd frame (6), a sparse block
+/// (7).
 #[test]
-fn fixture_frames_of_versions_4_to_6_decode() {
-    let files: [&[u8]; 3] = [
+fn fixture_frames_of_versions_4_to_7_decode() {
+    let files: [&[u8]; 4] = [
         include_bytes!("../../tests/fixtures/codec/f32_zero_rows.v4.ckf"),
         include_bytes!("../../tests/fixtures/codec/f32_repeated_exponent_rows.v5.ckf"),
         include_bytes!("../../tests/fixtures/codec/u8_rng_state.v6.ckf"),
+        include_bytes!("../../tests/fixtures/codec/f32_rare_exponent_outliers.v7.ckf"),
     ];
     for ((v, name, dtype, raw), f) in fixture_inputs().into_iter().zip(files) {
         let info = FrameInfo::parse(f).unwrap();
         assert_eq!((info.version, info.dtype), (v, dtype), "{name}");
         assert_eq!(decode(f, None).unwrap(), raw, "{name}");
+        let modes = |f: &[u8]| -> Vec<u8> {
+            let table = &f[info.header_len..];
+            table.chunks(4).take(4).map(|e| e[0]).collect()
+        };
         match v {
             4 => assert!(info.element_map),
-            5 => {
-                let table = &f[info.header_len..];
-                assert!(table
-                    .chunks(4)
-                    .take(4)
-                    .any(|e| e[0] == BlockMode::Zstd as u8));
-            }
-            _ => assert!(info.whole_zstd && info.group_width == 8),
+            5 => assert!(modes(f).contains(&(BlockMode::Zstd as u8))),
+            6 => assert!(info.whole_zstd && info.group_width == 8),
+            _ => assert_eq!(modes(f)[3], BlockMode::Sparse as u8, "{name}"),
         }
         // The same version's frame, written again (version 6 depends on
         // the zstd release for its payload: only its header is pinned).
         let again = fixture_frame(v, dtype, &raw);
-        if v < 6 {
+        if v != 6 {
             assert_eq!(again, f, "{name}");
         } else {
             assert_eq!(again[..8], f[..8], "{name}");
         }
     }
+}
+
+/// A sparse block (mode 7, format version 7), byte by byte: 4096 u8, all
+/// 0 but 1, 2, 3 at 5, 1000, 4095. Gaps 5, 994, 3094: buckets 3, 10, 12
+/// (a raw sub-block: 00 03 | 03 0a 0c), symbols raw (00 03 | 01 02 03),
+/// then the gaps' bits below their top one, LSB-first: 01 (2 bits),
+/// 1e2 (9), 416 (11) = 0x20b789 in 3 bytes 89 b7 20. The payload is 15
+/// bytes: table entry 07 0f 00 00.
+#[test]
+fn sparse_block_known_answer() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let mut raw = vec![0u8; 4096];
+    (raw[5], raw[1000], raw[4095]) = (1, 2, 3);
+    // (An element map of the zero elements is smaller still, here.)
+    let blocks = Options {
+        element_map: ElementMap::Never,
+        small_zstd_max: 0,
+        regroup: false,
+        ..Options::default()
+    };
+    let f = encode(&raw, None, DType::U8, &blocks);
+    let want = "434b0701010080 20 070f0000 00 03 0003030a0c 0003010203 89b720";
+    assert_eq!(hex(&f), want.replace(' ', ""));
+    assert_eq!(decode(&f, None).unwrap(), raw);
+    // The same frame said to be version 6 is corrupt (mode 7 came with
+    // version 7), never misread.
+    let mut v6 = f.clone();
+    v6[2] = 6;
+    assert!(matches!(
+        decode(&v6, None),
+        Err(DecodeError::Corrupt { .. })
+    ));
+    // Gaps that run past the block, and a count of symbols above the
+    // block's, are corrupt.
+    let mut past = f.clone();
+    *past.last_mut().unwrap() = 0x21; // the last gap 4096 - 1001 + 1
+    assert!(decode(&past, None).is_err());
+    let mut over = f.clone();
+    over[13] = 0x84; // count 4, three buckets
+    assert!(decode(&over, None).is_err());
+    // Without sparse blocks the same chunk costs more.
+    let no = encode(
+        &raw,
+        None,
+        DType::U8,
+        &Options {
+            sparse: false,
+            ..blocks
+        },
+    );
+    assert!(no.len() > f.len(), "{} vs {}", no.len(), f.len());
 }
 
 /// Palette frames (version 6, transform bit 7), byte by byte: f32
@@ -901,7 +987,7 @@ fn palette_known_answer() {
     // blocks: one raw block of 4 symbols.
     assert_eq!(
         hex(&f),
-        "434b06010b80110701000000000000803f0004000001000101"
+        "434b07010b80110701000000000000803f0004000001000101"
     );
     assert_eq!(decode(&f, None).unwrap(), raw);
     let info = FrameInfo::parse(&f).unwrap();
