@@ -81,7 +81,11 @@ fn main() {
         )];
     }
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
-    let mut o = Options::default();
+    // NO_SPARSE=1: no sparse blocks.
+    let mut o = Options {
+        sparse: std::env::var_os("NO_SPARSE").is_none(),
+        ..Options::default()
+    };
     // Knob experiments: RANS_MIN_GAIN=0.05 PLAIN_RANS_MIN_GAIN=0.02 MIN_GAIN=0.01 NO_RANS=1
     // ELEMENT_MAP=never
     // XOR_ONLY=1 (no delta search)

@@ -107,6 +107,47 @@ fn main() {
                 seeds.write("roundtrip", rt);
             }
         }
+        // Sparse blocks (format version 7): 4096 u8 all 0 but a few, as
+        // blocks (no element map, no whole-chunk zstd); and an f32 delta
+        // whose elements all move by a few ULPs but one in ~100 by many,
+        // so that its top streams are 0 but in a few places.
+        let mut few = vec![0u8; 4096];
+        for i in (7..4096).step_by(301) {
+            few[i] = (i % 5) as u8 + 1;
+        }
+        let blocks = Options {
+            element_map: ElementMap::Never,
+            small_zstd_max: 0,
+            regroup: false,
+            ..Options::default()
+        };
+        let frame = codec::encode(&few, None, DType::U8, &blocks);
+        seeds.write("decode", decode_input(&frame, None));
+        let mut rt = roundtrip_input(DType::U8, false, &few, None);
+        rt[1] |= 3 << 4;
+        seeds.write("roundtrip", rt);
+        let base: Vec<u32> = t
+            .data
+            .chunks_exact(4)
+            .take(8192)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        let moved: Vec<u8> = base
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &b)| {
+                let h = (i as u32).wrapping_mul(2_654_435_761);
+                let d = if h % 97 == 0 {
+                    70_000 + (h >> 12)
+                } else {
+                    1 + (h >> 25)
+                };
+                b.wrapping_add(d).to_le_bytes()
+            })
+            .collect();
+        let base: Vec<u8> = base.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let n = moved.len().min(base.len());
+        seeds.codec(DType::F32, false, &moved[..n], Some(&base[..n]));
         // More than one 64 KiB block per stream (no base: the decode seed's
         // base would need a u16-length frame).
         let big = &t.data[..t.data.len().min(200_000)];
