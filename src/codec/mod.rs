@@ -909,7 +909,13 @@ fn choose_delta(
         let plain = block_cost(s[k]);
         no_delta_bits += plain;
         let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
-        for op in [StreamOp::Xor, StreamOp::Diff] {
+        // A constant stream costs the floor already: nothing can beat it.
+        let ops_worth_trying = if plain <= CONSTANT_BLOCK_BITS {
+            &[][..]
+        } else {
+            &[StreamOp::Xor, StreamOp::Diff][..]
+        };
+        for &op in ops_worth_trying {
             t.clear();
             t.extend_from_slice(s[k]);
             op.apply(&mut t, bs[k]);
@@ -939,8 +945,11 @@ fn choose_delta(
 /// Estimated coded bits of a sample stream: order-0 entropy, floored at
 /// what a constant block costs.
 fn block_cost(s: &[u8]) -> f64 {
-    entropy_bits(&histogram(s)).max(8.0)
+    entropy_bits(&histogram(s)).max(CONSTANT_BLOCK_BITS)
 }
+
+/// What a constant block costs (its one byte), the floor of the estimates.
+const CONSTANT_BLOCK_BITS: f64 = 8.0;
 
 /// Decode a frame. `base` must be the chunk the frame was encoded against
 /// when [`FrameInfo::needs_base`] says so.
