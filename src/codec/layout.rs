@@ -87,9 +87,28 @@ fn group_parts(raw: &[u8], w: usize, rotate: bool, parts: &mut [&mut [MaybeUnini
         (4, [s0, s1, s2, s3]) => group4(raw, [s0, s1, s2, s3], rotate),
         (8, [s0, s1, s2, s3, s4, s5, s6, s7]) => {
             // Each part cut to exactly `n`: no bounds checks in the loop.
-            let s = [s0, s1, s2, s3, s4, s5, s6, s7].map(|p| &mut p[..n]);
-            let [s0, s1, s2, s3, s4, s5, s6, s7] = s;
-            for (i, c) in raw.chunks_exact(8).enumerate().take(n) {
+            let mut s = [s0, s1, s2, s3, s4, s5, s6, s7].map(|p| &mut p[..n]);
+            // Eight elements at a time: an 8 x 8 byte transpose in
+            // registers, one 8-byte store per stream.
+            let whole = n / 8;
+            for (g, block) in raw.chunks_exact(64).enumerate().take(whole) {
+                let mut r: [u64; 8] = std::array::from_fn(|i| {
+                    let v = u64::from_le_bytes(block[8 * i..8 * i + 8].try_into().expect("8"));
+                    if rotate {
+                        let hi = rot2((v >> 48) as u16) as u64;
+                        (v & 0x0000_ffff_ffff_ffff) | (hi << 48)
+                    } else {
+                        v
+                    }
+                });
+                transpose8(&mut r);
+                for (p, v) in s.iter_mut().zip(r) {
+                    p[8 * g..8 * g + 8].copy_from_slice(&v.to_le_bytes().map(MaybeUninit::new));
+                }
+            }
+            let [s0, s1, s2, s3, s4, s5, s6, s7] = s.each_mut().map(|p| &mut p[8 * whole..]);
+            let rest = &raw[64 * whole..];
+            for (i, c) in rest.chunks_exact(8).enumerate().take(n - 8 * whole) {
                 let mut v = u64::from_le_bytes(c.try_into().expect("chunk of 8"));
                 if rotate {
                     let hi = rot2((v >> 48) as u16) as u64;
@@ -106,6 +125,23 @@ fn group_parts(raw: &[u8], w: usize, rotate: bool, parts: &mut [&mut [MaybeUnini
             }
         }
         _ => unreachable!("element width is 1, 2, 4 or 8"),
+    }
+}
+
+/// Transpose the 8 x 8 bytes of `r` (byte `j` of word `i` becomes byte
+/// `i` of word `j`) by swapping 4 x 4, 2 x 2, then 1 x 1 blocks.
+#[inline(always)]
+fn transpose8(r: &mut [u64; 8]) {
+    for (shift, mask, step) in [
+        (32, 0x0000_0000_ffff_ffffu64, 4),
+        (16, 0x0000_ffff_0000_ffff, 2),
+        (8, 0x00ff_00ff_00ff_00ff, 1),
+    ] {
+        for i in (0..8).filter(|i| i & step == 0) {
+            let t = ((r[i] >> shift) ^ r[i + step]) & mask;
+            r[i] ^= t << shift;
+            r[i + step] ^= t;
+        }
     }
 }
 
