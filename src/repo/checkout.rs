@@ -53,7 +53,15 @@ pub struct CheckoutReport {
 /// buffered with its blobs out of the page cache, and 5.1-5.4 s against
 /// 3.0-3.5 s with them in it; six gpt-small checkouts of 11 MiB took
 /// 0.58-0.66 s direct against 0.37-0.45 s. Direct reads pay only where
-/// the data cannot be in the page cache anyway.
+/// the data cannot be in the page cache anyway. A lower threshold (256
+/// MiB) when the page cache held under half the store's blob files was
+/// tried (0919b2e, reverted in 43f85c1): with the machine's free memory
+/// idle the large run's newest step took 5.39-5.68 s direct against 8.29
+/// s buffered, but right after the commits (blob files written with
+/// `O_DIRECT`, so "uncached", memory warm) repo-bench's checkout of every
+/// step took 15.01 s against 12.59 s and peaked at 514 MiB: what decides
+/// is how recently the free memory was touched, which the page cache does
+/// not show.
 pub const BULK_READ_BYTES: u64 = 4 << 30;
 
 impl Repository {
