@@ -941,20 +941,24 @@ fn sparse_block_known_answer() {
     assert_eq!(decode(&f, None).unwrap(), raw);
     // The same frame said to be version 6 is corrupt (mode 7 came with
     // version 7), never misread.
+    let reason = |f: &[u8]| match decode(f, None) {
+        Err(DecodeError::Corrupt { reason, .. }) => reason,
+        other => panic!("{other:?}"),
+    };
     let mut v6 = f.clone();
     v6[2] = 6;
-    assert!(matches!(
-        decode(&v6, None),
-        Err(DecodeError::Corrupt { .. })
-    ));
+    assert_eq!(
+        reason(&v6),
+        "sparse block in a frame before format version 7"
+    );
     // Gaps that run past the block, and a count of symbols above the
     // block's, are corrupt.
     let mut past = f.clone();
-    *past.last_mut().unwrap() = 0x21; // the last gap 4096 - 1001 + 1
-    assert!(decode(&past, None).is_err());
+    *past.last_mut().unwrap() = 0x21; // the last gap 32 longer: 3126
+    assert_eq!(reason(&past), "sparse gaps run past the block");
     let mut over = f.clone();
-    over[13] = 0x84; // count 4, three buckets
-    assert!(decode(&over, None).is_err());
+    over[13] = 4; // a count of 4, with a raw sub-block of 3 buckets
+    assert_eq!(reason(&over), "sparse sub-block length");
     // Without sparse blocks the same chunk costs more.
     let no = encode(
         &raw,
