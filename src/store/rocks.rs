@@ -472,6 +472,11 @@ impl RocksStore {
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(4);
         db_opts.set_max_log_file_size(4 << 20);
+        // Table files are opened (all of them: `max_open_files` -1) by
+        // this many threads per column family; RocksDB's 16 made every
+        // open start and join 80 threads for a few files each (a CLI
+        // `log` 12 -> 8 ms, a small checkout 64 -> 58 ms).
+        db_opts.set_max_file_opening_threads(2);
         let has_current = path.join("CURRENT").is_file();
         let (db, reader_dir, lock) = match mode {
             Mode::ReadWrite => {
