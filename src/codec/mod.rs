@@ -12,10 +12,11 @@
 //! only those below it: `block` (a block's mode, chosen from estimates)
 //! over the coders `huffman` (with `bits`), `context` (context modelling)
 //! over `rans` (the interleaved coder), `packed`, and `sparse` (over
-//! `huffman` and `packed`); `layout` (rotation,
-//! grouping, deltas) and `elements` (the element map) for the frame;
-//! `stats` (histograms, entropy, frequency normalisation) and `simd` (every
-//! `#[target_feature]` kernel) at the bottom; `dtype` for element types.
+//! `huffman` and `packed`); `layout` (rotation, grouping, deltas) and
+//! `elements` (the element map) for the frame; `stats` (histograms,
+//! entropy, frequency normalisation), `leb` (LEB128 numbers) and `simd`
+//! (every `#[target_feature]` kernel) at the bottom; `dtype` for element
+//! types.
 //!
 //! Must not: do I/O, compute chunk ids, or know about files, stores or
 //! commits. It is pure: bytes in, bytes out. Parallelism across chunks
@@ -40,6 +41,7 @@ mod dtype;
 mod elements;
 mod huffman;
 mod layout;
+mod leb;
 mod packed;
 mod palette;
 mod rans;
@@ -306,7 +308,8 @@ impl FrameInfo {
             let raw_len = u64::from_le_bytes(frame[8..16].try_into().expect("8 bytes"));
             (raw_len, HEADER_LEN)
         } else {
-            read_leb(frame, HEADER_V6_FIXED)?
+            // The raw length: at most 5 bytes (below 2^35).
+            leb::read(frame, HEADER_V6_FIXED, frame.len(), 5)?
         };
         let w = dtype.width();
         let group_width = match (t >> 4) & 3 {
@@ -338,35 +341,6 @@ impl FrameInfo {
             header_len,
         })
     }
-}
-
-/// The shortest LEB128 form of a raw length (version 6 headers): at most
-/// 5 bytes, below 2^35; returns it and the position after it.
-fn read_leb(frame: &[u8], pos: usize) -> Result<(u64, usize), DecodeError> {
-    let mut v = 0u64;
-    for i in 0..5 {
-        let b = *frame.get(pos + i).ok_or(DecodeError::Truncated {
-            need: (pos + i + 1) as u64,
-            have: frame.len() as u64,
-        })?;
-        v |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            if b == 0 && i > 0 {
-                return Err(corrupt(pos + i, "raw length not in its shortest form"));
-            }
-            return Ok((v, pos + i + 1));
-        }
-    }
-    Err(corrupt(pos, "raw length longer than 5 bytes"))
-}
-
-/// Append `v` as LEB128.
-fn write_leb(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 fn corrupt(offset: usize, reason: &'static str) -> DecodeError {
@@ -487,16 +461,16 @@ fn encode_palette(
         scratch,
     );
     // The index frame's header: the fixed part and `n` as LEB128.
-    let mut leb = Vec::new();
-    write_leb(n as u64, &mut leb);
-    let h = HEADER_V6_FIXED + leb.len();
+    let mut n_leb = Vec::new();
+    leb::write(n as u64, &mut n_leb);
+    let h = HEADER_V6_FIXED + n_leb.len();
     out.clear();
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(CODEC_GROUPED);
     out.push(dtype.code());
     out.push(0x80 | (inner[5] & 0x40));
-    write_leb(raw.len() as u64, out);
+    leb::write(raw.len() as u64, out);
     out.extend_from_slice(&raw[n * w..]);
     out.push((pal.len() - 1) as u8);
     for &k in pal {
@@ -675,7 +649,7 @@ fn encode_elements(
         w.trailing_zeros() as u8
     };
     out.push(kind | if rotated { 4 } else { 0 } | if map.is_some() { 8 } else { 0 } | g << 4);
-    write_leb(raw_len as u64, out);
+    leb::write(raw_len as u64, out);
     if delta == Delta::PerStream {
         out.extend(ops.iter().map(|&o| o as u8));
     }
@@ -1200,7 +1174,7 @@ fn decode_palette(
     inner.extend_from_slice(&MAGIC);
     inner.extend_from_slice(&[FORMAT_VERSION, CODEC_GROUPED, DType::U8.code()]);
     inner.push(frame[5] & 0x40);
-    write_leb(n as u64, &mut inner);
+    leb::write(n as u64, &mut inner);
     let h = inner.len();
     inner.extend_from_slice(&frame[pos..]);
     let r = decode_into(&inner, None, HARD_MAX_RAW_LEN, &mut idx, scratch);

@@ -24,7 +24,7 @@
 
 use super::bits::BitReader;
 use super::stats::{entropy_bits, histogram};
-use super::{huffman, packed, DecodeError};
+use super::{huffman, leb, packed, DecodeError};
 
 /// Sub-block codings: the block mode codes of raw, constant, Huffman and
 /// bit-packed blocks.
@@ -32,6 +32,10 @@ const SUB_RAW: u8 = 0;
 const SUB_CONST: u8 = 1;
 const SUB_HUFFMAN: u8 = 2;
 const SUB_PACKED: u8 = 5;
+
+/// The longest count or length (LEB128): 3 bytes, below 2^21; a block's
+/// counts and sub-block lengths are below 2^17.
+const LEB_BYTES: usize = 3;
 
 /// Greatest gap bucket: a block holds at most 65,536 symbols, so a gap is
 /// below 2^16.
@@ -167,7 +171,7 @@ pub fn plan(
     }
     payload.clear();
     payload.push(z);
-    write_leb(k as u64, payload);
+    leb::write(k as u64, payload);
     put_sub(buckets, payload, sub, huffman);
     put_sub(values, payload, sub, huffman);
     payload.extend_from_slice(extra);
@@ -209,16 +213,8 @@ fn put_sub(syms: &[u8], out: &mut Vec<u8>, sub: &mut Vec<u8>, hs: &mut huffman::
         }
     }
     out.push(coding);
-    write_leb(sub.len() as u64, out);
+    leb::write(sub.len() as u64, out);
     out.extend_from_slice(sub);
-}
-
-fn write_leb(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// Decode the sparse payload `frame[start..start+len]` into `out` (its
@@ -242,7 +238,7 @@ pub fn decode(
         .get(start)
         .filter(|_| len > 0)
         .ok_or(corrupt(start, "sparse block shorter than its header"))?;
-    let (k, mut pos) = read_leb(frame, start + 1, end)?;
+    let (k, mut pos) = leb::read(frame, start + 1, end, LEB_BYTES)?;
     if k == 0 || k > m as u64 {
         return Err(corrupt(
             start + 1,
@@ -301,7 +297,7 @@ fn read_sub(
         .get(pos)
         .filter(|_| pos < end)
         .ok_or(corrupt("sparse sub-block cut short"))?;
-    let (len, at) = read_leb(frame, pos + 1, end)?;
+    let (len, at) = leb::read(frame, pos + 1, end, LEB_BYTES)?;
     if len > (end - at) as u64 {
         return Err(corrupt("sparse sub-block longer than its block"));
     }
@@ -316,31 +312,6 @@ fn read_sub(
         _ => return Err(corrupt("unknown sparse sub-block coding")),
     }
     Ok(at + len)
-}
-
-/// An unsigned LEB128 number of at most 3 bytes (below 2^21) at
-/// `frame[pos..end]`, in its shortest form; and the position after it.
-fn read_leb(frame: &[u8], pos: usize, end: usize) -> Result<(u64, usize), DecodeError> {
-    let corrupt = |reason| DecodeError::Corrupt {
-        offset: pos as u64,
-        reason,
-    };
-    let mut v = 0u64;
-    for i in 0..3 {
-        let at = pos + i;
-        let b = *frame
-            .get(at)
-            .filter(|_| at < end)
-            .ok_or(corrupt("sparse block number cut short"))?;
-        v |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            if b == 0 && i > 0 {
-                return Err(corrupt("sparse block number not in its shortest form"));
-            }
-            return Ok((v, at + 1));
-        }
-    }
-    Err(corrupt("sparse block number above 3 bytes"))
 }
 
 #[cfg(test)]
