@@ -142,12 +142,7 @@ pub fn write(runs: &[u32], n: usize, out: &mut Vec<u8>) {
     match kind {
         MapKind::Runs => {
             for &v in runs {
-                let mut v = v;
-                while v >= 0x80 {
-                    out.push(v as u8 | 0x80);
-                    v >>= 7;
-                }
-                out.push(v as u8);
+                super::leb::write(v as u64, out);
             }
         }
         MapKind::Bitmap => {
