@@ -477,10 +477,11 @@ fn commit_buffers<'py>(
 /// Run `f` here, or for `nice` above 0 with this thread's nice value set
 /// that much above the process's (threads it starts inherit it) on the
 /// pool background commits run on, built by the first such thread so that
-/// its threads have the same priority. On `--compute cpu` of `scripts/bench_python.py` (forward and
-/// backward on the same two cores) a second background save lengthened
-/// the training step beside it by 0.78x `torch.save` + fsync at the
-/// trainer's priority.
+/// its threads have the same priority. `scripts/bench_python.py --compute
+/// cpu` (forward and backward on the same two cores), the same build back
+/// to back: a second background save lengthened the training step beside
+/// it by 0.73x `torch.save` + fsync at the trainer's priority, 0.18x at
+/// nice 10.
 fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
     if nice <= 0 {
