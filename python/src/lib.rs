@@ -750,12 +750,21 @@ impl Reader {
     }
 }
 
+/// How many CRC32Cs RocksDB has asked ckvc's hardware CRC for in this
+/// process ([`ckvc::store::rocksdb_crc_calls`]): it grows with every save
+/// when this module's definition takes the place of librocksdb's.
+#[pyfunction]
+fn rocksdb_crc_calls() -> u64 {
+    ckvc::store::rocksdb_crc_calls()
+}
+
 #[pymodule]
 fn _ckvc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(commit_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(commit_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(rocksdb_crc_calls, m)?)?;
     m.add_class::<Reader>()?;
     m.add("CkvcError", py.get_type::<CkvcError>())?;
     m.add("CorruptError", py.get_type::<CorruptError>())?;

@@ -31,12 +31,14 @@
 use std::fmt;
 use std::path::PathBuf;
 
+mod crc;
 mod id;
 mod mem;
 mod rocks;
 #[cfg(test)]
 mod tests;
 
+pub use crc::calls as rocksdb_crc_calls;
 pub use id::{to_hex, ChunkId, CommitId, Hash32, ObjectId, ParseIdError};
 pub use mem::MemStore;
 pub use rocks::{Mode, RocksOptions, RocksStore};
