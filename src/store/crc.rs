@@ -48,8 +48,9 @@ pub unsafe extern "C" fn extend(crc: u32, data: *const u8, len: usize) -> u32 {
 }
 
 /// How many CRCs [`extend`] has computed in this process: it grows with
-/// RocksDB's writes when RocksDB's calls come here (`ckvc debug
-/// repo-bench` and the tests check that they do).
+/// RocksDB's writes when RocksDB's calls come here (the store's test
+/// `rocks_checksums_blob_records_with_ckvcs_crc32c` and the Python test
+/// of the extension module check that they do).
 pub fn calls() -> u64 {
     CALLS.load(Ordering::Relaxed)
 }
@@ -82,8 +83,8 @@ mod tests {
 
     #[test]
     fn extend_gives_the_crc32c_check_value() {
-        // The CRC catalogue's check value of CRC-32C, and RocksDB's own
-        // unit-test vectors (util/crc32c_test.cc).
+        // The CRC catalogue's check value of CRC-32C, and RFC 3720 B.4's
+        // vectors (which RocksDB's util/crc32c_test.cc checks too).
         assert_eq!(ours(0, b"123456789"), 0xE306_9283);
         assert_eq!(ours(0, &[0u8; 32]), 0x8A91_36AA);
         assert_eq!(ours(0, &[0xFFu8; 32]), 0x62A8_AB43);
