@@ -376,6 +376,7 @@ impl Repository {
             opts,
             Some(dir),
             progress,
+            &|| Ok(()),
         )
     }
 
@@ -406,7 +407,9 @@ impl Repository {
     /// writes the objects and moves the branch in one batch. `dir` is the
     /// checkpoint directory the files came from, recorded as
     /// `Meta/commit-source` for the next commit's delta bases (`None` for
-    /// files from memory).
+    /// files from memory). `check` runs once all of `files` is read and
+    /// stored, before anything is published; its `Err(reason)` is the
+    /// commit's ([`RepoError::BadInput`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn commit_sources(
         &self,
@@ -418,6 +421,7 @@ impl Repository {
         opts: &CommitOptions,
         dir: Option<&Path>,
         progress: &dyn super::Progress,
+        check: &(dyn Fn() -> Result<(), String> + Sync),
     ) -> Result<CommitReport, RepoError> {
         let CommitTarget {
             branch,
@@ -548,6 +552,10 @@ impl Repository {
         if let Some((_, e)) = failed {
             return Err(e);
         }
+        check().map_err(|reason| RepoError::BadInput {
+            path: dir.map_or_else(|| PathBuf::from(super::save::IN_MEMORY), Path::to_path_buf),
+            reason,
+        })?;
         stats.new_chunks += written.new_chunks;
         stats.stored_bytes += written.stored_bytes;
         stats.max_depth = stats.max_depth.max(written.max_depth);

@@ -20,7 +20,7 @@ use super::objects::check_path;
 use super::{CommitOptions, CommitReport, RepoError, Repository, StepSource};
 
 /// The name errors about in-memory files carry as their path.
-const IN_MEMORY: &str = "<in-memory checkpoint>";
+pub(super) const IN_MEMORY: &str = "<in-memory checkpoint>";
 
 impl Repository {
     /// Commit the files `files` (relative `/` paths and their bytes) as one
@@ -45,6 +45,23 @@ impl Repository {
         &self,
         files: &[(&str, Vec<&[u8]>)],
         opts: &CommitOptions,
+    ) -> Result<CommitReport, RepoError> {
+        self.commit_parts_checked(files, opts, &|| Ok(()))
+    }
+
+    /// [`Repository::commit_parts`] that calls `check` once every byte of
+    /// `files` has been read and stored, before the commit is published
+    /// (the final batch that moves the branch): an `Err(reason)` abandons
+    /// the commit ([`RepoError::BadInput`] with that reason; the branch
+    /// stays where it was, the chunks stored are gc's). For a caller whose
+    /// buffers may have changed while they were read (the Python package's
+    /// first background save reads the training state in place and checks
+    /// the tensors' version counters here).
+    pub fn commit_parts_checked(
+        &self,
+        files: &[(&str, Vec<&[u8]>)],
+        opts: &CommitOptions,
+        check: &(dyn Fn() -> Result<(), String> + Sync),
     ) -> Result<CommitReport, RepoError> {
         let here = || PathBuf::from(IN_MEMORY);
         let step = opts.step.ok_or_else(|| RepoError::BadInput {
@@ -82,6 +99,7 @@ impl Repository {
             opts,
             None,
             &super::NoProgress,
+            check,
         )
     }
 }
@@ -176,6 +194,41 @@ mod tests {
             step: Some(step),
             ..CommitOptions::default()
         }
+    }
+
+    #[test]
+    fn a_failed_check_before_publishing_leaves_the_branch_where_it_was() {
+        let w: Vec<f32> = (0..300_000).map(|i| (i as f32 * 0.01).sin()).collect();
+        let f = safetensors(&w);
+        let r = repo();
+        let first = r
+            .commit_buffers(&[("t.safetensors", &f)], &step(1))
+            .expect("commit");
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let refuse = || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err("tensor w changed while it was read".to_string())
+        };
+        let err = r
+            .commit_parts_checked(&[("t.safetensors", vec![&f[..]])], &step(2), &refuse)
+            .expect_err("the check refuses");
+        assert!(
+            matches!(&err, RepoError::BadInput { reason, .. } if reason == "tensor w changed while it was read"),
+            "{err}"
+        );
+        assert_eq!(calls.into_inner(), 1);
+        assert_eq!(r.branch_head("main").expect("head"), Some(first.id));
+        // A passing check commits, and is called once.
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let pass = || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        };
+        let second = r
+            .commit_parts_checked(&[("t.safetensors", vec![&f[..]])], &step(2), &pass)
+            .expect("commit");
+        assert_eq!(calls.into_inner(), 1);
+        assert_eq!(r.branch_head("main").expect("head"), Some(second.id));
     }
 
     #[test]
