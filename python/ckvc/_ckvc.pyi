@@ -6,7 +6,7 @@ the exceptions below, with the library's fields as attributes.
 """
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, PathLike[str]]
 _Buffer = Any  # any C-contiguous object with the buffer protocol (bytes, bytearray, numpy, memoryview)
@@ -59,6 +59,7 @@ def commit_buffers(
     metrics: Sequence[Tuple[str, float]] = (),
     branch: Optional[str] = None,
     nice: int = 0,
+    check: Optional[Callable[[], Any]] = None,
 ) -> Dict[str, Any]:
     """Internal (``Repository.save`` calls it with its own staging buffer,
     or, for a blocking save, with a list of buffers per file: the header
@@ -68,7 +69,10 @@ def commit_buffers(
     call (that would be a data race). With ``nice`` above 0 (a background
     save) the calling thread's nice value is set that much above the
     process's, for good, and the commit runs on a pool of threads of that
-    priority. Returns the commit
+    priority. ``check`` is called (with the GIL) once every buffer has
+    been read and stored, before the commit is published: an exception it
+    raises abandons the commit (the branch stays where it was) and is
+    raised by this call. Returns the commit
     report: id, step, branch, already_committed, logical_bytes,
     stored_bytes, files, new_chunks, max_depth."""
 

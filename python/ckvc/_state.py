@@ -378,7 +378,9 @@ def _libc_madvise() -> Any:
 BACKGROUND_MIN_BYTES = 1 << 20
 
 # Tests only: called with a tensor's key in the staging thread just before
-# that tensor is copied (to make races deterministic).
+# that tensor is copied, or, for a save that reads its tensors in place,
+# just before that tensor's version is checked (to make races
+# deterministic).
 _before_background_copy: Optional[Callable[[str], None]] = None
 
 
@@ -417,6 +419,27 @@ class Staging:
     def __init__(self) -> None:
         self.host: Optional[HostBuffer] = None
         self.buf: Optional[np.ndarray] = None
+
+    def warm_for(self, n: int) -> bool:
+        """True when the buffer holds ``n`` bytes and has been faulted in
+        (or is being faulted in by ``warm``): a background copy into it
+        runs at memory speed, not at the machine's page-in speed."""
+        return self.host is not None and self.host.array.nbytes >= n and self.host.populated
+
+    def warm(self, n: int) -> None:
+        """Allocate the buffer for ``n`` bytes (if it is smaller) and fault
+        it in on a daemon thread (the calling thread's priority, which it
+        inherits): for the next background save, after a first one that
+        read its tensors in place. A copy into the buffer meanwhile is
+        correct (it faults the pages it writes itself)."""
+        if self.host is None or self.host.array.nbytes < n:
+            self.host = self.buf = None
+            self.host = HostBuffer(max(n, 1))
+            self.buf = self.host.array
+        if not self.host.populated:
+            import threading
+
+            threading.Thread(target=self.host.populate, name="ckvc-staging-warm", daemon=True).start()
 
     def stage(self, p: Plan, background: bool = False) -> Tuple[memoryview, List[Tuple[Leaf, Any, Any]]]:
         """Copy the header and the tensors of ``p`` into the buffer; the
@@ -496,6 +519,44 @@ class Staging:
         for leaf, v, clone in deferred:
             if clone is None:
                 _check_version(leaf, v)
+
+
+def in_place_background_parts(p: Plan) -> Tuple[List[Any], List[Tuple[Leaf, Any, Any]]]:
+    """The tensors file of ``p`` for a background save that reads the
+    large tensors in place while it commits (the first one, before the
+    staging buffer is faulted in): as ``in_place_parts``, but torch tensors
+    of at least ``BACKGROUND_MIN_BYTES`` with a version counter are read
+    where they are and returned with their ``_version`` at the call (as
+    ``Staging.stage`` defers them: the caller guards them until the commit
+    has read them, and checks the versions before it is published, with
+    ``check_versions``), and everything else (numpy arrays, small tensors,
+    tensors without a version counter) is copied now."""
+    parts: List[Any] = [p.header]
+    watched: List[Tuple[Leaf, Any, Any]] = []
+    for leaf in p.leaves:
+        if leaf.nbytes == 0:
+            continue
+        if leaf.kind == "torch" and leaf.nbytes >= BACKGROUND_MIN_BYTES:
+            v = _version(leaf.obj)
+            if v is not None:
+                # as in Staging.stage: the tensor as it is now
+                leaf.obj = leaf.obj.detach()
+                parts.append(_leaf_bytes(leaf))
+                watched.append((leaf, v, None))
+                continue
+        parts.append(np.array(_leaf_bytes(leaf), copy=True))
+    return parts, watched
+
+
+def check_versions(watched: List[Tuple[Leaf, Any, Any]]) -> None:
+    """``TensorModifiedError`` when a tensor ``in_place_background_parts``
+    read in place was modified since the call (called once the commit
+    has read them all, before it is published)."""
+    for leaf, v, _ in watched:
+        hook = _before_background_copy
+        if hook is not None:
+            hook(leaf.key)
+        _check_version(leaf, v)
 
 
 def in_place_parts(p: Plan) -> List[Any]:

@@ -413,7 +413,7 @@ impl Bytes {
 /// threads of that priority, so a training loop on the same cores comes
 /// first.
 #[pyfunction]
-#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0))]
+#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None))]
 #[allow(clippy::too_many_arguments)]
 fn commit_buffers<'py>(
     py: Python<'py>,
@@ -424,6 +424,7 @@ fn commit_buffers<'py>(
     metrics: Vec<(String, f64)>,
     branch: Option<String>,
     nice: i32,
+    check: Option<Py<PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut held = Vec::new();
     let mut files_parts: Vec<(String, Vec<Bytes>)> = Vec::with_capacity(files.len());
@@ -456,6 +457,22 @@ fn commit_buffers<'py>(
         metrics,
         ..CommitOptions::default()
     };
+    // `check()` is called (with the GIL) once every buffer has been read
+    // and stored, before the commit is published: an exception it raises
+    // abandons the commit and is the one this call raises.
+    let raised: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+    let checked = || -> Result<(), String> {
+        let Some(check) = &check else { return Ok(()) };
+        Python::attach(|py| match check.call0(py) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let reason = e.to_string();
+                *raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                Err(reason)
+            }
+        })
+    };
+    let checked = &checked;
     let report = run(py, &Ctx::default(), move || {
         let slices: Vec<(&str, Vec<&[u8]>)> = files_parts
             .iter()
@@ -468,10 +485,13 @@ fn commit_buffers<'py>(
             })
             .collect();
         let repo = open_repo(&path, true)?;
-        at_priority(nice, || repo.commit_parts(&slices, &opts))
-    })?;
+        at_priority(nice, || repo.commit_parts_checked(&slices, &opts, checked))
+    });
     drop(held);
-    report_dict(py, &report)
+    if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    report_dict(py, &report?)
 }
 
 /// Run `f` here, or for `nice` above 0 with this thread's nice value set

@@ -229,3 +229,23 @@ def test_rocksdb_checksums_with_ckvcs_crc_in_the_extension(repo):
     repo.save(state, step=1)
     assert _ckvc.rocksdb_crc_calls() > before
     np.testing.assert_array_equal(repo.load(1)["w"], state["w"])
+
+
+def test_commit_buffers_check_that_raises_abandons_the_commit_with_its_exception(repo):
+    from ckvc import _ckvc
+
+    class Changed(Exception):
+        pass
+
+    calls = []
+
+    def check():
+        calls.append(1)
+        raise Changed("a tensor changed while it was read")
+
+    data = np.arange(100_000, dtype=np.float32).tobytes()
+    with pytest.raises(Changed, match="changed while it was read"):
+        _ckvc.commit_buffers(repo.path, [("w.bin", data)], 1, check=check)
+    assert calls == [1] and repo.steps() == []
+    d = _ckvc.commit_buffers(repo.path, [("w.bin", data)], 1, check=lambda: calls.append(2))
+    assert calls == [1, 2] and repo.steps() == [1] and d["step"] == 1
