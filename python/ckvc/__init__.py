@@ -426,9 +426,12 @@ class Repository:
                         finally:
                             fut._staged.set()
                     check = (lambda: _state.check_versions(deferred)) if in_place else None
+                    # Reading in place, the next optimizer.step() waits for
+                    # all of the commit: it runs at the trainer's priority.
+                    nice = 0 if in_place else BACKGROUND_NICE
                     try:
                         d = _ckvc.commit_buffers(
-                            self.path, files, step, now_msg, mets, self.branch, nice=BACKGROUND_NICE, check=check
+                            self.path, files, step, now_msg, mets, self.branch, nice=nice, check=check
                         )
                     finally:
                         # read in place: the tensors are free once the

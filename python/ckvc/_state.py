@@ -12,6 +12,8 @@ import base64
 import collections
 import json
 import math
+import os
+import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -367,6 +369,16 @@ class HostBuffer:
                     break
 
 
+def _lower_priority(by: int) -> None:
+    """Set the calling thread's nice value ``by`` above its own (Linux:
+    a thread id is a process id to setpriority); best effort."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except (AttributeError, OSError):
+        pass
+
+
 def _libc_madvise() -> Any:
     """libc's ``madvise`` through ctypes, or None where there is none."""
     try:
@@ -448,9 +460,13 @@ class Staging:
             self.host = HostBuffer(max(n, 1))
             self.buf = self.host.array
         if not self.host.populated:
-            import threading
+            host = self.host
 
-            threading.Thread(target=self.host.populate, name="ckvc-staging-warm", daemon=True).start()
+            def populate() -> None:
+                _lower_priority(10)
+                host.populate()
+
+            threading.Thread(target=populate, name="ckvc-staging-warm", daemon=True).start()
 
     def stage(self, p: Plan, background: bool = False) -> Tuple[memoryview, List[Tuple[Leaf, Any, Any]]]:
         """Copy the header and the tensors of ``p`` into the buffer; the

@@ -333,11 +333,24 @@ def test_the_staging_buffer_is_faulted_in_once_before_the_first_copy():
     assert int(host.array[::4096].min()) == 7
 
 
-def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path):
+def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path, monkeypatch):
     # On these VMs faulting in 1.4 GiB of fresh staging memory took 2.3 s,
     # longer than committing the state in place; so the first background
     # save commits the tensors where they are (optimizer.step() waits for
     # that commit) and the staging buffer is faulted in after it is durable.
+    import os
+
+    warmed = threading.Event()
+    nice = {}
+    populate = _state.HostBuffer.populate
+
+    def watched_populate(self):
+        tid = threading.get_native_id()
+        nice["warm"] = os.getpriority(os.PRIO_PROCESS, tid)
+        populate(self)
+        warmed.set()
+
+    monkeypatch.setattr(_state.HostBuffer, "populate", watched_populate)
     repo = ckvc.Repository.init(tmp_path / "repo")
     model, opt = model_and_opt()
     train_step(model, opt)
@@ -352,6 +365,10 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     repo.wait()
     host = repo._staging.host
     assert host is not None and repo._staging.warm_for(len(host.array))
+    # faulted in on a thread of its own, below the trainer's priority
+    assert warmed.wait(60)
+    trainer = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert nice["warm"] == min(19, trainer + 10)
     # the next save copies into that buffer and leaves it in place
     want2 = snapshot(state)
     f = repo.save(state, step=2, blocking=False)
