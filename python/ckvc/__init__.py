@@ -61,7 +61,9 @@ Rev = Union[int, str]
 #: How much lower than the trainer's the priority (nice value) of a
 #: background save's commit is, once its tensors are staged: on a machine
 #: whose cores also run the forward and backward pass, the training step
-#: comes first and the commit takes the time it leaves.
+#: comes first and the commit takes the time it leaves. (A first save that
+#: reads the tensors in place commits at the trainer's priority: the next
+#: ``optimizer.step()`` waits for that commit.)
 BACKGROUND_NICE = 10
 
 
@@ -338,11 +340,13 @@ class Repository:
         before it is published) rather than until a copy is done, and the
         version check runs then: a tensor changed from another thread
         meanwhile fails the save with ``TensorModifiedError`` and nothing is
-        committed. Once that save is durable the staging buffer is
-        allocated and faulted in by a thread of its own, for the next save.
+        committed. That commit runs at the trainer's priority (the step
+        waits for it). Once that save is durable the staging buffer is
+        allocated and faulted in by a thread of its own (nice +10), for the
+        next save.
         ``scripts/bench_python.py --compute idle`` (GPT-2 small + AdamW):
         first save's stall 0.83x ``torch.save`` + fsync with a copy into a
-        fresh buffer, 0.24x reading in place.
+        fresh buffer, 0.13-0.32x (0.5-0.9 s) reading in place.
 
         ``staging`` (with ``blocking=False``) says when the tensors are
         copied into the staging buffer:

@@ -379,6 +379,18 @@ def _lower_priority(by: int) -> None:
         pass
 
 
+def _malloc_trim() -> None:
+    """glibc's ``malloc_trim(0)``: free memory of every malloc arena back
+    to the system (best effort; a no-op elsewhere)."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (ImportError, OSError, AttributeError):
+        pass
+
+
 def _libc_madvise() -> Any:
     """libc's ``madvise`` through ctypes, or None where there is none."""
     try:
@@ -460,6 +472,9 @@ class Staging:
             self.host = HostBuffer(max(n, 1))
             self.buf = self.host.array
         if not self.host.populated:
+            # The commit that just ended left its buffers free in glibc's
+            # arenas: give them back before the buffer takes its memory.
+            _malloc_trim()
             host = self.host
 
             def populate() -> None:
