@@ -384,27 +384,35 @@ def _lower_priority(by: int) -> None:
 def _malloc_trim() -> None:
     """glibc's ``malloc_trim(0)``: free memory of every malloc arena back
     to the system (best effort; a no-op elsewhere)."""
+    libc = _libc()
     try:
-        import ctypes
+        if libc is not None:
+            libc.malloc_trim(0)
+    except AttributeError:
+        pass
+
+
+def _libc() -> Any:
+    """The C library through ctypes, or None where it cannot be loaded."""
+    try:
         import ctypes.util
 
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (ImportError, OSError, AttributeError):
-        pass
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except (ImportError, OSError):
+        return None
 
 
 def _libc_madvise() -> Any:
     """libc's ``madvise`` through ctypes, or None where there is none."""
+    libc = _libc()
     try:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         f = libc.madvise
         f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         f.restype = ctypes.c_int
         return f
-    except (ImportError, OSError, AttributeError):
+    except (ImportError, AttributeError):
         return None
 
 
