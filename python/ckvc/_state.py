@@ -602,6 +602,20 @@ def in_place_background_parts(p: Plan) -> Tuple[List[Any], List[Tuple[Leaf, Any,
     return parts, watched
 
 
+def readable_in_place(p: Plan) -> bool:
+    """True when every torch tensor of ``p`` that a background save would
+    copy after the call (``BACKGROUND_MIN_BYTES`` or more) is a contiguous
+    CPU tensor, so a commit can read it where it is: tensors on an
+    accelerator (or strided ones) would be copied in the call instead,
+    which is what background staging exists to avoid."""
+    for leaf in p.leaves:
+        if leaf.kind == "torch" and leaf.nbytes >= BACKGROUND_MIN_BYTES:
+            t = leaf.obj
+            if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
+                return False
+    return True
+
+
 def check_versions(watched: List[Tuple[Leaf, Any, Any]]) -> None:
     """``TensorModifiedError`` when a tensor ``in_place_background_parts``
     read in place was modified since the call (called once the commit

@@ -376,3 +376,16 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     f.result(timeout=60)
     assert repo._staging.host is host
     assert_bits_equal(repo.load(2), want2)
+
+
+def test_a_first_save_of_tensors_that_cannot_be_read_in_place_copies_them_in_the_background(tmp_path, gate):
+    # A strided (or accelerator) tensor would have to be copied in the call
+    # to be read in place: such a first save stages as later ones do.
+    repo = ckvc.Repository.init(tmp_path / "repo")
+    w = torch.arange(512 * 1024, dtype=torch.float32).reshape(512, 1024).t()  # 2 MiB, strided
+    f = repo.save({"w": w}, step=1, blocking=False)
+    assert repo._staging.host is not None  # the staging buffer took it
+    assert not f.staged()  # copied after the call, held by the gate
+    gate.set()
+    f.result(timeout=60)
+    assert torch.equal(repo.load(1)["w"], w)
