@@ -48,6 +48,10 @@ class StorageFullError(CkvcError):
 def rocksdb_crc_calls() -> int:
     """CRC32Cs RocksDB computed with ckvc's hardware CRC in this process."""
 
+def lower_priority(by: int) -> None:
+    """Set the calling thread's nice value ``by`` above the process's
+    (unless it is that or more already; best effort, Linux)."""
+
 def init(path: _Path) -> None:
     """Create a repository in ``path`` (like ``ckvc init``)."""
 

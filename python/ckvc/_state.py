@@ -12,12 +12,12 @@ import base64
 import collections
 import json
 import math
-import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import _ckvc
 from ._ckvc import CkvcError
 
 STATE_FILE = "state.json"
@@ -371,16 +371,6 @@ class HostBuffer:
                     break
 
 
-def _lower_priority(by: int) -> None:
-    """Set the calling thread's nice value ``by`` above its own (Linux:
-    a thread id is a process id to setpriority); best effort."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-    except (AttributeError, OSError):
-        pass
-
-
 def _malloc_trim() -> None:
     """glibc's ``malloc_trim(0)``: free memory of every malloc arena back
     to the system (best effort; a no-op elsewhere)."""
@@ -465,6 +455,15 @@ class Staging:
         self.host: Optional[HostBuffer] = None
         self.buf: Optional[np.ndarray] = None
 
+    def _holding(self, n: int) -> HostBuffer:
+        """The buffer, replaced by a fresh one when it holds fewer than
+        ``n`` bytes (the old one freed before the new is allocated)."""
+        if self.host is None or self.host.array.nbytes < n:
+            self.host = self.buf = None
+            self.host = HostBuffer(max(n, 1))
+            self.buf = self.host.array
+        return self.host
+
     def warm_for(self, n: int) -> bool:
         """True when the buffer holds ``n`` bytes and has been faulted in
         (or is being faulted in by ``warm``): a background copy into it
@@ -473,24 +472,20 @@ class Staging:
 
     def warm(self, n: int) -> None:
         """Allocate the buffer for ``n`` bytes (if it is smaller) and fault
-        it in on a daemon thread at a nice value 10 above the calling
-        thread's: for the next background save, after a first one that
+        it in on a daemon thread at a nice value 10 above the process's
+        (the binding's ``lower_priority``, as a background commit's): for the next background save, after a first one that
         read its tensors in place. A copy into the buffer meanwhile is
         correct (it faults the pages it writes itself); the thread keeps
         the buffer mapped until it is done, even if a larger one replaces
         it."""
-        if self.host is None or self.host.array.nbytes < n:
-            self.host = self.buf = None
-            self.host = HostBuffer(max(n, 1))
-            self.buf = self.host.array
-        if not self.host.populated:
+        host = self._holding(n)
+        if not host.populated:
             # The commit that just ended left its buffers free in glibc's
             # arenas: give them back before the buffer takes its memory.
             _malloc_trim()
-            host = self.host
 
             def populate() -> None:
-                _lower_priority(10)
+                _ckvc.lower_priority(10)
                 host.populate()
 
             threading.Thread(target=populate, name="ckvc-staging-warm", daemon=True).start()
@@ -511,15 +506,10 @@ class Staging:
 
         The deferred entries are ``(leaf, version at the call or None, the
         clone to copy from or None)``."""
-        n = p.file_len
-        if self.host is None or self.host.array.nbytes < n:
-            # free the old one before allocating the new
-            self.host = self.buf = None
-            self.host = HostBuffer(max(n, 1))
-            self.buf = self.host.array
+        host = self._holding(p.file_len)
         if not background:
-            self.host.populate()
-        buf = self.buf
+            host.populate()
+        buf = host.array
         h = len(p.header)
         buf[:h] = np.frombuffer(p.header, dtype=np.uint8)
         deferred: List[Tuple[Leaf, Any, Any]] = []
@@ -528,16 +518,15 @@ class Staging:
             if leaf.nbytes == 0:
                 continue
             if background and leaf.kind == "torch":
-                if leaf.nbytes >= BACKGROUND_MIN_BYTES:
-                    v = _version(leaf.obj)
-                    if v is not None:
-                        # The tensor as it is now: a later `param.data =
-                        # other` must not redirect the copy (detach shares
-                        # the storage and the version counter).
-                        leaf.obj = leaf.obj.detach()
-                        deferred.append((leaf, v, None))
-                        continue
-                else:
+                v = _watched_version(leaf)
+                if v is not None:
+                    # The tensor as it is now: a later `param.data =
+                    # other` must not redirect the copy (detach shares
+                    # the storage and the version counter).
+                    leaf.obj = leaf.obj.detach()
+                    deferred.append((leaf, v, None))
+                    continue
+                if leaf.nbytes < BACKGROUND_MIN_BYTES:
                     deferred.append((leaf, None, leaf.obj.detach().clone()))
                     continue
             if leaf.kind == "torch" and tbuf is None:
@@ -590,30 +579,39 @@ def in_place_background_parts(p: Plan) -> Tuple[List[Any], List[Tuple[Leaf, Any,
     for leaf in p.leaves:
         if leaf.nbytes == 0:
             continue
-        if leaf.kind == "torch" and leaf.nbytes >= BACKGROUND_MIN_BYTES:
-            v = _version(leaf.obj)
-            if v is not None:
-                # as in Staging.stage: the tensor as it is now
-                leaf.obj = leaf.obj.detach()
-                parts.append(_leaf_bytes(leaf))
-                watched.append((leaf, v, None))
-                continue
+        v = _watched_version(leaf)
+        if v is not None:
+            # as in Staging.stage: the tensor as it is now
+            leaf.obj = leaf.obj.detach()
+            parts.append(_leaf_bytes(leaf))
+            watched.append((leaf, v, None))
+            continue
         parts.append(np.array(_leaf_bytes(leaf), copy=True))
     return parts, watched
 
 
 def readable_in_place(p: Plan) -> bool:
     """True when every torch tensor of ``p`` that a background save would
-    copy after the call (``BACKGROUND_MIN_BYTES`` or more) is a contiguous
+    read after the call (``_watched_version``) is a contiguous
     CPU tensor, so a commit can read it where it is: tensors on an
     accelerator (or strided ones) would be copied in the call instead,
     which is what background staging exists to avoid."""
     for leaf in p.leaves:
-        if leaf.kind == "torch" and leaf.nbytes >= BACKGROUND_MIN_BYTES:
+        if _watched_version(leaf) is not None:
             t = leaf.obj
             if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
                 return False
     return True
+
+
+def _watched_version(leaf: Leaf) -> Optional[int]:
+    """The version at the call of a tensor a background save reads after
+    the call (copied by ``copy_deferred`` or read in place by the commit):
+    a torch tensor of at least ``BACKGROUND_MIN_BYTES`` with a version
+    counter. None for every other leaf, which is copied in the call."""
+    if leaf.kind != "torch" or leaf.nbytes < BACKGROUND_MIN_BYTES:
+        return None
+    return _version(leaf.obj)
 
 
 def check_versions(watched: List[Tuple[Leaf, Any, Any]]) -> None:

@@ -536,6 +536,14 @@ fn lower_priority(by: i32) {
 #[cfg(not(target_os = "linux"))]
 fn lower_priority(_: i32) {}
 
+/// [`lower_priority`] for a thread of the Python package's own (the
+/// staging buffer's fault-in after a first background save).
+#[pyfunction]
+#[pyo3(name = "lower_priority")]
+fn lower_priority_py(by: i32) {
+    lower_priority(by)
+}
+
 /// Commit a checkpoint directory (what `ckvc commit DIR` does); `nice`
 /// as for [`commit_buffers`] (the Trainer callback's background commits).
 #[pyfunction]
@@ -785,6 +793,7 @@ fn _ckvc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(commit_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(commit_dir, m)?)?;
     m.add_function(wrap_pyfunction!(rocksdb_crc_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(lower_priority_py, m)?)?;
     m.add_class::<Reader>()?;
     m.add("CkvcError", py.get_type::<CkvcError>())?;
     m.add("CorruptError", py.get_type::<CorruptError>())?;
