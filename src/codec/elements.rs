@@ -251,7 +251,9 @@ pub fn read(
 }
 
 /// The kept elements of `raw` (`n * w` bytes) by `runs`, back to back, into
-/// `out` (cleared first).
+/// `out` (cleared first): what the encoder codes. The decoder puts them
+/// back piece by piece ([`kept_pieces`], [`fill_skipped`]), or for a
+/// scattered map gathers the base's the same way and [`expand`]s.
 pub fn compact(raw: &[u8], runs: &[u32], w: usize, out: &mut Vec<u8>) {
     out.clear();
     let mut i = 0usize;
@@ -264,10 +266,65 @@ pub fn compact(raw: &[u8], runs: &[u32], w: usize, out: &mut Vec<u8>) {
     }
 }
 
+/// One kept run of an element map, as the decoder places it: `len`
+/// elements that are `at..at + len` of the compacted (kept) elements and
+/// `to..to + len` of the chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub at: usize,
+    pub to: usize,
+    pub len: usize,
+}
+
+/// The non-empty kept runs of `runs`, in order, into `pieces` (cleared
+/// first).
+pub fn kept_pieces(runs: &[u32], pieces: &mut Vec<Piece>) {
+    pieces.clear();
+    let (mut at, mut to) = (0usize, 0usize);
+    for (r, &len) in runs.iter().enumerate() {
+        let len = len as usize;
+        if r % 2 == 0 && len > 0 {
+            pieces.push(Piece { at, to, len });
+            at += len;
+        }
+        to += len;
+    }
+}
+
+/// Write the skipped elements of `out` (`n * w` bytes): the base's (when
+/// given) or zero. The kept elements' bytes are left as they are.
+pub fn fill_skipped(
+    out: &mut [std::mem::MaybeUninit<u8>],
+    runs: &[u32],
+    base: Option<&[u8]>,
+    w: usize,
+) {
+    let mut to = 0usize;
+    for (r, &len) in runs.iter().enumerate() {
+        let len = len as usize * w;
+        if r % 2 == 1 {
+            let dst = &mut out[to..to + len];
+            match base {
+                Some(b) => {
+                    let src = &b[to..to + len];
+                    // SAFETY: `src` and `dst` are both `len` bytes (sliced
+                    // just above, so in bounds) and in different buffers.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), len)
+                    }
+                }
+                None => dst.fill(std::mem::MaybeUninit::new(0)),
+            }
+        }
+        to += len;
+    }
+}
+
 /// Undo [`compact`] in place: `out` holds the kept elements in its first
 /// `kept * w` bytes and is `n * w` long; the skipped elements become the
 /// base's (when given) or zero. Walks back to front, so every kept run
-/// moves up (or stays).
+/// moves up (or stays). For scattered maps; the decoder places long runs
+/// straight where they belong ([`kept_pieces`]).
 pub fn expand(out: &mut [u8], kept: usize, runs: &[u32], base: Option<&[u8]>, w: usize) {
     let (mut src, mut dst) = (kept * w, out.len());
     for (r, &len) in runs.iter().enumerate().rev() {
@@ -328,6 +385,21 @@ mod tests {
             let mut c = Vec::new();
             compact(&raw, &runs, w, &mut c);
             prop_assert_eq!(c.len(), kept * w);
+            // The decoder's inverse: each kept piece copied into place,
+            // the skipped elements filled.
+            let mut pieces = Vec::new();
+            kept_pieces(&runs, &mut pieces);
+            prop_assert_eq!(pieces.iter().map(|p| p.len).sum::<usize>(), kept);
+            let mut back = vec![0xEEu8; n * w];
+            for p in &pieces {
+                back[p.to * w..(p.to + p.len) * w].copy_from_slice(&c[p.at * w..(p.at + p.len) * w]);
+            }
+            // SAFETY: MaybeUninit<u8> has the layout of u8; only
+            // initialised bytes are written.
+            let out = unsafe { std::slice::from_raw_parts_mut(back.as_mut_ptr().cast(), n * w) };
+            fill_skipped(out, &runs, b, w);
+            prop_assert_eq!(&back, &raw);
+            // And for scattered maps: moved up in place.
             c.resize(n * w, 0xEE);
             expand(&mut c, kept, &runs, b, w);
             prop_assert_eq!(c, raw);

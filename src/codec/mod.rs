@@ -54,6 +54,7 @@ pub use elements::ElementMap;
 use layout::StreamOp;
 pub use palette::Palette;
 pub use stats::{entropy_bits, histogram};
+use std::mem::MaybeUninit;
 
 /// Frame magic, "CK".
 pub const MAGIC: [u8; 2] = *b"CK";
@@ -374,6 +375,8 @@ pub struct Scratch {
     runs: Vec<u32>,
     compact: Vec<u8>,
     compact_base: Vec<u8>,
+    /// The decoder's kept runs of an element map, placed one by one.
+    pieces: Vec<elements::Piece>,
     map_section: Vec<u8>,
     /// The chunk's streams as one zstd frame (version 6), kept apart from
     /// the block coder's zstd output, which the blocks overwrite.
@@ -993,32 +996,49 @@ pub fn decode_into(
     pos += tail_len;
     let Scratch {
         streams,
-        base_streams,
         tables,
         entries,
         ctx,
         runs,
+        pieces,
         compact_base,
         ..
     } = scratch;
     // `n` elements go through the streams: all of them, or the kept ones
-    // of an element map, against the base's same elements.
+    // of an element map, each against the base's same element. Each run of
+    // kept elements is decoded into its place in the chunk (`pieces`);
+    // short runs (a scattered map) are decoded back to back against the
+    // base's kept elements gathered, then moved into place: per run, the
+    // kernels' fixed costs would outweigh the copies.
     let mut n = all;
     let full_base = base.map(|b| &b[..all * w]);
     let mut base = full_base;
+    let mut scattered = false;
+    pieces.clear();
     if info.element_map {
         let (p, kept) = elements::read(frame, pos, all, runs)?;
         pos = p;
         n = kept;
-        if let Some(b) = full_base {
-            elements::compact(b, runs, w, compact_base);
-            base = Some(&compact_base[..n * w]);
+        scattered = runs.len() / 2 * SCATTERED_BELOW > n;
+        if scattered {
+            if let Some(b) = full_base {
+                elements::compact(b, runs, w, compact_base);
+                base = Some(&compact_base[..n * w]);
+            }
+        } else {
+            elements::kept_pieces(runs, pieces);
         }
+    }
+    if (!info.element_map || scattered) && n > 0 {
+        pieces.push(elements::Piece {
+            at: 0,
+            to: 0,
+            len: n,
+        });
     }
 
     if info.whole_zstd {
-        streams.resize_with(w, Vec::new);
-        decode_whole_zstd(frame, pos, n, w, streams, tables)?;
+        decode_whole_zstd(frame, pos, n, w, tables)?;
         pos = frame.len();
     }
     let block = 1usize << BLOCK_LOG2;
@@ -1048,90 +1068,158 @@ pub fn decode_into(
 
     // The base's context bytes only when a block is coded with them.
     let ctx_coded = base.is_some() && entries.iter().any(|e| e.0 == BlockMode::RansCtx);
-    // The context is the base's top stream after rotation for floats
-    // (`layout::context_bytes`): when the base is grouped anyway, and
-    // rotated exactly if it is float, that stream is the context, and the
-    // base takes one pass, not two.
-    let mut ctx_in_base = false;
-    if let Some(base) = base {
-        let base = &base[..n * w];
-        let grouped = info.delta == Delta::PerStream && ops.iter().any(|&o| o != StreamOp::Keep);
-        if grouped {
-            base_streams.resize_with(w, Vec::new);
-            layout::group(base, w, info.rotated, base_streams);
-        }
-        ctx_in_base = grouped && info.rotated == info.dtype.is_float();
-        if ctx_coded && !ctx_in_base {
-            layout::context_bytes(base, w, info.dtype.is_float(), ctx);
-        }
-    }
-    let ctx: &[u8] = if ctx_in_base {
-        &base_streams[w - 1]
-    } else {
-        ctx
+    let float = info.dtype.is_float();
+    let rebuild = ElementOps {
+        masks: layout::op_masks(&ops),
+        w,
+        rotated: info.rotated,
+        float,
+        against: ops.iter().any(|&o| o != StreamOp::Keep),
+        ulp: info.delta == Delta::Ulp,
     };
-    // Decode each stream; a stream stored all raw (and not combined with
-    // the base) is used in place, straight from the frame.
-    streams.resize_with(w, Vec::new);
-    let mut in_frame: Vec<Option<(usize, usize)>> = vec![None; w];
-    for (k, s) in streams.iter_mut().enumerate().filter(|_| !info.whole_zstd) {
-        let ents = &entries[k * nblocks..(k + 1) * nblocks];
+    // Where each stream's blocks start; a stream stored all raw is used in
+    // place, straight from the frame (the base is combined in by the
+    // ungrouping), and a whole-zstd frame's streams from its one buffer.
+    let mut at = vec![pos; w];
+    let mut in_frame = vec![info.whole_zstd; w];
+    for (k, ents) in entries.chunks(nblocks.max(1)).enumerate().take(w) {
+        at[k] = pos;
         let len: usize = ents.iter().map(|e| e.1).sum();
-        if ops[k] == StreamOp::Keep && ents.iter().all(|e| e.0 == BlockMode::Raw) {
+        if ents.iter().all(|e| e.0 == BlockMode::Raw) {
             if len != n {
                 return Err(corrupt(
                     pos,
                     "raw block length differs from its symbol count",
                 ));
             }
-            in_frame[k] = Some((pos, len));
-            pos += len;
-            continue;
+            in_frame[k] = true;
         }
-        let s = layout::grow(s, n);
-        let ctx = ctx_coded.then(|| &ctx[..n]);
-        for (bi, (dst, &(mode, len))) in s.chunks_mut(block).zip(ents).enumerate() {
-            let c = ctx.map(|c| &c[bi * block..bi * block + dst.len()]);
-            block::decode(info.version, mode, frame, pos, len, c, dst, tables)?;
-            pos += len;
-        }
+        pos += len;
     }
-
-    if info.delta == Delta::PerStream {
-        for k in (0..w).filter(|&k| ops[k] != StreamOp::Keep) {
-            ops[k].undo(&mut streams[k][..n], &base_streams[k][..n]);
-        }
-    }
-    let refs: Vec<&[u8]> = streams
-        .iter()
-        .zip(&in_frame)
-        .map(|(s, f)| match f {
-            Some((at, len)) => &frame[*at..*at + *len],
-            None => &s[..n],
-        })
-        .collect();
-    // The output is written once, by the interleave, into fresh capacity:
-    // no zero-filling pass first (a reused `out` that was shorter, or a
-    // new one, would otherwise be zeroed up to the raw length).
+    streams.resize_with(w, Vec::new);
+    // The output is written once, into fresh capacity: no zero-filling
+    // pass first (a reused `out` that was shorter, or a new one, would
+    // otherwise be zeroed up to the raw length).
     out.clear();
     out.reserve(raw_len);
-    let body = &mut out.spare_capacity_mut()[..n * w];
-    layout::ungroup_uninit(&refs, w, info.rotated, body);
-    // SAFETY: `ungroup_uninit` wrote every byte of `body` (n * w), within
-    // the capacity reserved above.
-    unsafe { out.set_len(n * w) };
-    if info.delta == Delta::Ulp {
-        let base = &base.expect("checked above")[..n * w];
-        layout::ulp_undelta(&mut out[..n * w], base, w, info.dtype.is_float());
+    let body = &mut out.spare_capacity_mut()[..all * w];
+    if info.element_map && !scattered {
+        elements::fill_skipped(body, runs, full_base, w);
     }
-    if info.element_map {
-        // The skipped elements' room, zeroed once (then the kept runs
-        // move up into place, back to front).
+    // Block by block (all of it at once for whole zstd): the context, each
+    // stream's block, then the elements into their places, so the base,
+    // the context and the streams of one block are read back from the
+    // cache, not from memory. `first` is the first piece not yet placed
+    // whole.
+    let span = if info.whole_zstd { n.max(1) } else { block };
+    let mut first = 0;
+    for (bi, lo) in (0..n).step_by(span).enumerate() {
+        let hi = (lo + span).min(n);
+        // This block's part of each piece that overlaps it: (elements of
+        // the block, elements of the chunk).
+        let parts = pieces[first..].iter().take_while(|p| p.at < hi).map(|p| {
+            let (a, b) = (p.at.max(lo), (p.at + p.len).min(hi));
+            (a - lo..b - lo, p.to + a - p.at..p.to + b - p.at)
+        });
+        let c = match (base, ctx_coded) {
+            (Some(base), true) => {
+                let ctx = &mut layout::grow(ctx, hi - lo)[..hi - lo];
+                for (i, e) in parts.clone() {
+                    let raw = &base[e.start * w..e.end * w];
+                    layout::context_bytes_into(raw, w, float, &mut ctx[i]);
+                }
+                Some(&ctx[..])
+            }
+            _ => None,
+        };
+        for (k, s) in streams
+            .iter_mut()
+            .enumerate()
+            .filter(|&(k, _)| !in_frame[k])
+        {
+            let (mode, len) = entries[k * nblocks + bi];
+            let dst = &mut layout::grow(s, hi - lo)[..hi - lo];
+            block::decode(info.version, mode, frame, at[k], len, c, dst, tables)?;
+            at[k] += len;
+        }
+        // Stream `k`'s symbols of the block's elements `i`.
+        let symbols = |i: std::ops::Range<usize>| -> [&[u8]; 8] {
+            let mut refs: [&[u8]; 8] = [&[]; 8];
+            for (k, r) in refs.iter_mut().enumerate().take(w) {
+                let (a, b) = (lo + i.start, lo + i.end);
+                *r = match (in_frame[k], info.whole_zstd) {
+                    (true, true) => &tables.whole[k * n + a..k * n + b],
+                    (true, false) => &frame[at[k] + a..at[k] + b],
+                    (false, _) => &streams[k][i.clone()],
+                };
+            }
+            refs
+        };
+        for (i, e) in parts {
+            let bytes = e.start * w..e.end * w;
+            let b = base.map(|b| &b[bytes.clone()]);
+            rebuild.place(&symbols(i)[..w], b, &mut body[bytes]);
+        }
+        while pieces.get(first).is_some_and(|p| p.at + p.len <= hi) {
+            first += 1;
+        }
+    }
+    if scattered {
+        // SAFETY: the one piece covered the `n` kept elements, back to
+        // back: `n * w` bytes within the capacity reserved above.
+        unsafe { out.set_len(n * w) };
+        // The skipped elements' room, zeroed once (then the kept runs move
+        // up into place, back to front).
         out.resize(all * w, 0);
         elements::expand(out, n, runs, full_base, w);
+    } else {
+        // SAFETY: the pieces cover every kept element and `fill_skipped`
+        // every skipped one (without a map, one piece covers all of them);
+        // each piece's elements were written whole by the ungrouping, each
+        // block's part of it once: all of `body`, `all * w` bytes within
+        // the capacity reserved above.
+        unsafe { out.set_len(all * w) };
     }
     out.extend_from_slice(tail);
     Ok(())
+}
+
+/// An element map whose kept runs average fewer elements than this is
+/// decoded back to back and then moved into place (a kernel call per run
+/// costs more than the copies: 1 Mi fp32 elements of which every other
+/// one is skipped decode at 170 MiB/s placed run by run, 550 moved).
+const SCATTERED_BELOW: usize = 32;
+
+/// How a frame's elements come back from their streams: the ungrouping
+/// (against the base's elements when a stream has a per-stream op), then
+/// the whole-element ULP delta when the frame has one.
+struct ElementOps {
+    masks: [u64; 2],
+    w: usize,
+    rotated: bool,
+    float: bool,
+    against: bool,
+    ulp: bool,
+}
+
+impl ElementOps {
+    /// Write the elements of the symbols `refs` (one slice per stream)
+    /// into `dst`, every byte, given the same elements of the base.
+    fn place(&self, refs: &[&[u8]], base: Option<&[u8]>, dst: &mut [MaybeUninit<u8>]) {
+        match base.filter(|_| self.against) {
+            Some(b) => {
+                layout::ungroup_against_uninit(refs, self.masks, b, self.w, self.rotated, dst)
+            }
+            None => layout::ungroup_uninit(refs, self.w, self.rotated, dst),
+        }
+        if let Some(b) = base.filter(|_| self.ulp) {
+            // SAFETY: the ungrouping just wrote every byte of `dst`, and
+            // MaybeUninit<u8> has the layout of u8.
+            let dst: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
+            layout::ulp_undelta(dst, b, self.w, self.float);
+        }
+    }
 }
 
 /// Decode a palette frame (version 6, transform bit 7; its header checked
@@ -1228,13 +1316,13 @@ fn palette_expand<const W: usize>(pal: &[u8], idx: &[u8], out: &mut [u8]) {
 }
 
 /// The streams of a version 6 frame stored as one zstd frame at
-/// `frame[pos..]`: `w` streams of `n` symbols, back to back.
+/// `frame[pos..]`: `w` streams of `n` symbols, back to back, decompressed
+/// into `tables.whole` (stream `k` at `k * n..(k + 1) * n`).
 fn decode_whole_zstd(
     frame: &[u8],
     pos: usize,
     n: usize,
     w: usize,
-    streams: &mut [Vec<u8>],
     tables: &mut block::Tables,
 ) -> Result<(), DecodeError> {
     let payload = &frame[pos..];
@@ -1251,9 +1339,6 @@ fn decode_whole_zstd(
     match d.decompress_to_buffer(payload, &mut buf[..]) {
         Ok(m) if m == all => {}
         _ => return Err(bad()),
-    }
-    for (k, s) in streams.iter_mut().enumerate() {
-        layout::grow(s, n)[..n].copy_from_slice(&buf[k * n..(k + 1) * n]);
     }
     Ok(())
 }

@@ -363,11 +363,108 @@ pub(crate) unsafe fn ungroup4_avx2(
     out: &mut [std::mem::MaybeUninit<u8>],
     rotate: bool,
 ) -> usize {
+    // SAFETY: the CPU has AVX2 (the caller's contract); no base.
+    unsafe { ungroup4_kernel(s, None, out, rotate) }
+}
+
+/// The per-byte masks of a delta against the base for the fused kernels:
+/// bytes set in `xor` are XORed with the base's byte, bytes set in `diff`
+/// are the zigzagged difference to add to it, the rest are kept (as
+/// `layout::StreamOp`, one op per byte of the element).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OpMasks {
+    pub xor: u32,
+    pub diff: u32,
+}
+
+/// The bulk of `layout::ungroup_against_uninit` for 4-byte elements:
+/// [`ungroup4_avx2`] and, in the same pass, each byte undone against the
+/// same byte of the base element `base[4i..4i + 4]` (rotated like the
+/// streams) as `masks` say. Returns how many elements it wrote; stops at
+/// the shortest stream, `base.len() / 4` or `out.len() / 4`.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn ungroup4_against_avx2(
+    s: [&[u8]; 4],
+    base: &[u8],
+    masks: OpMasks,
+    out: &mut [std::mem::MaybeUninit<u8>],
+    rotate: bool,
+) -> usize {
+    // SAFETY: the CPU has AVX2 (the caller's contract).
+    unsafe { ungroup4_kernel(s, Some((base, masks)), out, rotate) }
+}
+
+/// Rotate (`left`) or unrotate the top 16 bits of every 4-byte element of
+/// `v` by one bit (`layout`'s sign-bit rotation).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rot_hi16(v: std::arch::x86_64::__m256i, left: bool) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
-    let n = (out.len() / 4).min(s.iter().map(|t| t.len()).min().unwrap_or(0));
+    // SAFETY: register-only AVX2 operations, inlined into callers that
+    // have AVX2 enabled.
+    unsafe {
+        let r = if left {
+            _mm256_or_si256(_mm256_slli_epi16::<1>(v), _mm256_srli_epi16::<15>(v))
+        } else {
+            _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v))
+        };
+        _mm256_blend_epi16::<0b1010_1010>(v, r)
+    }
+}
+
+/// Undo the delta ops on the bytes `r` (rotated like the streams) against
+/// the base's bytes `b` (rotated the same way): `r ^ b` where `xor` is set,
+/// `b + unzigzag(r)` where `diff` is set, `r` elsewhere.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn undo_ops(
+    r: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+    xor: std::arch::x86_64::__m256i,
+    diff: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: register-only AVX2 operations, inlined into callers that
+    // have AVX2 enabled.
+    unsafe {
+        let x = _mm256_xor_si256(r, _mm256_and_si256(b, xor));
+        let half = _mm256_and_si256(_mm256_srli_epi16::<1>(r), _mm256_set1_epi8(0x7f));
+        let neg = _mm256_sub_epi8(
+            _mm256_setzero_si256(),
+            _mm256_and_si256(r, _mm256_set1_epi8(1)),
+        );
+        let d = _mm256_add_epi8(b, _mm256_xor_si256(half, neg));
+        _mm256_blendv_epi8(x, d, diff)
+    }
+}
+
+/// The one loop of [`ungroup4_avx2`] and [`ungroup4_against_avx2`].
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn ungroup4_kernel(
+    s: [&[u8]; 4],
+    base: Option<(&[u8], OpMasks)>,
+    out: &mut [std::mem::MaybeUninit<u8>],
+    rotate: bool,
+) -> usize {
+    use std::arch::x86_64::*;
+    let mut n = (out.len() / 4).min(s.iter().map(|t| t.len()).min().unwrap_or(0));
+    if let Some((b, _)) = base {
+        n = n.min(b.len() / 4);
+    }
     let groups = n / 32;
+    let splat = |m: u32| _mm256_set1_epi32(m as i32);
+    let masks = base.map(|(_, m)| (splat(m.xor), splat(m.diff)));
     // SAFETY: for every load and store below, group g reads bytes
-    // [32g, 32g + 32) of each stream, all below n <= its length, and writes
+    // [32g, 32g + 32) of each stream, all below n <= its length, bytes
+    // [128g, 128g + 128) of the base, below 4n <= base.len(), and writes
     // bytes [128g, 128g + 128) of `out`, below 4n <= out.len(); the CPU has
     // AVX2 (the caller's contract).
     unsafe {
@@ -381,7 +478,7 @@ pub(crate) unsafe fn ungroup4_avx2(
             let lo_h = _mm256_unpackhi_epi8(a, b);
             let mut hi_l = _mm256_unpacklo_epi8(c, d);
             let mut hi_h = _mm256_unpackhi_epi8(c, d);
-            if rotate {
+            if rotate && base.is_none() {
                 let unrot =
                     |v| _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v));
                 hi_l = unrot(hi_l);
@@ -392,11 +489,87 @@ pub(crate) unsafe fn ungroup4_avx2(
             let e1 = _mm256_unpackhi_epi16(lo_l, hi_l);
             let e2 = _mm256_unpacklo_epi16(lo_h, hi_h);
             let e3 = _mm256_unpackhi_epi16(lo_h, hi_h);
+            let mut v = [
+                _mm256_permute2x128_si256::<0x20>(e0, e1),
+                _mm256_permute2x128_si256::<0x20>(e2, e3),
+                _mm256_permute2x128_si256::<0x31>(e0, e1),
+                _mm256_permute2x128_si256::<0x31>(e2, e3),
+            ];
+            if let (Some((bs, _)), Some((xor, diff))) = (base, masks) {
+                let bp = bs.as_ptr().add(128 * g) as *const __m256i;
+                for (j, e) in v.iter_mut().enumerate() {
+                    let mut bv = _mm256_loadu_si256(bp.add(j));
+                    if rotate {
+                        bv = rot_hi16(bv, true);
+                    }
+                    *e = undo_ops(*e, bv, xor, diff);
+                    if rotate {
+                        *e = rot_hi16(*e, false);
+                    }
+                }
+            }
             let at = o.add(4 * g);
-            _mm256_storeu_si256(at, _mm256_permute2x128_si256::<0x20>(e0, e1));
-            _mm256_storeu_si256(at.add(1), _mm256_permute2x128_si256::<0x20>(e2, e3));
-            _mm256_storeu_si256(at.add(2), _mm256_permute2x128_si256::<0x31>(e0, e1));
-            _mm256_storeu_si256(at.add(3), _mm256_permute2x128_si256::<0x31>(e2, e3));
+            for (j, e) in v.into_iter().enumerate() {
+                _mm256_storeu_si256(at.add(j), e);
+            }
+        }
+    }
+    32 * groups
+}
+
+/// The bulk of `layout::ungroup_against_uninit` for 2-byte elements: two
+/// streams interleaved into elements, each byte undone against the base
+/// element's (both rotated as a whole 16 bits with `rotate`), then
+/// unrotated. Returns how many elements it wrote; stops at the shortest
+/// stream, `base.len() / 2` or `out.len() / 2`.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn ungroup2_against_avx2(
+    s: [&[u8]; 2],
+    base: &[u8],
+    masks: OpMasks,
+    out: &mut [std::mem::MaybeUninit<u8>],
+    rotate: bool,
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = (out.len() / 2)
+        .min(base.len() / 2)
+        .min(s[0].len())
+        .min(s[1].len());
+    let groups = n / 32;
+    let splat = |m: u32| _mm256_set1_epi32(m as i32);
+    let (xor, diff) = (splat(masks.xor), splat(masks.diff));
+    // SAFETY: group g reads bytes [32g, 32g + 32) of each stream, below
+    // n <= its length, bytes [64g, 64g + 64) of the base, below 2n <=
+    // base.len(), and writes bytes [64g, 64g + 64) of `out`, below 2n <=
+    // out.len(); the CPU has AVX2 (the caller's contract).
+    unsafe {
+        let o = out.as_mut_ptr() as *mut __m256i;
+        let bp = base.as_ptr() as *const __m256i;
+        for g in 0..groups {
+            let ld = |t: &[u8]| _mm256_loadu_si256(t.as_ptr().add(32 * g) as *const __m256i);
+            let (a, b) = (ld(s[0]), ld(s[1]));
+            // Elements 0-7|16-23 and 8-15|24-31, then in order.
+            let l = _mm256_unpacklo_epi8(a, b);
+            let h = _mm256_unpackhi_epi8(a, b);
+            let v = [
+                _mm256_permute2x128_si256::<0x20>(l, h),
+                _mm256_permute2x128_si256::<0x31>(l, h),
+            ];
+            for (j, e) in v.into_iter().enumerate() {
+                let mut bv = _mm256_loadu_si256(bp.add(2 * g + j));
+                if rotate {
+                    bv = _mm256_or_si256(_mm256_slli_epi16::<1>(bv), _mm256_srli_epi16::<15>(bv));
+                }
+                let mut e = undo_ops(e, bv, xor, diff);
+                if rotate {
+                    e = _mm256_or_si256(_mm256_srli_epi16::<1>(e), _mm256_slli_epi16::<15>(e));
+                }
+                _mm256_storeu_si256(o.add(2 * g + j), e);
+            }
         }
     }
     32 * groups

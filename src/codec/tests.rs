@@ -1140,3 +1140,50 @@ fn palette_fixture_decodes() {
     assert_eq!(again[..end], f[..end]);
     assert!(f.len() * 5 < raw.len());
 }
+
+/// The decoder places each kept run of an element map straight into the
+/// chunk, block by block, runs that start in one 64 Ki-element block and
+/// end in the next included; a scattered map (runs of one or two
+/// elements) is decoded back to back and moved into place. Both against a
+/// base (per-stream ops, context coding, the ULP delta) and without one
+/// (zero elements), fp32 and bf16, every option set.
+#[test]
+fn element_map_runs_across_blocks_decode_into_place() {
+    let n = 3 * 65536 + 1000;
+    let base = gaussian_f32(n, 5, 0.02);
+    let moved = |i: usize, b: f32| f32::from_bits(b.to_bits() ^ (1 + i as u32 % 7));
+    // Rows of 1000 elements, every third unchanged (or zero without a
+    // base); or every third element.
+    let rows = |i: usize| (i / 1000) % 3 != 0;
+    let scattered = |i: usize| i % 3 != 0;
+    let (mut mapped_delta, mut mapped_full) = (0, 0);
+    for kept in [&rows as &dyn Fn(usize) -> bool, &scattered] {
+        let new: Vec<f32> = base
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| if kept(i) { moved(i, b) } else { b })
+            .collect();
+        let zeros: Vec<f32> = new
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if kept(i) { v } else { 0.0 })
+            .collect();
+        for (raw, b, dtype) in [
+            (f32_bytes(&new), Some(f32_bytes(&base)), DType::F32),
+            (bf16_bytes(&new), Some(bf16_bytes(&base)), DType::BF16),
+            (f32_bytes(&zeros), None, DType::F32),
+            (bf16_bytes(&zeros), None, DType::BF16),
+        ] {
+            for opts in all_options() {
+                let f = rt(&raw, b.as_deref(), dtype, &opts);
+                let info = FrameInfo::parse(&f).unwrap();
+                if info.element_map && info.needs_base() {
+                    mapped_delta += 1;
+                } else if info.element_map {
+                    mapped_full += 1;
+                }
+            }
+        }
+    }
+    assert!(mapped_delta >= 4 && mapped_full >= 4, "{mapped_delta} {mapped_full}");
+}
