@@ -1369,6 +1369,65 @@ pub fn grouped_streams(raw: &[u8], base: Option<&[u8]>, dtype: DType) -> Vec<Vec
     s
 }
 
+/// [`grouped_streams`] back to back, then the bytes of `raw`'s trailing
+/// partial element, into `out` (cleared first; `raw.len()` bytes): the
+/// input a benchmark gives general-purpose compressors, made in as few
+/// passes as the codec makes its own streams (grouped in place, XORed with
+/// the grouped base). `base` must be `raw`'s length or longer to be used.
+pub fn group_streams_into(raw: &[u8], base: Option<&[u8]>, dtype: DType, out: &mut Vec<u8>) {
+    let w = dtype.width();
+    let n = raw.len() / w;
+    out.clear();
+    out.reserve(raw.len());
+    layout::group_uninit(
+        &raw[..n * w],
+        w,
+        false,
+        &mut out.spare_capacity_mut()[..n * w],
+    );
+    // SAFETY: `group_uninit` wrote all `n * w` bytes, within the capacity
+    // reserved above.
+    unsafe { out.set_len(n * w) };
+    if let Some(b) = base.filter(|b| b.len() >= n * w && n > 0) {
+        let mut bs = vec![Vec::new(); w];
+        layout::group(&b[..n * w], w, false, &mut bs);
+        for (t, b) in out.chunks_mut(n).zip(&bs) {
+            StreamOp::Xor.apply(t, &b[..n]);
+        }
+    }
+    out.extend_from_slice(&raw[n * w..]);
+}
+
+/// The inverse of [`group_streams_into`] (and of [`grouped_streams`]
+/// joined): `joined` is the streams back to back followed by the bytes of
+/// `raw`'s trailing partial element (so `raw.len()` bytes in all), `base`
+/// the same base; writes `raw` into `out` (cleared first). For benchmarks
+/// that time general-purpose compressors on the grouped bytes: their
+/// decompression ends here, as their compression starts there.
+pub fn ungroup_streams_into(joined: &[u8], base: Option<&[u8]>, dtype: DType, out: &mut Vec<u8>) {
+    let w = dtype.width();
+    let n = joined.len() / w;
+    let nb = base.map_or(0, |b| n.min(b.len() / w));
+    let streams: Vec<&[u8]> = joined[..n * w].chunks(n.max(1)).take(w).collect();
+    let slice = |a: usize, b: usize| -> Vec<&[u8]> { streams.iter().map(|s| &s[a..b]).collect() };
+    out.clear();
+    out.reserve(joined.len());
+    let body = &mut out.spare_capacity_mut()[..n * w];
+    if n > 0 {
+        let (head, rest) = body.split_at_mut(nb * w);
+        if let Some(b) = base.filter(|_| nb > 0) {
+            let xor = vec![StreamOp::Xor; w];
+            let masks = layout::op_masks(&xor);
+            layout::ungroup_against_uninit(&slice(0, nb), masks, &b[..nb * w], w, false, head);
+        }
+        layout::ungroup_uninit(&slice(nb, n), w, false, rest);
+    }
+    // SAFETY: the two ungroupings wrote every byte of `body`: `n * w`
+    // bytes within the capacity reserved above.
+    unsafe { out.set_len(n * w) };
+    out.extend_from_slice(&joined[n * w..]);
+}
+
 /// Not part of the API: block-level entry points for the micro-benchmark
 /// `examples/huff_speed.rs` (Huffman and rANS on single blocks, byte
 /// grouping). Anything here may change or vanish in any release.

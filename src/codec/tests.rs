@@ -1185,5 +1185,36 @@ fn element_map_runs_across_blocks_decode_into_place() {
             }
         }
     }
-    assert!(mapped_delta >= 4 && mapped_full >= 4, "{mapped_delta} {mapped_full}");
+    assert!(
+        mapped_delta >= 4 && mapped_full >= 4,
+        "{mapped_delta} {mapped_full}"
+    );
+}
+
+proptest! {
+    /// What the benchmarks' peers compress is `grouped_streams` joined
+    /// (`group_streams_into`), and what they decompress to ends back at the
+    /// chunk: `ungroup_streams_into` undoes it (then the trailing partial
+    /// element), with a base of the same length, a shorter one or none.
+    #[test]
+    fn group_streams_into_and_its_inverse_match_grouped_streams(
+        raw in proptest::collection::vec(any::<u8>(), 0..700),
+        base in proptest::collection::vec(any::<u8>(), 0..700),
+    ) {
+        for dtype in [DType::U8, DType::BF16, DType::F32, DType::F64] {
+            let w = dtype.width();
+            for b in [None, Some(&base[..]), Some(&base[..base.len().min(raw.len())])] {
+                let mut joined = grouped_streams(&raw, b, dtype).concat();
+                joined.extend_from_slice(&raw[raw.len() / w * w..]);
+                let mut fast = vec![9u8; 5];
+                group_streams_into(&raw, b, dtype, &mut fast);
+                if b.is_none_or(|b| b.len() >= raw.len()) {
+                    prop_assert_eq!(&fast, &joined);
+                }
+                let mut out = vec![7u8; 3];
+                ungroup_streams_into(&joined, b, dtype, &mut out);
+                prop_assert_eq!(&out, &raw);
+            }
+        }
+    }
 }

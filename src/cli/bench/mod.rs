@@ -10,8 +10,10 @@
 //! measures on the very same bytes the ckvc codec, plain LMC (the same
 //! code with rotation, rANS and the delta search switched off), zstd -3 and
 //! -19 and bzip2 -9 on byte-grouped bytes, and the order-0 entropy of the
-//! byte-grouped streams per 64 KiB block. These functions return rows; `cli::debug` prints
-//! them.
+//! byte-grouped streams per 64 KiB block. Every codec is timed from the
+//! tensor to its frame and back to the tensor: the peers' compression
+//! includes the grouping (and the XOR with the base), their decompression
+//! its inverse. These functions return rows; `cli::debug` prints them.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -273,10 +275,13 @@ enum Coder<'p> {
         pool: Option<&'p rayon::ThreadPool>,
         one: Box<(Scratch, Vec<u8>)>,
     },
-    /// zstd at this level on the byte-grouped bytes (see [`grouped_input`]).
+    /// zstd at this level on the byte-grouped bytes (see [`grouped_input`]);
+    /// decompression ends at the tensor. Buffers reused across jobs, as
+    /// ckvc's are: the grouped bytes, the tensor.
     Zstd {
         cctx: zstd::bulk::Compressor<'static>,
         dctx: zstd::bulk::Decompressor<'static>,
+        buf: Box<(Vec<u8>, Vec<u8>)>,
     },
     /// bzip2 -9 on the byte-grouped bytes.
     Bzip2,
@@ -300,6 +305,7 @@ impl<'p> Timed<'p> {
             Coder::Zstd {
                 cctx: zstd::bulk::Compressor::new(level).expect("zstd level 3 or 19"),
                 dctx: zstd::bulk::Decompressor::new().expect("zstd decompressor"),
+                buf: Box::default(),
             },
         )
     }
@@ -351,15 +357,21 @@ impl<'p> Timed<'p> {
                         })
                     })
             }),
-            Coder::Zstd { cctx, .. } => {
+            Coder::Zstd { cctx, buf, .. } => {
+                let joined = &mut buf.0;
                 for (j, f) in jobs.iter().zip(frames.iter_mut()) {
-                    let joined = grouped_input(j).concat();
-                    *f = cctx.compress(&joined).expect("zstd compresses any input");
+                    grouped_input(j, joined);
+                    f.clear();
+                    f.reserve(zstd::zstd_safe::compress_bound(joined.len()));
+                    cctx.compress_to_buffer(joined, f)
+                        .expect("zstd compresses any input into its bound");
                 }
             }
             Coder::Bzip2 => {
+                let mut joined = Vec::new();
                 for (j, f) in jobs.iter().zip(frames.iter_mut()) {
-                    *f = bzip2_compress(&grouped_input(j).concat());
+                    grouped_input(j, &mut joined);
+                    *f = bzip2_compress(&joined);
                 }
             }
         }
@@ -385,14 +397,16 @@ impl<'p> Timed<'p> {
                     })
                 })
             }),
-            Coder::Zstd { dctx, .. } => {
+            Coder::Zstd { dctx, buf, .. } => {
+                let (grouped, out) = &mut **buf;
                 for (j, f) in jobs.iter().zip(frames.iter()) {
-                    let _ = dctx.decompress(f, j.raw.len());
+                    let _ = zstd_to_tensor(dctx, f, j, grouped, out);
                 }
             }
             Coder::Bzip2 => {
+                let mut out = Vec::new();
                 for (j, f) in jobs.iter().zip(frames.iter()) {
-                    let _ = bzip2_decompress(f, j.raw.len());
+                    let _ = bzip2_to_tensor(f, j, &mut out);
                 }
             }
         }
@@ -400,7 +414,7 @@ impl<'p> Timed<'p> {
     }
 
     /// Check, once and outside the timed passes, that every frame gives
-    /// back its input (for zstd: the byte-grouped input); returns
+    /// back its input; returns
     /// (compressed bytes, compress MiB/s, decompress MiB/s).
     fn finish(self, jobs: &[&Job]) -> Result<(u64, f64, f64), BenchError> {
         let bytes_in: u64 = jobs.iter().map(|j| j.raw.len() as u64).sum();
@@ -410,22 +424,23 @@ impl<'p> Timed<'p> {
                 .zip(self.frames.par_iter())
                 .find_any(|(j, f)| codec::decode(f, j.base).ok().as_deref() != Some(j.raw))
                 .map(|(j, _)| j.key.to_string()),
-            Coder::Zstd { mut dctx, .. } => jobs
-                .iter()
-                .zip(&self.frames)
-                .find(|(j, f)| {
-                    dctx.decompress(f, j.raw.len()).ok().as_deref()
-                        != Some(grouped_input(j).concat().as_slice())
-                })
-                .map(|(j, _)| j.key.to_string()),
-            Coder::Bzip2 => jobs
-                .iter()
-                .zip(&self.frames)
-                .find(|(j, f)| {
-                    bzip2_decompress(f, j.raw.len()).ok().as_deref()
-                        != Some(grouped_input(j).concat().as_slice())
-                })
-                .map(|(j, _)| j.key.to_string()),
+            Coder::Zstd { mut dctx, .. } => {
+                let (mut grouped, mut out) = (Vec::new(), Vec::new());
+                jobs.iter()
+                    .zip(&self.frames)
+                    .find(|(j, f)| {
+                        zstd_to_tensor(&mut dctx, f, j, &mut grouped, &mut out).is_err()
+                            || out != j.raw
+                    })
+                    .map(|(j, _)| j.key.to_string())
+            }
+            Coder::Bzip2 => {
+                let mut out = Vec::new();
+                jobs.iter()
+                    .zip(&self.frames)
+                    .find(|(j, f)| bzip2_to_tensor(f, j, &mut out).is_err() || out != j.raw)
+                    .map(|(j, _)| j.key.to_string())
+            }
         };
         if let Some(tensor) = bad {
             return Err(BenchError::Mismatch { tensor });
@@ -446,27 +461,48 @@ fn bzip2_compress(data: &[u8]) -> Vec<u8> {
     e.finish().expect("writing to a Vec cannot fail")
 }
 
-fn bzip2_decompress(frame: &[u8], len: usize) -> std::io::Result<Vec<u8>> {
+/// A bzip2 peer's frame back to the tensor: decompressed, then
+/// [`codec::ungroup_streams_into`].
+fn bzip2_to_tensor(frame: &[u8], j: &Job, out: &mut Vec<u8>) -> std::io::Result<()> {
     use std::io::Read;
-    let mut out = Vec::with_capacity(len);
-    bzip2::read::BzDecoder::new(frame).read_to_end(&mut out)?;
-    Ok(out)
+    let mut grouped = Vec::with_capacity(j.raw.len());
+    bzip2::read::BzDecoder::new(frame).read_to_end(&mut grouped)?;
+    codec::ungroup_streams_into(&grouped, j.base, j.dtype, out);
+    Ok(())
 }
 
-/// The byte-grouped (not rotated) bytes of a job, XORed with the grouped
-/// base in DELTA mode: what zstd and the entropy bound see.
-fn grouped_input(j: &Job) -> Vec<Vec<u8>> {
-    let w = j.dtype.width();
-    let n = j.raw.len() / w;
-    let mut s = codec::grouped_streams(j.raw, j.base, j.dtype);
-    s[0].extend_from_slice(&j.raw[n * w..]);
-    s
+/// A zstd peer's frame back to the tensor: decompressed into `grouped`,
+/// then [`codec::ungroup_streams_into`] `out`, the inverse of the grouping
+/// (and XOR with the base) its compression time includes.
+fn zstd_to_tensor(
+    dctx: &mut zstd::bulk::Decompressor<'static>,
+    frame: &[u8],
+    j: &Job,
+    grouped: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    grouped.clear();
+    grouped.reserve(j.raw.len());
+    dctx.decompress_to_buffer(frame, grouped)?;
+    codec::ungroup_streams_into(grouped, j.base, j.dtype, out);
+    Ok(())
+}
+
+/// The byte-grouped (not rotated) streams of a job, XORed with the grouped
+/// base in DELTA mode, back to back, then the bytes of a trailing partial
+/// element, into `joined`: what zstd and bzip2 compress.
+fn grouped_input(j: &Job, joined: &mut Vec<u8>) {
+    codec::group_streams_into(j.raw, j.base, j.dtype, joined);
 }
 
 /// Order-0 entropy of the byte-grouped streams, per 64 KiB block, in bits.
 fn grouped_entropy_bits(j: &Job) -> f64 {
     let block = 1 << codec::BLOCK_LOG2;
-    grouped_input(j)
+    let w = j.dtype.width();
+    let n = j.raw.len() / w;
+    let mut streams = codec::grouped_streams(j.raw, j.base, j.dtype);
+    streams[0].extend_from_slice(&j.raw[n * w..]);
+    streams
         .iter()
         .flat_map(|s| s.chunks(block))
         .map(|b| codec::entropy_bits(&codec::histogram(b)))
