@@ -351,29 +351,42 @@ fn ungroup4_uninit(s: [&[u8]; 4], out: &mut [MaybeUninit<u8>], rotate: bool) {
     ungroup4_rest(s.map(|t| &t[done..]), &mut out[4 * done..], rotate);
 }
 
-/// The byte masks of per-stream ops for [`ungroup_against_uninit`]:
-/// `[xor, diff]`, each with byte `j` set when stream `j % w` has that op
-/// (repeated over 8 bytes, so the 32-bit kernels see whole elements).
-pub fn op_masks(ops: &[StreamOp]) -> [u64; 2] {
-    let w = ops.len().max(1);
-    let mask = |op: StreamOp| -> u64 {
-        (0..8)
-            .filter(|&j| ops.get(j % w) == Some(&op))
-            .fold(0, |m, j| m | 0xff << (8 * j))
-    };
-    [mask(StreamOp::Xor), mask(StreamOp::Diff)]
+/// How [`ungroup_against_uninit`] combines each element with the base's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Against {
+    /// Per-stream ops, as byte masks (see [`Against::ops`]).
+    Ops([u64; 2]),
+    /// The whole-element ULP difference ([`ulp_delta`]), of floats or not.
+    Ulp { float: bool },
 }
 
-/// [`ungroup_uninit`] of delta streams in one pass: stream `k` holds byte
-/// `k` of every element expressed against the base's (after rotation) by
-/// op `k` of `masks` ([`op_masks`]); each byte is undone against the same
-/// byte of the element of `base` (`n * w` bytes), then the element
-/// unrotated. The same as undoing each stream against the grouped base and
-/// ungrouping, without grouping the base or writing the streams twice.
-/// Writes every byte of `out`.
+impl Against {
+    /// The per-stream `ops` as byte masks `[xor, diff]`, each with byte `j`
+    /// set when stream `j % w` has that op (repeated over 8 bytes, so the
+    /// 32-bit kernels see whole elements).
+    pub fn ops(ops: &[StreamOp]) -> Against {
+        let w = ops.len().max(1);
+        let mask = |op: StreamOp| -> u64 {
+            (0..8)
+                .filter(|&j| ops.get(j % w) == Some(&op))
+                .fold(0, |m, j| m | 0xff << (8 * j))
+        };
+        Against::Ops([mask(StreamOp::Xor), mask(StreamOp::Diff)])
+    }
+}
+
+/// [`ungroup_uninit`] of delta streams in one pass: each element undone
+/// against the same element of `base` (`n * w` bytes) as `how` says. With
+/// per-stream ops, stream `k` holds byte `k` of every element expressed
+/// against the base's (after rotation): each byte is undone against the
+/// same byte of the rotated base element, then the element unrotated; the
+/// same as undoing each stream against the grouped base and ungrouping,
+/// without grouping the base or writing the streams twice. With the ULP
+/// difference, the same as ungrouping, then [`ulp_undelta`]. Writes every
+/// byte of `out`.
 pub fn ungroup_against_uninit(
     streams: &[&[u8]],
-    masks: [u64; 2],
+    how: Against,
     base: &[u8],
     w: usize,
     rotate: bool,
@@ -390,34 +403,41 @@ pub fn ungroup_against_uninit(
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if n >= 32 && std::arch::is_x86_feature_detected!("avx2") {
-        let m = super::simd::OpMasks {
-            xor: masks[0] as u32,
-            diff: masks[1] as u32,
+        use super::simd;
+        let k = match how {
+            Against::Ops([xor, diff]) => simd::Against::Ops {
+                xor: xor as u32,
+                diff: diff as u32,
+            },
+            Against::Ulp { float } => simd::Against::Ulp { float },
         };
         // SAFETY: the CPU has AVX2, just detected.
         done = unsafe {
             match *streams {
-                [a, b] => super::simd::ungroup2_against_avx2([a, b], base, m, out, rotate),
-                [a, b, c, d] => {
-                    super::simd::ungroup4_against_avx2([a, b, c, d], base, m, out, rotate)
-                }
+                [a, b] => simd::ungroup2_against_avx2([a, b], base, k, out, rotate),
+                [a, b, c, d] => simd::ungroup4_against_avx2([a, b, c, d], base, k, out, rotate),
                 _ => 0,
             }
         };
     }
-    if done < n {
-        let mut rest: [&[u8]; 8] = [&[]; 8];
-        for (r, s) in rest.iter_mut().zip(streams) {
-            *r = &s[done..];
+    if done == n {
+        return;
+    }
+    let mut rest: [&[u8]; 8] = [&[]; 8];
+    for (r, s) in rest.iter_mut().zip(streams) {
+        *r = &s[done..];
+    }
+    let (rest, base, out) = (&rest[..w], &base[w * done..], &mut out[w * done..]);
+    match how {
+        Against::Ops(masks) => ungroup_against_rest(rest, base, masks, w, rotate, out),
+        Against::Ulp { float } => {
+            ungroup_uninit(rest, w, rotate, out);
+            // SAFETY: the ungrouping just wrote every byte of `out`, and
+            // MaybeUninit<u8> has the layout of u8.
+            let out: &mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
+            ulp_undelta(out, base, w, float);
         }
-        ungroup_against_rest(
-            &rest[..w],
-            &base[w * done..],
-            masks,
-            w,
-            rotate,
-            &mut out[w * done..],
-        );
     }
 }
 
@@ -747,8 +767,9 @@ mod tests {
     proptest! {
         /// The decoder's one-pass undo-and-ungroup agrees with its
         /// definition (group the base, undo each stream against the base's
-        /// stream, ungroup) for every width, every op per stream, rotated
-        /// or not, on lengths around the kernels' 32-element groups.
+        /// stream, ungroup; or ungroup, then undo the ULP difference) for
+        /// every width, every op per stream, rotated or not, on lengths
+        /// around the kernels' 32-element groups.
         #[test]
         fn ungroup_against_matches_undoing_each_stream(
             raw in proptest::collection::vec(any::<u8>(), 0..700),
@@ -770,10 +791,24 @@ mod tests {
                 }).collect();
                 let refs: Vec<&[u8]> = coded.iter().map(|s| s.as_slice()).collect();
                 let mut out: Vec<u8> = Vec::with_capacity(n * w);
-                ungroup_against_uninit(&refs, op_masks(&ops), b, w, rotate, &mut out.spare_capacity_mut()[..n * w]);
+                ungroup_against_uninit(&refs, Against::ops(&ops), b, w, rotate, &mut out.spare_capacity_mut()[..n * w]);
                 // SAFETY: ungroup_against_uninit writes all n * w bytes.
                 unsafe { out.set_len(n * w) };
                 prop_assert_eq!(&out[..], &raw[..n * w]);
+                // The whole-element ULP difference: ungrouped, then added
+                // to the base's ordered integers.
+                for float in [false, true] {
+                    let mut z = Vec::new();
+                    ulp_delta(&raw[..n * w], b, w, float, &mut z);
+                    let zs = naive_group(&z[..n * w], w, rotate);
+                    let refs: Vec<&[u8]> = zs.iter().map(|s| s.as_slice()).collect();
+                    let mut out: Vec<u8> = Vec::with_capacity(n * w);
+                    let how = Against::Ulp { float };
+                    ungroup_against_uninit(&refs, how, b, w, rotate, &mut out.spare_capacity_mut()[..n * w]);
+                    // SAFETY: ungroup_against_uninit writes all n * w bytes.
+                    unsafe { out.set_len(n * w) };
+                    prop_assert_eq!(&out[..], &raw[..n * w]);
+                }
             }
         }
     }

@@ -1070,12 +1070,15 @@ pub fn decode_into(
     let ctx_coded = base.is_some() && entries.iter().any(|e| e.0 == BlockMode::RansCtx);
     let float = info.dtype.is_float();
     let rebuild = ElementOps {
-        masks: layout::op_masks(&ops),
         w,
         rotated: info.rotated,
-        float,
-        against: ops.iter().any(|&o| o != StreamOp::Keep),
-        ulp: info.delta == Delta::Ulp,
+        against: if info.delta == Delta::Ulp {
+            Some(layout::Against::Ulp { float })
+        } else if ops.iter().any(|&o| o != StreamOp::Keep) {
+            Some(layout::Against::ops(&ops))
+        } else {
+            None
+        },
     };
     // Where each stream's blocks start; a stream stored all raw is used in
     // place, straight from the frame (the base is combined in by the
@@ -1190,34 +1193,24 @@ pub fn decode_into(
 /// one is skipped decode at 170 MiB/s placed run by run, 550 moved).
 const SCATTERED_BELOW: usize = 32;
 
-/// How a frame's elements come back from their streams: the ungrouping
-/// (against the base's elements when a stream has a per-stream op), then
-/// the whole-element ULP delta when the frame has one.
+/// How a frame's elements come back from their streams: ungrouped, and
+/// combined with the base's elements in the same pass when the frame has
+/// a per-stream op or the whole-element ULP delta.
 struct ElementOps {
-    masks: [u64; 2],
     w: usize,
     rotated: bool,
-    float: bool,
-    against: bool,
-    ulp: bool,
+    against: Option<layout::Against>,
 }
 
 impl ElementOps {
     /// Write the elements of the symbols `refs` (one slice per stream)
     /// into `dst`, every byte, given the same elements of the base.
     fn place(&self, refs: &[&[u8]], base: Option<&[u8]>, dst: &mut [MaybeUninit<u8>]) {
-        match base.filter(|_| self.against) {
-            Some(b) => {
-                layout::ungroup_against_uninit(refs, self.masks, b, self.w, self.rotated, dst)
+        match (base, self.against) {
+            (Some(b), Some(how)) => {
+                layout::ungroup_against_uninit(refs, how, b, self.w, self.rotated, dst)
             }
-            None => layout::ungroup_uninit(refs, self.w, self.rotated, dst),
-        }
-        if let Some(b) = base.filter(|_| self.ulp) {
-            // SAFETY: the ungrouping just wrote every byte of `dst`, and
-            // MaybeUninit<u8> has the layout of u8.
-            let dst: &mut [u8] =
-                unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), dst.len()) };
-            layout::ulp_undelta(dst, b, self.w, self.float);
+            _ => layout::ungroup_uninit(refs, self.w, self.rotated, dst),
         }
     }
 }
@@ -1416,9 +1409,8 @@ pub fn ungroup_streams_into(joined: &[u8], base: Option<&[u8]>, dtype: DType, ou
     if n > 0 {
         let (head, rest) = body.split_at_mut(nb * w);
         if let Some(b) = base.filter(|_| nb > 0) {
-            let xor = vec![StreamOp::Xor; w];
-            let masks = layout::op_masks(&xor);
-            layout::ungroup_against_uninit(&slice(0, nb), masks, &b[..nb * w], w, false, head);
+            let xor = layout::Against::ops(&vec![StreamOp::Xor; w]);
+            layout::ungroup_against_uninit(&slice(0, nb), xor, &b[..nb * w], w, false, head);
         }
         layout::ungroup_uninit(&slice(nb, n), w, false, rest);
     }

@@ -367,20 +367,23 @@ pub(crate) unsafe fn ungroup4_avx2(
     unsafe { ungroup4_kernel(s, None, out, rotate) }
 }
 
-/// The per-byte masks of a delta against the base for the fused kernels:
-/// bytes set in `xor` are XORed with the base's byte, bytes set in `diff`
-/// are the zigzagged difference to add to it, the rest are kept (as
-/// `layout::StreamOp`, one op per byte of the element).
+/// How the fused kernels combine each element with the base's.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct OpMasks {
-    pub xor: u32,
-    pub diff: u32,
+pub(crate) enum Against {
+    /// Per byte (`layout::StreamOp`, one op per byte of the element):
+    /// bytes set in `xor` are XORed with the base's byte, bytes set in
+    /// `diff` are the zigzagged difference to add to it, the rest kept.
+    Ops { xor: u32, diff: u32 },
+    /// The whole element is the zigzagged difference of the ordered
+    /// integers (`layout::ulp_delta`; `float`: of float bit patterns).
+    Ulp { float: bool },
 }
 
 /// The bulk of `layout::ungroup_against_uninit` for 4-byte elements:
-/// [`ungroup4_avx2`] and, in the same pass, each byte undone against the
-/// same byte of the base element `base[4i..4i + 4]` (rotated like the
-/// streams) as `masks` say. Returns how many elements it wrote; stops at
+/// [`ungroup4_avx2`] and, in the same pass, each element undone against
+/// the base element `base[4i..4i + 4]` as `how` says (per byte, the base
+/// rotated like the streams; or, unrotated first, as a whole-element ULP
+/// difference). Returns how many elements it wrote; stops at
 /// the shortest stream, `base.len() / 4` or `out.len() / 4`.
 ///
 /// # Safety
@@ -390,12 +393,12 @@ pub(crate) struct OpMasks {
 pub(crate) unsafe fn ungroup4_against_avx2(
     s: [&[u8]; 4],
     base: &[u8],
-    masks: OpMasks,
+    how: Against,
     out: &mut [std::mem::MaybeUninit<u8>],
     rotate: bool,
 ) -> usize {
     // SAFETY: the CPU has AVX2 (the caller's contract).
-    unsafe { ungroup4_kernel(s, Some((base, masks)), out, rotate) }
+    unsafe { ungroup4_kernel(s, Some((base, how)), out, rotate) }
 }
 
 /// Rotate (`left`) or unrotate the top 16 bits of every 4-byte element of
@@ -442,6 +445,69 @@ unsafe fn undo_ops(
     }
 }
 
+/// Undo the whole-element ULP delta on 32-bit lanes: `z` the zigzagged
+/// difference, `b` the base element (`layout::ulp_undelta`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn ulp_undo32(
+    z: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+    float: bool,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: register-only AVX2 operations, inlined into callers that
+    // have AVX2 enabled.
+    unsafe {
+        let d = _mm256_xor_si256(
+            _mm256_srli_epi32::<1>(z),
+            _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_and_si256(z, _mm256_set1_epi32(1)),
+            ),
+        );
+        if !float {
+            return _mm256_add_epi32(b, d);
+        }
+        // ord(b): !b for a negative float, b | sign otherwise; and back:
+        // on & !sign for a set top bit, !on otherwise.
+        let sign = _mm256_set1_epi32(i32::MIN);
+        let ob = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi32::<31>(b), sign));
+        let on = _mm256_add_epi32(ob, d);
+        let pos = _mm256_xor_si256(_mm256_srai_epi32::<31>(on), _mm256_set1_epi32(-1));
+        _mm256_xor_si256(on, _mm256_or_si256(pos, sign))
+    }
+}
+
+/// [`ulp_undo32`] on 16-bit lanes.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn ulp_undo16(
+    z: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+    float: bool,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: register-only AVX2 operations, inlined into callers that
+    // have AVX2 enabled.
+    unsafe {
+        let d = _mm256_xor_si256(
+            _mm256_srli_epi16::<1>(z),
+            _mm256_sub_epi16(
+                _mm256_setzero_si256(),
+                _mm256_and_si256(z, _mm256_set1_epi16(1)),
+            ),
+        );
+        if !float {
+            return _mm256_add_epi16(b, d);
+        }
+        let sign = _mm256_set1_epi16(i16::MIN);
+        let ob = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi16::<15>(b), sign));
+        let on = _mm256_add_epi16(ob, d);
+        let pos = _mm256_xor_si256(_mm256_srai_epi16::<15>(on), _mm256_set1_epi16(-1));
+        _mm256_xor_si256(on, _mm256_or_si256(pos, sign))
+    }
+}
+
 /// The one loop of [`ungroup4_avx2`] and [`ungroup4_against_avx2`].
 ///
 /// # Safety
@@ -450,7 +516,7 @@ unsafe fn undo_ops(
 #[target_feature(enable = "avx2")]
 unsafe fn ungroup4_kernel(
     s: [&[u8]; 4],
-    base: Option<(&[u8], OpMasks)>,
+    base: Option<(&[u8], Against)>,
     out: &mut [std::mem::MaybeUninit<u8>],
     rotate: bool,
 ) -> usize {
@@ -461,7 +527,10 @@ unsafe fn ungroup4_kernel(
     }
     let groups = n / 32;
     let splat = |m: u32| _mm256_set1_epi32(m as i32);
-    let masks = base.map(|(_, m)| (splat(m.xor), splat(m.diff)));
+    let masks = match base {
+        Some((_, Against::Ops { xor, diff })) => (splat(xor), splat(diff)),
+        _ => (splat(0), splat(0)),
+    };
     // SAFETY: for every load and store below, group g reads bytes
     // [32g, 32g + 32) of each stream, all below n <= its length, bytes
     // [128g, 128g + 128) of the base, below 4n <= base.len(), and writes
@@ -478,7 +547,9 @@ unsafe fn ungroup4_kernel(
             let lo_h = _mm256_unpackhi_epi8(a, b);
             let mut hi_l = _mm256_unpacklo_epi8(c, d);
             let mut hi_h = _mm256_unpackhi_epi8(c, d);
-            if rotate && base.is_none() {
+            // Unrotated here unless the bytes are undone against the
+            // rotated base first (then after).
+            if rotate && !matches!(base, Some((_, Against::Ops { .. }))) {
                 let unrot =
                     |v| _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v));
                 hi_l = unrot(hi_l);
@@ -495,16 +566,21 @@ unsafe fn ungroup4_kernel(
                 _mm256_permute2x128_si256::<0x31>(e0, e1),
                 _mm256_permute2x128_si256::<0x31>(e2, e3),
             ];
-            if let (Some((bs, _)), Some((xor, diff))) = (base, masks) {
+            if let Some((bs, how)) = base {
                 let bp = bs.as_ptr().add(128 * g) as *const __m256i;
                 for (j, e) in v.iter_mut().enumerate() {
                     let mut bv = _mm256_loadu_si256(bp.add(j));
-                    if rotate {
-                        bv = rot_hi16(bv, true);
-                    }
-                    *e = undo_ops(*e, bv, xor, diff);
-                    if rotate {
-                        *e = rot_hi16(*e, false);
+                    match how {
+                        Against::Ops { .. } => {
+                            if rotate {
+                                bv = rot_hi16(bv, true);
+                            }
+                            *e = undo_ops(*e, bv, masks.0, masks.1);
+                            if rotate {
+                                *e = rot_hi16(*e, false);
+                            }
+                        }
+                        Against::Ulp { float } => *e = ulp_undo32(*e, bv, float),
                     }
                 }
             }
@@ -518,9 +594,9 @@ unsafe fn ungroup4_kernel(
 }
 
 /// The bulk of `layout::ungroup_against_uninit` for 2-byte elements: two
-/// streams interleaved into elements, each byte undone against the base
-/// element's (both rotated as a whole 16 bits with `rotate`), then
-/// unrotated. Returns how many elements it wrote; stops at the shortest
+/// streams interleaved into elements, each undone against the base
+/// element as `how` says (per byte, both rotated as a whole 16 bits with
+/// `rotate`, then unrotated; or as a whole-element ULP difference). Returns how many elements it wrote; stops at the shortest
 /// stream, `base.len() / 2` or `out.len() / 2`.
 ///
 /// # Safety
@@ -530,7 +606,7 @@ unsafe fn ungroup4_kernel(
 pub(crate) unsafe fn ungroup2_against_avx2(
     s: [&[u8]; 2],
     base: &[u8],
-    masks: OpMasks,
+    how: Against,
     out: &mut [std::mem::MaybeUninit<u8>],
     rotate: bool,
 ) -> usize {
@@ -541,7 +617,10 @@ pub(crate) unsafe fn ungroup2_against_avx2(
         .min(s[1].len());
     let groups = n / 32;
     let splat = |m: u32| _mm256_set1_epi32(m as i32);
-    let (xor, diff) = (splat(masks.xor), splat(masks.diff));
+    let (xor, diff) = match how {
+        Against::Ops { xor, diff } => (splat(xor), splat(diff)),
+        Against::Ulp { .. } => (splat(0), splat(0)),
+    };
     // SAFETY: group g reads bytes [32g, 32g + 32) of each stream, below
     // n <= its length, bytes [64g, 64g + 64) of the base, below 2n <=
     // base.len(), and writes bytes [64g, 64g + 64) of `out`, below 2n <=
@@ -561,13 +640,30 @@ pub(crate) unsafe fn ungroup2_against_avx2(
             ];
             for (j, e) in v.into_iter().enumerate() {
                 let mut bv = _mm256_loadu_si256(bp.add(2 * g + j));
-                if rotate {
-                    bv = _mm256_or_si256(_mm256_slli_epi16::<1>(bv), _mm256_srli_epi16::<15>(bv));
-                }
-                let mut e = undo_ops(e, bv, xor, diff);
-                if rotate {
-                    e = _mm256_or_si256(_mm256_srli_epi16::<1>(e), _mm256_slli_epi16::<15>(e));
-                }
+                let e = match how {
+                    Against::Ops { .. } => {
+                        if rotate {
+                            bv = _mm256_or_si256(
+                                _mm256_slli_epi16::<1>(bv),
+                                _mm256_srli_epi16::<15>(bv),
+                            );
+                        }
+                        let e = undo_ops(e, bv, xor, diff);
+                        if rotate {
+                            _mm256_or_si256(_mm256_srli_epi16::<1>(e), _mm256_slli_epi16::<15>(e))
+                        } else {
+                            e
+                        }
+                    }
+                    Against::Ulp { float } => {
+                        let e = if rotate {
+                            _mm256_or_si256(_mm256_srli_epi16::<1>(e), _mm256_slli_epi16::<15>(e))
+                        } else {
+                            e
+                        };
+                        ulp_undo16(e, bv, float)
+                    }
+                };
                 _mm256_storeu_si256(o.add(2 * g + j), e);
             }
         }
