@@ -445,68 +445,62 @@ unsafe fn undo_ops(
     }
 }
 
-/// Undo the whole-element ULP delta on 32-bit lanes: `z` the zigzagged
-/// difference, `b` the base element (`layout::ulp_undelta`).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn ulp_undo32(
-    z: std::arch::x86_64::__m256i,
-    b: std::arch::x86_64::__m256i,
-    float: bool,
-) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    // SAFETY: register-only AVX2 operations, inlined into callers that
-    // have AVX2 enabled.
-    unsafe {
-        let d = _mm256_xor_si256(
-            _mm256_srli_epi32::<1>(z),
-            _mm256_sub_epi32(
-                _mm256_setzero_si256(),
-                _mm256_and_si256(z, _mm256_set1_epi32(1)),
-            ),
-        );
-        if !float {
-            return _mm256_add_epi32(b, d);
+/// Undo the whole-element ULP delta on lanes of one width: `z` the
+/// zigzagged difference, `b` the base element (`layout::ulp_undelta`).
+/// `ord(b)` is `!b` for a negative float, `b | sign` otherwise; back from
+/// `on`, `on & !sign` for a set top bit, `!on` otherwise. One body for
+/// both widths: the lanes' intrinsics, their signed type and top bit.
+macro_rules! ulp_undo {
+    ($name:ident, $t:ty, $top:literal, $srli:ident, $srai:ident, $add:ident, $sub:ident, $set1:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[inline(always)]
+        unsafe fn $name(
+            z: std::arch::x86_64::__m256i,
+            b: std::arch::x86_64::__m256i,
+            float: bool,
+        ) -> std::arch::x86_64::__m256i {
+            use std::arch::x86_64::*;
+            // SAFETY: register-only AVX2 operations, inlined into callers
+            // that have AVX2 enabled.
+            unsafe {
+                let one = $set1(1);
+                let d = _mm256_xor_si256(
+                    $srli::<1>(z),
+                    $sub(_mm256_setzero_si256(), _mm256_and_si256(z, one)),
+                );
+                if !float {
+                    return $add(b, d);
+                }
+                let sign = $set1(<$t>::MIN);
+                let ob = _mm256_xor_si256(b, _mm256_or_si256($srai::<$top>(b), sign));
+                let on = $add(ob, d);
+                let pos = _mm256_xor_si256($srai::<$top>(on), $set1(-1));
+                _mm256_xor_si256(on, _mm256_or_si256(pos, sign))
+            }
         }
-        // ord(b): !b for a negative float, b | sign otherwise; and back:
-        // on & !sign for a set top bit, !on otherwise.
-        let sign = _mm256_set1_epi32(i32::MIN);
-        let ob = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi32::<31>(b), sign));
-        let on = _mm256_add_epi32(ob, d);
-        let pos = _mm256_xor_si256(_mm256_srai_epi32::<31>(on), _mm256_set1_epi32(-1));
-        _mm256_xor_si256(on, _mm256_or_si256(pos, sign))
-    }
+    };
 }
 
-/// [`ulp_undo32`] on 16-bit lanes.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn ulp_undo16(
-    z: std::arch::x86_64::__m256i,
-    b: std::arch::x86_64::__m256i,
-    float: bool,
-) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    // SAFETY: register-only AVX2 operations, inlined into callers that
-    // have AVX2 enabled.
-    unsafe {
-        let d = _mm256_xor_si256(
-            _mm256_srli_epi16::<1>(z),
-            _mm256_sub_epi16(
-                _mm256_setzero_si256(),
-                _mm256_and_si256(z, _mm256_set1_epi16(1)),
-            ),
-        );
-        if !float {
-            return _mm256_add_epi16(b, d);
-        }
-        let sign = _mm256_set1_epi16(i16::MIN);
-        let ob = _mm256_xor_si256(b, _mm256_or_si256(_mm256_srai_epi16::<15>(b), sign));
-        let on = _mm256_add_epi16(ob, d);
-        let pos = _mm256_xor_si256(_mm256_srai_epi16::<15>(on), _mm256_set1_epi16(-1));
-        _mm256_xor_si256(on, _mm256_or_si256(pos, sign))
-    }
-}
+ulp_undo!(
+    ulp_undo32,
+    i32,
+    31,
+    _mm256_srli_epi32,
+    _mm256_srai_epi32,
+    _mm256_add_epi32,
+    _mm256_sub_epi32,
+    _mm256_set1_epi32
+);
+ulp_undo!(
+    ulp_undo16,
+    i16,
+    15,
+    _mm256_srli_epi16,
+    _mm256_srai_epi16,
+    _mm256_add_epi16,
+    _mm256_sub_epi16,
+    _mm256_set1_epi16
+);
 
 /// The one loop of [`ungroup4_avx2`] and [`ungroup4_against_avx2`].
 ///
