@@ -179,6 +179,65 @@ fn group4_body(raw: &[u8], s: [&mut [MaybeUninit<u8>]; 4], rotate: bool) {
 }
 
 dispatch!(group2, group2_body, (raw: &[u8], s0: &mut [MaybeUninit<u8>], s1: &mut [MaybeUninit<u8>], rotate: bool));
+/// [`group_uninit`] of `raw` against `base` (the same `n * w` bytes of
+/// the base) in one pass, into `out` (stream `k` at `k * n`): each byte of
+/// every element after rotation expressed against the same byte of the
+/// rotated base element by the per-stream ops of `masks`
+/// ([`Against::ops`]): XORed, as the zigzagged byte difference, or kept.
+/// The same as grouping both and applying each [`StreamOp`] to its
+/// stream, without grouping the base; the inverse of
+/// [`ungroup_against_uninit`]. Writes every byte of `out`.
+pub fn group_against_uninit(
+    raw: &[u8],
+    base: &[u8],
+    masks: [u64; 2],
+    w: usize,
+    rotate: bool,
+    out: &mut [MaybeUninit<u8>],
+) {
+    let n = raw.len() / w;
+    assert!(
+        raw.len() == n * w && base.len() == n * w && out.len() == n * w,
+        "n whole elements of raw and base, w streams of n bytes"
+    );
+    let mut parts: Vec<&mut [MaybeUninit<u8>]> = out.chunks_mut(n.max(1)).collect();
+    parts.resize_with(w, Default::default);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        use super::simd;
+        let (xor, diff) = (masks[0] as u32, masks[1] as u32);
+        // SAFETY: the CPU has AVX2, just detected.
+        done = unsafe {
+            match &mut parts[..] {
+                [s0, s1] => simd::group2_against_avx2(raw, base, xor, diff, [s0, s1], rotate),
+                [s0, s1, s2, s3] => {
+                    simd::group4_against_avx2(raw, base, xor, diff, [s0, s1, s2, s3], rotate)
+                }
+                _ => 0,
+            }
+        };
+    }
+    // The rest (all of it for other widths): group both, then the ops
+    // stream by stream.
+    let mut rest: Vec<&mut [MaybeUninit<u8>]> = parts.into_iter().map(|p| &mut p[done..]).collect();
+    group_parts(&raw[w * done..], w, rotate, &mut rest);
+    let m = n - done;
+    let mut bs = vec![Vec::new(); w];
+    group(&base[w * done..], w, rotate, &mut bs);
+    for (k, (p, b)) in rest.iter_mut().zip(&bs).enumerate() {
+        // SAFETY: `group_parts` initialised the first `m` bytes of every
+        // part; MaybeUninit<u8> has the layout of u8.
+        let t: &mut [u8] = unsafe { std::slice::from_raw_parts_mut(p.as_mut_ptr().cast(), m) };
+        let byte = |mask: u64| (mask >> (8 * k)) & 0xff != 0;
+        if byte(masks[0]) {
+            xor_into(t, &b[..m]);
+        } else if byte(masks[1]) {
+            diff_into(t, &b[..m]);
+        }
+    }
+}
+
 dispatch!(group4, group4_body, (raw: &[u8], s: [&mut [MaybeUninit<u8>]; 4], rotate: bool));
 dispatch!(xor_into, xor_body, (dst: &mut [u8], src: &[u8]));
 dispatch!(diff_into, diff_body, (dst: &mut [u8], src: &[u8]));
@@ -765,11 +824,12 @@ mod tests {
     }
 
     proptest! {
-        /// The decoder's one-pass undo-and-ungroup agrees with its
-        /// definition (group the base, undo each stream against the base's
-        /// stream, ungroup; or ungroup, then undo the ULP difference) for
-        /// every width, every op per stream, rotated or not, on lengths
-        /// around the kernels' 32-element groups.
+        /// The encoder's one-pass group-and-apply and the decoder's
+        /// one-pass undo-and-ungroup agree with their definitions (group
+        /// both, apply each stream's op against the base's stream; group
+        /// the base, undo each stream, ungroup; or ungroup, then undo the
+        /// ULP difference) for every width, every op per stream, rotated
+        /// or not, on lengths around the kernels' 32-element groups.
         #[test]
         fn ungroup_against_matches_undoing_each_stream(
             raw in proptest::collection::vec(any::<u8>(), 0..700),
@@ -789,6 +849,13 @@ mod tests {
                     op.apply(&mut s, &bk[..n]);
                     s
                 }).collect();
+                // The encoder's one pass gives those streams.
+                let mut region: Vec<u8> = Vec::with_capacity(n * w);
+                let Against::Ops(masks) = Against::ops(&ops) else { unreachable!() };
+                group_against_uninit(&raw[..n * w], b, masks, w, rotate, &mut region.spare_capacity_mut()[..n * w]);
+                // SAFETY: group_against_uninit writes all n * w bytes.
+                unsafe { region.set_len(n * w) };
+                prop_assert_eq!(&region, &coded.concat());
                 let refs: Vec<&[u8]> = coded.iter().map(|s| s.as_slice()).collect();
                 let mut out: Vec<u8> = Vec::with_capacity(n * w);
                 ungroup_against_uninit(&refs, Against::ops(&ops), b, w, rotate, &mut out.spare_capacity_mut()[..n * w]);

@@ -355,7 +355,6 @@ fn corrupt(offset: usize, reason: &'static str) -> DecodeError {
 #[derive(Default)]
 pub struct Scratch {
     streams: Vec<Vec<u8>>,
-    base_streams: Vec<Vec<u8>>,
     ctx: Vec<u8>,
     classes: Vec<u8>,
     /// The block encoder's state: Huffman's pair tables and lane regions,
@@ -577,7 +576,6 @@ fn encode_elements(
     let n = body.len() / w;
     let rotate = opts.rotate && dtype.is_float();
     let Scratch {
-        base_streams,
         tmp,
         ctx,
         classes,
@@ -672,30 +670,23 @@ fn encode_elements(
     // blocks, half a checkpoint's bytes, so stay where they are (or move
     // down once a block before them was coded); coded ones are written to
     // `tmp` first and copied down.
+    // With per-stream ops, each element is expressed against the base's
+    // as it is grouped (one pass; the base is never grouped on its own).
     let at = out.len();
     let region = &mut out.spare_capacity_mut()[..w * n];
-    match delta {
-        Delta::Ulp => {
-            let base = base.expect("a ULP delta has a base");
+    match (delta, base, layout::Against::ops(&ops)) {
+        (Delta::Ulp, Some(base), _) => {
             layout::ulp_delta(body, base, w, dtype.is_float(), tmp);
             layout::group_uninit(&tmp[..n * w], w, false, region);
         }
+        (Delta::PerStream, Some(base), layout::Against::Ops(masks)) if masks != [0, 0] => {
+            layout::group_against_uninit(body, base, masks, w, rotate, region)
+        }
         _ => layout::group_uninit(body, w, rotate, region),
     }
-    // SAFETY: `group_uninit` wrote all `w * n` bytes after `at`, within
-    // the capacity reserved above.
+    // SAFETY: the grouping wrote all `w * n` bytes after `at`, within the
+    // capacity reserved above.
     unsafe { out.set_len(at + w * n) };
-    if delta == Delta::PerStream {
-        let base = base.expect("a per-stream delta has a base");
-        base_streams.resize_with(w, Vec::new);
-        layout::group(base, w, rotate, base_streams);
-        for k in (0..w).filter(|&k| ops[k] != StreamOp::Keep) {
-            ops[k].apply(
-                &mut out[at + k * n..at + (k + 1) * n],
-                &base_streams[k][..n],
-            );
-        }
-    }
     // A small chunk of integers may be smaller as one zstd frame of all
     // its streams (version 6): tried before the blocks overwrite the
     // streams. Not for floats: zstd rarely pays on float bytes, and it

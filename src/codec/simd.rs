@@ -665,6 +665,170 @@ pub(crate) unsafe fn ungroup2_against_avx2(
     32 * groups
 }
 
+/// Apply per-byte delta ops to the bytes `r` against the base's bytes `b`
+/// (both rotated alike): `r ^ b` where `xor` is set, `zigzag(r - b)` per
+/// byte where `diff` is set, `r` elsewhere. The inverse of [`undo_ops`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn apply_ops(
+    r: std::arch::x86_64::__m256i,
+    b: std::arch::x86_64::__m256i,
+    xor: std::arch::x86_64::__m256i,
+    diff: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: register-only AVX2 operations, inlined into callers that
+    // have AVX2 enabled.
+    unsafe {
+        let x = _mm256_xor_si256(r, _mm256_and_si256(b, xor));
+        let d = _mm256_sub_epi8(r, b);
+        let z = _mm256_xor_si256(
+            _mm256_add_epi8(d, d),
+            _mm256_cmpgt_epi8(_mm256_setzero_si256(), d),
+        );
+        _mm256_blendv_epi8(x, z, diff)
+    }
+}
+
+/// The bulk of `layout::group_against_uninit` for 4-byte elements: 32
+/// elements of `raw` and of `base` at a time, both rotated (`rotate`),
+/// each byte expressed against the base's by `masks`, then byte `k` of
+/// every element into `s[k]`. Returns how many elements it wrote; stops at
+/// the shortest of `raw` and `base` (in elements) and of the streams.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn group4_against_avx2(
+    raw: &[u8],
+    base: &[u8],
+    xor: u32,
+    diff: u32,
+    s: [&mut [std::mem::MaybeUninit<u8>]; 4],
+    rotate: bool,
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = (raw.len() / 4)
+        .min(base.len() / 4)
+        .min(s.iter().map(|t| t.len()).min().unwrap_or(0));
+    let groups = n / 32;
+    let (xor, diff) = (
+        _mm256_set1_epi32(xor as i32),
+        _mm256_set1_epi32(diff as i32),
+    );
+    // Within each 128-bit lane, byte k of its four elements together.
+    let by_byte = _mm256_setr_epi8(
+        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
+        14, 3, 7, 11, 15,
+    );
+    let pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    // SAFETY: group g reads bytes [128g, 128g + 128) of `raw` and of
+    // `base`, below 4n <= their lengths, and writes bytes [32g, 32g + 32)
+    // of each stream, below n <= its length; the CPU has AVX2 (the
+    // caller's contract).
+    unsafe {
+        let [s0, s1, s2, s3] = s;
+        let (rp, bp) = (
+            raw.as_ptr() as *const __m256i,
+            base.as_ptr() as *const __m256i,
+        );
+        for g in 0..groups {
+            let mut q = [_mm256_setzero_si256(); 4];
+            for (j, e) in q.iter_mut().enumerate() {
+                let (mut r, mut b) = (
+                    _mm256_loadu_si256(rp.add(4 * g + j)),
+                    _mm256_loadu_si256(bp.add(4 * g + j)),
+                );
+                if rotate {
+                    (r, b) = (rot_hi16(r, true), rot_hi16(b, true));
+                }
+                let v = _mm256_shuffle_epi8(apply_ops(r, b, xor, diff), by_byte);
+                // 64-bit pair k: byte k of the register's eight elements.
+                *e = _mm256_permutevar8x32_epi32(v, pairs);
+            }
+            let t0 = _mm256_unpacklo_epi64(q[0], q[1]);
+            let t1 = _mm256_unpackhi_epi64(q[0], q[1]);
+            let t2 = _mm256_unpacklo_epi64(q[2], q[3]);
+            let t3 = _mm256_unpackhi_epi64(q[2], q[3]);
+            let st = |t: &mut [std::mem::MaybeUninit<u8>], v| {
+                _mm256_storeu_si256(t.as_mut_ptr().add(32 * g).cast(), v)
+            };
+            st(s0, _mm256_permute2x128_si256::<0x20>(t0, t2));
+            st(s1, _mm256_permute2x128_si256::<0x20>(t1, t3));
+            st(s2, _mm256_permute2x128_si256::<0x31>(t0, t2));
+            st(s3, _mm256_permute2x128_si256::<0x31>(t1, t3));
+        }
+    }
+    32 * groups
+}
+
+/// [`group4_against_avx2`] for 2-byte elements (rotated as a whole 16
+/// bits with `rotate`): byte 0 of every element into `s[0]`, byte 1 into
+/// `s[1]`, 32 elements at a time. Returns how many elements it wrote.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn group2_against_avx2(
+    raw: &[u8],
+    base: &[u8],
+    xor: u32,
+    diff: u32,
+    s: [&mut [std::mem::MaybeUninit<u8>]; 2],
+    rotate: bool,
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = (raw.len() / 2)
+        .min(base.len() / 2)
+        .min(s.iter().map(|t| t.len()).min().unwrap_or(0));
+    let groups = n / 32;
+    let (xor, diff) = (
+        _mm256_set1_epi32(xor as i32),
+        _mm256_set1_epi32(diff as i32),
+    );
+    // Within each 128-bit lane, the low bytes of its eight elements, then
+    // the high ones.
+    let by_byte = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
+        7, 9, 11, 13, 15,
+    );
+    let rot = |v| _mm256_or_si256(_mm256_slli_epi16::<1>(v), _mm256_srli_epi16::<15>(v));
+    // SAFETY: group g reads bytes [64g, 64g + 64) of `raw` and of `base`,
+    // below 2n <= their lengths, and writes bytes [32g, 32g + 32) of each
+    // stream, below n <= its length; the CPU has AVX2 (the caller's
+    // contract).
+    unsafe {
+        let [s0, s1] = s;
+        let (rp, bp) = (
+            raw.as_ptr() as *const __m256i,
+            base.as_ptr() as *const __m256i,
+        );
+        for g in 0..groups {
+            let mut q = [_mm256_setzero_si256(); 2];
+            for (j, e) in q.iter_mut().enumerate() {
+                let (mut r, mut b) = (
+                    _mm256_loadu_si256(rp.add(2 * g + j)),
+                    _mm256_loadu_si256(bp.add(2 * g + j)),
+                );
+                if rotate {
+                    (r, b) = (rot(r), rot(b));
+                }
+                let v = _mm256_shuffle_epi8(apply_ops(r, b, xor, diff), by_byte);
+                // Low bytes of the register's 16 elements, then high.
+                *e = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+            }
+            let st = |t: &mut [std::mem::MaybeUninit<u8>], v| {
+                _mm256_storeu_si256(t.as_mut_ptr().add(32 * g).cast(), v)
+            };
+            st(s0, _mm256_permute2x128_si256::<0x20>(q[0], q[1]));
+            st(s1, _mm256_permute2x128_si256::<0x31>(q[0], q[1]));
+        }
+    }
+    32 * groups
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
