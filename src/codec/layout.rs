@@ -4,8 +4,9 @@
 //!
 //! Every optimised routine here has a naive reference in the tests and is
 //! checked against it on lengths that are not multiples of the width. The
-//! hand-written AVX2 kernel of ungrouping lives with the codec's other
-//! kernels in `simd`; the run-time choice of it stays here.
+//! hand-written AVX2 kernels of ungrouping (plain and against a base) and
+//! of grouping against a base live with the codec's other kernels in
+//! `simd`; the run-time choice of them stays here.
 //!
 //! Owns: how elements become streams and back, and each stream's delta
 //! against the base (`StreamOp`). Must not: entropy code, or read frames.
@@ -831,7 +832,7 @@ mod tests {
         /// ULP difference) for every width, every op per stream, rotated
         /// or not, on lengths around the kernels' 32-element groups.
         #[test]
-        fn ungroup_against_matches_undoing_each_stream(
+        fn grouping_against_a_base_matches_its_definition(
             raw in proptest::collection::vec(any::<u8>(), 0..700),
             base in proptest::collection::vec(any::<u8>(), 700),
             codes in proptest::collection::vec(0u8..3, 8),

@@ -1,8 +1,10 @@
 //! Every `#[target_feature]` kernel of the codec, in one place: the
 //! [`dispatch!`] macro (an AVX2 build of a portable loop, chosen at run
-//! time), the three hand-written AVX2 kernels of 32-state rANS (encode and
-//! decode of whole groups) and of byte ungrouping (four streams into 4-byte
-//! elements).
+//! time), the hand-written AVX2 kernels of 32-state rANS (encode and
+//! decode of whole groups), of byte ungrouping (four streams into 4-byte
+//! elements; two or four streams undone against a base's elements, by
+//! per-byte ops or the ULP difference) and of grouping against a base
+//! (4- or 2-byte elements into streams, the per-byte ops applied).
 //!
 //! Owns: the unsafe code that runs with CPU features enabled, and the
 //! argument checks that keep every raw load, store and gather of those
