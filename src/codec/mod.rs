@@ -1357,7 +1357,8 @@ pub fn grouped_streams(raw: &[u8], base: Option<&[u8]>, dtype: DType) -> Vec<Vec
 /// partial element, into `out` (cleared first; `raw.len()` bytes): the
 /// input a benchmark gives general-purpose compressors, made in as few
 /// passes as the codec makes its own streams (grouped in place, XORed with
-/// the grouped base). `base` must be `raw`'s length or longer to be used.
+/// the grouped base; a shorter base over its own whole elements only, as
+/// there).
 pub fn group_streams_into(raw: &[u8], base: Option<&[u8]>, dtype: DType, out: &mut Vec<u8>) {
     let w = dtype.width();
     let n = raw.len() / w;
@@ -1372,11 +1373,12 @@ pub fn group_streams_into(raw: &[u8], base: Option<&[u8]>, dtype: DType, out: &m
     // SAFETY: `group_uninit` wrote all `n * w` bytes, within the capacity
     // reserved above.
     unsafe { out.set_len(n * w) };
-    if let Some(b) = base.filter(|b| b.len() >= n * w && n > 0) {
+    let nb = base.map_or(0, |b| n.min(b.len() / w));
+    if let Some(b) = base.filter(|_| nb > 0) {
         let mut bs = vec![Vec::new(); w];
-        layout::group(&b[..n * w], w, false, &mut bs);
+        layout::group(&b[..nb * w], w, false, &mut bs);
         for (t, b) in out.chunks_mut(n).zip(&bs) {
-            StreamOp::Xor.apply(t, &b[..n]);
+            StreamOp::Xor.apply(&mut t[..nb], &b[..nb]);
         }
     }
     out.extend_from_slice(&raw[n * w..]);
