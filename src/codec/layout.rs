@@ -211,13 +211,16 @@ pub fn group_against_uninit(
         // SAFETY: the CPU has AVX2, just detected.
         done = unsafe {
             match &mut parts[..] {
-                [s0, s1] => simd::group2_against_avx2(raw, base, xor, diff, [s0, s1], rotate),
+                [s0, s1] => simd::group_against_avx2(raw, base, xor, diff, [s0, s1], rotate),
                 [s0, s1, s2, s3] => {
-                    simd::group4_against_avx2(raw, base, xor, diff, [s0, s1, s2, s3], rotate)
+                    simd::group_against_avx2(raw, base, xor, diff, [s0, s1, s2, s3], rotate)
                 }
                 _ => 0,
             }
         };
+    }
+    if done == n {
+        return;
     }
     // The rest (all of it for other widths): group both, then the ops
     // stream by stream.

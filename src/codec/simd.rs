@@ -403,11 +403,17 @@ pub(crate) unsafe fn ungroup4_against_avx2(
     unsafe { ungroup4_kernel(s, Some((base, how)), out, rotate) }
 }
 
-/// Rotate (`left`) or unrotate the top 16 bits of every 4-byte element of
-/// `v` by one bit (`layout`'s sign-bit rotation).
+/// `layout`'s sign-bit rotation: rotate (`left`) or unrotate by one bit
+/// every 16-bit lane of `v` (`whole`: 2-byte elements, or the high halves
+/// of 4-byte ones already apart), or else only the top 16 bits of every
+/// 4-byte element.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn rot_hi16(v: std::arch::x86_64::__m256i, left: bool) -> std::arch::x86_64::__m256i {
+unsafe fn rot16(
+    v: std::arch::x86_64::__m256i,
+    left: bool,
+    whole: bool,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
     // SAFETY: register-only AVX2 operations, inlined into callers that
     // have AVX2 enabled.
@@ -417,7 +423,11 @@ unsafe fn rot_hi16(v: std::arch::x86_64::__m256i, left: bool) -> std::arch::x86_
         } else {
             _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v))
         };
-        _mm256_blend_epi16::<0b1010_1010>(v, r)
+        if whole {
+            r
+        } else {
+            _mm256_blend_epi16::<0b1010_1010>(v, r)
+        }
     }
 }
 
@@ -546,10 +556,8 @@ unsafe fn ungroup4_kernel(
             // Unrotated here unless the bytes are undone against the
             // rotated base first (then after).
             if rotate && !matches!(base, Some((_, Against::Ops { .. }))) {
-                let unrot =
-                    |v| _mm256_or_si256(_mm256_srli_epi16::<1>(v), _mm256_slli_epi16::<15>(v));
-                hi_l = unrot(hi_l);
-                hi_h = unrot(hi_h);
+                hi_l = rot16(hi_l, false, true);
+                hi_h = rot16(hi_h, false, true);
             }
             // Elements 0-3|16-19, 4-7|20-23, 8-11|24-27, 12-15|28-31.
             let e0 = _mm256_unpacklo_epi16(lo_l, hi_l);
@@ -569,11 +577,11 @@ unsafe fn ungroup4_kernel(
                     match how {
                         Against::Ops { .. } => {
                             if rotate {
-                                bv = rot_hi16(bv, true);
+                                bv = rot16(bv, true, false);
                             }
                             *e = undo_ops(*e, bv, masks.0, masks.1);
                             if rotate {
-                                *e = rot_hi16(*e, false);
+                                *e = rot16(*e, false, false);
                             }
                         }
                         Against::Ulp { float } => *e = ulp_undo32(*e, bv, float),
@@ -636,29 +644,15 @@ pub(crate) unsafe fn ungroup2_against_avx2(
             ];
             for (j, e) in v.into_iter().enumerate() {
                 let mut bv = _mm256_loadu_si256(bp.add(2 * g + j));
+                let unrot = |e| if rotate { rot16(e, false, true) } else { e };
                 let e = match how {
                     Against::Ops { .. } => {
                         if rotate {
-                            bv = _mm256_or_si256(
-                                _mm256_slli_epi16::<1>(bv),
-                                _mm256_srli_epi16::<15>(bv),
-                            );
+                            bv = rot16(bv, true, true);
                         }
-                        let e = undo_ops(e, bv, xor, diff);
-                        if rotate {
-                            _mm256_or_si256(_mm256_srli_epi16::<1>(e), _mm256_slli_epi16::<15>(e))
-                        } else {
-                            e
-                        }
+                        unrot(undo_ops(e, bv, xor, diff))
                     }
-                    Against::Ulp { float } => {
-                        let e = if rotate {
-                            _mm256_or_si256(_mm256_srli_epi16::<1>(e), _mm256_slli_epi16::<15>(e))
-                        } else {
-                            e
-                        };
-                        ulp_undo16(e, bv, float)
-                    }
+                    Against::Ulp { float } => ulp_undo16(unrot(e), bv, float),
                 };
                 _mm256_storeu_si256(o.add(2 * g + j), e);
             }
@@ -692,9 +686,38 @@ unsafe fn apply_ops(
     }
 }
 
-/// The bulk of `layout::group_against_uninit` for 4-byte elements: 32
-/// elements of `raw` and of `base` at a time, both rotated (`rotate`),
-/// each byte expressed against the base's by `masks`, then byte `k` of
+/// One register of the group-against kernels: 32 bytes of elements `r`
+/// and of the base's `b`, both rotated when `rotate` (`whole` as in
+/// [`rot16`]), each byte expressed against the base's (`apply_ops`), then
+/// shuffled by `by_byte` (the bytes of one position together per lane).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn against_register(
+    mut r: std::arch::x86_64::__m256i,
+    mut b: std::arch::x86_64::__m256i,
+    rotate: bool,
+    whole: bool,
+    xor: std::arch::x86_64::__m256i,
+    diff: std::arch::x86_64::__m256i,
+    by_byte: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: register-only AVX2 operations, inlined into callers that
+    // have AVX2 enabled.
+    unsafe {
+        if rotate {
+            (r, b) = (rot16(r, true, whole), rot16(b, true, whole));
+        }
+        _mm256_shuffle_epi8(apply_ops(r, b, xor, diff), by_byte)
+    }
+}
+
+/// The bulk of `layout::group_against_uninit` for `W`-byte elements (2 or
+/// 4): 32 elements of `raw` and of `base` at a time (`W` registers of
+/// each), both rotated with `rotate` (the top 16 bits of a 4-byte element,
+/// the whole of a 2-byte one), each byte expressed against the base's by
+/// `xor` and `diff` (the masks of [`Against::Ops`]), then byte `k` of
 /// every element into `s[k]`. Returns how many elements it wrote; stops at
 /// the shortest of `raw` and `base` (in elements) and of the streams.
 ///
@@ -702,130 +725,82 @@ unsafe fn apply_ops(
 /// The CPU must support `avx2`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn group4_against_avx2(
+pub(crate) unsafe fn group_against_avx2<const W: usize>(
     raw: &[u8],
     base: &[u8],
     xor: u32,
     diff: u32,
-    s: [&mut [std::mem::MaybeUninit<u8>]; 4],
+    mut s: [&mut [std::mem::MaybeUninit<u8>]; W],
     rotate: bool,
 ) -> usize {
     use std::arch::x86_64::*;
-    let n = (raw.len() / 4)
-        .min(base.len() / 4)
+    const { assert!(W == 2 || W == 4) };
+    let n = (raw.len() / W)
+        .min(base.len() / W)
         .min(s.iter().map(|t| t.len()).min().unwrap_or(0));
     let groups = n / 32;
     let (xor, diff) = (
         _mm256_set1_epi32(xor as i32),
         _mm256_set1_epi32(diff as i32),
     );
-    // Within each 128-bit lane, byte k of its four elements together.
-    let by_byte = _mm256_setr_epi8(
-        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
-        14, 3, 7, 11, 15,
-    );
+    // Within each 128-bit lane, byte k of its elements together: four
+    // 4-byte elements, or the low then the high bytes of eight 2-byte ones.
+    let by_byte = if W == 4 {
+        _mm256_setr_epi8(
+            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6,
+            10, 14, 3, 7, 11, 15,
+        )
+    } else {
+        _mm256_setr_epi8(
+            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
+            5, 7, 9, 11, 13, 15,
+        )
+    };
     let pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    // SAFETY: group g reads bytes [128g, 128g + 128) of `raw` and of
-    // `base`, below 4n <= their lengths, and writes bytes [32g, 32g + 32)
+    // SAFETY: group g reads bytes [32Wg, 32W(g + 1)) of `raw` and of
+    // `base`, below Wn <= their lengths, and writes bytes [32g, 32g + 32)
     // of each stream, below n <= its length; the CPU has AVX2 (the
     // caller's contract).
     unsafe {
-        let [s0, s1, s2, s3] = s;
         let (rp, bp) = (
             raw.as_ptr() as *const __m256i,
             base.as_ptr() as *const __m256i,
         );
         for g in 0..groups {
-            let mut q = [_mm256_setzero_si256(); 4];
+            let mut q = [_mm256_setzero_si256(); W];
             for (j, e) in q.iter_mut().enumerate() {
-                let (mut r, mut b) = (
-                    _mm256_loadu_si256(rp.add(4 * g + j)),
-                    _mm256_loadu_si256(bp.add(4 * g + j)),
-                );
-                if rotate {
-                    (r, b) = (rot_hi16(r, true), rot_hi16(b, true));
-                }
-                let v = _mm256_shuffle_epi8(apply_ops(r, b, xor, diff), by_byte);
-                // 64-bit pair k: byte k of the register's eight elements.
-                *e = _mm256_permutevar8x32_epi32(v, pairs);
+                let (r, b) = (rp.add(W * g + j), bp.add(W * g + j));
+                let (r, b) = (_mm256_loadu_si256(r), _mm256_loadu_si256(b));
+                let v = against_register(r, b, rotate, W == 2, xor, diff, by_byte);
+                // 64-bit quarter k: byte k of the register's elements
+                // (4-byte: eight per quarter; 2-byte: low bytes of 16 in
+                // the first two quarters, high in the last two).
+                *e = if W == 4 {
+                    _mm256_permutevar8x32_epi32(v, pairs)
+                } else {
+                    _mm256_permute4x64_epi64::<0b11_01_10_00>(v)
+                };
             }
-            let t0 = _mm256_unpacklo_epi64(q[0], q[1]);
-            let t1 = _mm256_unpackhi_epi64(q[0], q[1]);
-            let t2 = _mm256_unpacklo_epi64(q[2], q[3]);
-            let t3 = _mm256_unpackhi_epi64(q[2], q[3]);
-            let st = |t: &mut [std::mem::MaybeUninit<u8>], v| {
-                _mm256_storeu_si256(t.as_mut_ptr().add(32 * g).cast(), v)
+            let out: [__m256i; W] = if W == 4 {
+                let t0 = _mm256_unpacklo_epi64(q[0], q[1]);
+                let t1 = _mm256_unpackhi_epi64(q[0], q[1]);
+                let t2 = _mm256_unpacklo_epi64(q[2], q[3]);
+                let t3 = _mm256_unpackhi_epi64(q[2], q[3]);
+                std::array::from_fn(|k| match k {
+                    0 => _mm256_permute2x128_si256::<0x20>(t0, t2),
+                    1 => _mm256_permute2x128_si256::<0x20>(t1, t3),
+                    2 => _mm256_permute2x128_si256::<0x31>(t0, t2),
+                    _ => _mm256_permute2x128_si256::<0x31>(t1, t3),
+                })
+            } else {
+                std::array::from_fn(|k| match k {
+                    0 => _mm256_permute2x128_si256::<0x20>(q[0], q[1]),
+                    _ => _mm256_permute2x128_si256::<0x31>(q[0], q[1]),
+                })
             };
-            st(s0, _mm256_permute2x128_si256::<0x20>(t0, t2));
-            st(s1, _mm256_permute2x128_si256::<0x20>(t1, t3));
-            st(s2, _mm256_permute2x128_si256::<0x31>(t0, t2));
-            st(s3, _mm256_permute2x128_si256::<0x31>(t1, t3));
-        }
-    }
-    32 * groups
-}
-
-/// [`group4_against_avx2`] for 2-byte elements (rotated as a whole 16
-/// bits with `rotate`): byte 0 of every element into `s[0]`, byte 1 into
-/// `s[1]`, 32 elements at a time. Returns how many elements it wrote.
-///
-/// # Safety
-/// The CPU must support `avx2`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn group2_against_avx2(
-    raw: &[u8],
-    base: &[u8],
-    xor: u32,
-    diff: u32,
-    s: [&mut [std::mem::MaybeUninit<u8>]; 2],
-    rotate: bool,
-) -> usize {
-    use std::arch::x86_64::*;
-    let n = (raw.len() / 2)
-        .min(base.len() / 2)
-        .min(s.iter().map(|t| t.len()).min().unwrap_or(0));
-    let groups = n / 32;
-    let (xor, diff) = (
-        _mm256_set1_epi32(xor as i32),
-        _mm256_set1_epi32(diff as i32),
-    );
-    // Within each 128-bit lane, the low bytes of its eight elements, then
-    // the high ones.
-    let by_byte = _mm256_setr_epi8(
-        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
-        7, 9, 11, 13, 15,
-    );
-    let rot = |v| _mm256_or_si256(_mm256_slli_epi16::<1>(v), _mm256_srli_epi16::<15>(v));
-    // SAFETY: group g reads bytes [64g, 64g + 64) of `raw` and of `base`,
-    // below 2n <= their lengths, and writes bytes [32g, 32g + 32) of each
-    // stream, below n <= its length; the CPU has AVX2 (the caller's
-    // contract).
-    unsafe {
-        let [s0, s1] = s;
-        let (rp, bp) = (
-            raw.as_ptr() as *const __m256i,
-            base.as_ptr() as *const __m256i,
-        );
-        for g in 0..groups {
-            let mut q = [_mm256_setzero_si256(); 2];
-            for (j, e) in q.iter_mut().enumerate() {
-                let (mut r, mut b) = (
-                    _mm256_loadu_si256(rp.add(2 * g + j)),
-                    _mm256_loadu_si256(bp.add(2 * g + j)),
-                );
-                if rotate {
-                    (r, b) = (rot(r), rot(b));
-                }
-                let v = _mm256_shuffle_epi8(apply_ops(r, b, xor, diff), by_byte);
-                // Low bytes of the register's 16 elements, then high.
-                *e = _mm256_permute4x64_epi64::<0b11_01_10_00>(v);
+            for (t, v) in s.iter_mut().zip(out) {
+                _mm256_storeu_si256(t.as_mut_ptr().add(32 * g).cast(), v);
             }
-            let st = |t: &mut [std::mem::MaybeUninit<u8>], v| {
-                _mm256_storeu_si256(t.as_mut_ptr().add(32 * g).cast(), v)
-            };
-            st(s0, _mm256_permute2x128_si256::<0x20>(q[0], q[1]));
-            st(s1, _mm256_permute2x128_si256::<0x31>(q[0], q[1]));
         }
     }
     32 * groups
