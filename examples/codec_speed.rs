@@ -45,6 +45,8 @@ fn main() {
     let delta = args.get(3).is_some_and(|s| s == "delta");
     // GROUP=weights|optimizer: only the tensors of that row.
     let group = std::env::var("GROUP").ok();
+    // MAX_BYTES=n: only tensors of at most n bytes (per-frame fixed costs).
+    let max_bytes: Option<usize> = std::env::var("MAX_BYTES").ok().and_then(|v| v.parse().ok());
     let passes: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(10);
     let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let concat = std::env::var("CONCAT").is_ok();
@@ -57,6 +59,7 @@ fn main() {
     for (t, base) in with_bases(&run, delta)
         .filter(|(t, _)| t.dtype.short_name() == dtype)
         .filter(|(t, _)| group.as_deref().is_none_or(|g| g == t.group))
+        .filter(|(t, _)| max_bytes.is_none_or(|m| t.data.len() <= m))
     {
         let cb = (chunk / t.dtype.width()).max(1) * t.dtype.width();
         for (i, c) in t.data.chunks(cb).enumerate() {
