@@ -99,12 +99,18 @@ pub(crate) fn screen(body: &[u8], w: usize) -> bool {
         return false;
     }
     let step = n.div_ceil(SAMPLE);
-    let mut t = Table::new();
-    let mut counts = [0u32; 256];
     // A contiguous run first: float weights bail out within their first
     // 257 elements, read in order, instead of 257 cold cache lines of an
     // evenly spread sample (which cost 10-15% of FULL compress speed).
     let head = n.min(SAMPLE / 2);
+    // 2-byte elements (bf16, fp16) have few enough values for a bitmap
+    // to find a 257th in the run: a bit each instead of a hash-table
+    // insert (bf16 weights bail here).
+    if w == 2 && more_than_max_u16(&body[..head * w]) {
+        return false;
+    }
+    let mut t = Table::new();
+    let mut counts = [0u32; 256];
     for e in body[..head * w].chunks_exact(w) {
         let Some(v) = t.insert(key(e)) else {
             return false;
@@ -126,6 +132,23 @@ pub(crate) fn screen(body: &[u8], w: usize) -> bool {
         counts[v as usize] += 1;
     }
     worth(&t, &counts, n, w)
+}
+
+/// Whether the 2-byte elements of `run` take more than [`MAX`] distinct
+/// values (what [`Table::insert`] would find at the same element).
+fn more_than_max_u16(run: &[u8]) -> bool {
+    let mut seen = [0u64; 1 << 10];
+    let mut distinct = 0;
+    for e in run.chunks_exact(2) {
+        let v = usize::from(u16::from_le_bytes([e[0], e[1]]));
+        let (word, bit) = (v >> 6, 1u64 << (v & 63));
+        distinct += usize::from(seen[word] & bit == 0);
+        seen[word] |= bit;
+        if distinct > MAX {
+            return true;
+        }
+    }
+    false
 }
 
 /// The test of [`screen`] on the values sampled so far.
@@ -209,6 +232,27 @@ mod tests {
     }
 
     proptest! {
+        /// The bitmap count of 2-byte values bails where the table would.
+        #[test]
+        fn the_u16_bitmap_finds_a_257th_value_where_the_table_does(
+            values in 200usize..320,
+            len in 0usize..1200,
+            seed in any::<u64>(),
+        ) {
+            let mut x = seed | 1;
+            let run: Vec<u8> = (0..len)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    ((x % values as u64) as u16 * 97).to_le_bytes()
+                })
+                .collect();
+            let mut t = Table::new();
+            let table_bails = run.chunks_exact(2).any(|e| t.insert(key(e)).is_none());
+            prop_assert_eq!(more_than_max_u16(&run), table_bails);
+        }
+
         /// The shortcut in `worth` (a palette of 0.9 of the elements or
         /// more fails) decides as the entropy test would.
         #[test]
