@@ -47,6 +47,9 @@ fn as_array<const W: usize>(c: &[u8]) -> &[u8; W] {
 
 /// A look at about 2048 evenly spread elements: true when at least one in
 /// 16 of them is skipped, the least share worth counting whole.
+/// (Inlined: when a change elsewhere made the compiler call it instead,
+/// gpt-small's FULL fp32 encode measured 1815 against 1971 MiB/s.)
+#[inline]
 pub fn screen(body: &[u8], base: Option<&[u8]>, w: usize) -> bool {
     match w {
         1 => screen_w::<1>(body, base),
@@ -59,6 +62,7 @@ pub fn screen(body: &[u8], base: Option<&[u8]>, w: usize) -> bool {
 
 /// [`screen`] of `W`-byte elements, each compared whole (a byte-by-byte
 /// compare was most of the screen's time).
+#[inline]
 fn screen_w<const W: usize>(body: &[u8], base: Option<&[u8]>) -> bool {
     let n = body.len() / W;
     if n == 0 {
