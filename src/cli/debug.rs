@@ -544,9 +544,47 @@ fn verdict(rs: &[&Row]) -> Option<String> {
             }
         }
     };
-    Some(format!(
-        "verdict: ckvc below every peer: {below}; ckvc at least zstd-3's speed: {speed}"
-    ))
+    let mut v =
+        format!("verdict: ckvc below every peer: {below}; ckvc at least zstd-3's speed: {speed}");
+    if let Some(f) = full_floor(one) {
+        let _ = write!(v, "; {f}");
+    }
+    Some(v)
+}
+
+/// The one-core speeds issue 16 asks a FULL row to keep, compress and
+/// decompress in MiB/s: bf16 1.5 / 3 GiB/s, fp32 2 / 4 GiB/s.
+fn full_floor_mib_s(dtype: &str) -> Option<(f64, f64)> {
+    match dtype {
+        "bf16" => Some((1536.0, 3072.0)),
+        "fp32" => Some((2048.0, 4096.0)),
+        _ => None,
+    }
+}
+
+/// A FULL row's one-thread ckvc speeds against [`full_floor_mib_s`]:
+/// "FULL floor C / D MiB/s: yes", or "no (...)" naming each direction
+/// below it.
+fn full_floor(one: &Row) -> Option<String> {
+    if one.mode != "FULL" {
+        return None;
+    }
+    let (c, d) = full_floor_mib_s(&one.dtype)?;
+    let mut not = Vec::new();
+    for (name, got, floor) in [
+        ("compress", one.compress_mib_s, c),
+        ("decompress", one.decompress_mib_s, d),
+    ] {
+        if let Some(g) = got.filter(|&g| g < floor) {
+            not.push(format!("{name} {g:.0}"));
+        }
+    }
+    let ok = if not.is_empty() {
+        "yes".to_string()
+    } else {
+        format!("no ({})", not.join(", "))
+    };
+    Some(format!("FULL floor {c:.0} / {d:.0} MiB/s: {ok}"))
 }
 
 #[cfg(test)]
@@ -615,5 +653,38 @@ mod tests {
         ];
         assert!(table(&rows)
             .contains("verdict: ckvc below every peer: yes; ckvc at least zstd-3's speed: yes"));
+    }
+
+    #[test]
+    fn the_verdict_of_a_full_row_checks_its_dtypes_speed_floor() {
+        let rows = [
+            row("ckvc", 1, Some(1500.0), Some(3500.0)),
+            row("zstd-3", 1, Some(250.0), Some(1000.0)),
+        ];
+        assert!(
+            table(&rows).contains("; FULL floor 1536 / 3072 MiB/s: no (compress 1500)"),
+            "{}",
+            table(&rows)
+        );
+        let mut fast = rows.clone();
+        fast[0].compress_mib_s = Some(1600.0);
+        assert!(table(&fast).contains("; FULL floor 1536 / 3072 MiB/s: yes"));
+        // fp32's floor is 2 / 4 GiB/s; a DELTA row and a u8 row have none.
+        let mut fp32 = fast.clone();
+        for r in &mut fp32 {
+            r.dtype = "fp32".into();
+        }
+        assert!(table(&fp32)
+            .contains("FULL floor 2048 / 4096 MiB/s: no (compress 1600, decompress 3500)"));
+        let mut delta = fast.clone();
+        for r in &mut delta {
+            r.mode = "DELTA".into();
+        }
+        assert!(!table(&delta).contains("FULL floor"));
+        let mut u8s = fast;
+        for r in &mut u8s {
+            r.dtype = "u8".into();
+        }
+        assert!(!table(&u8s).contains("FULL floor"));
     }
 }
