@@ -495,6 +495,29 @@ fn zstd_blocks_catch_repeated_exponent_rows() {
     }
 }
 
+/// Rows copied whole pay with zstd however few values the exponent stream
+/// takes: below `ZSTD_LOW_BITS` a block is still tried when the probe
+/// finds most of it repeated (here four exponents at 1/2, 1/4, 1/8, 1/8:
+/// 1.75 bits a symbol, which bit packing does not reach).
+#[test]
+fn zstd_blocks_catch_rows_repeated_in_a_low_entropy_stream() {
+    let mut next = random_u32s(12);
+    let cols: Vec<f32> = (0..256)
+        .map(|_| 2f32.powi(-[0, 0, 0, 0, 1, 1, 2, 3][(next() % 8) as usize]))
+        .collect();
+    let v: Vec<f32> = (0..64 * 256)
+        .map(|i| cols[i % 256] * (1.0 + (next() % 1000) as f32 / 1001.0))
+        .collect();
+    let raw = f32_bytes(&v);
+    let blocks = Options {
+        small_zstd_max: 0,
+        ..Options::default()
+    };
+    let f = rt(&raw, None, DType::F32, &blocks);
+    let h = FrameInfo::parse(&f).unwrap().header_len;
+    assert_eq!(f[h + 12], BlockMode::Zstd as u8);
+}
+
 /// Known answers of the element map (version 4): the skipped elements are
 /// zero without a base, the base's with one; the map is stored as runs or
 /// as a bitmap, whichever is shorter.
