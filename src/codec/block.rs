@@ -244,13 +244,13 @@ pub fn encode(
         && n >= ZSTD_MIN_SYMBOLS
         && ideal <= ZSTD_MAX_BITS / 8.0 * n as f64
         && {
-            let r = repeats(syms, &mut scratch.probe);
             let low = ideal < ZSTD_LOW_BITS / 8.0 * n as f64;
-            r * if low {
+            let per = if low {
                 ZSTD_LOW_MIN_REPEATS
             } else {
                 ZSTD_MIN_REPEATS
-            } >= n
+            };
+            repeats_reach(syms, &mut scratch.probe, per)
         }
     {
         if let Some(z) = zstd_compress(syms, opts.zstd_level, scratch) {
@@ -353,15 +353,24 @@ pub(super) fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch
     c.compress_to_buffer(syms, &mut scratch.zstd_out).ok()
 }
 
-/// About how many of a block's bytes lie in 8-byte strings (at 8-aligned
-/// positions) that occurred before at an 8-aligned position the probe's
-/// hash table (4096 entries) still holds: a cheap lower bound on what an
-/// LZ coder's matches could find. Every 8-aligned string goes into the
-/// table, but only every other one is looked up (half the loads and
-/// compares of a probe that was a tenth of a FULL encode's time); the
-/// count is scaled to all of them. A run of
-/// one byte does not count: it is no news to the entropy coders.
-fn repeats(syms: &[u8], table: &mut Vec<u64>) -> usize {
+/// Whether at least one in `per` of a block's bytes lie in 8-byte strings
+/// (at 8-aligned positions) that occurred before at an 8-aligned position
+/// the probe's hash table (4096 entries) still holds: a cheap lower bound
+/// on what an LZ coder's matches could find. Every 8-aligned string goes
+/// into the table, but only every other one is looked up (half the loads
+/// and compares of a probe that was a tenth of a FULL encode's time),
+/// each hit counting for both. A run of one byte does not count: it is
+/// no news to the entropy coders. The probe stops as soon as its answer
+/// is settled: at a quarter repeated, most blocks of a checkpoint (a few
+/// percent repeated) are settled three quarters of the way through.
+fn repeats_reach(syms: &[u8], table: &mut Vec<u64>, per: usize) -> bool {
+    const PAIR: usize = 2 * PROBE_STEP;
+    // Counted as `hits * PAIR` bytes: `hits * PAIR * per >= n`.
+    let need = syms.len().div_ceil(PAIR * per);
+    let mut left = syms.len() / PAIR;
+    if need > left {
+        return false;
+    }
     // The table holds the strings themselves; a slot never written holds
     // 0, a run, which never counts.
     table.clear();
@@ -369,14 +378,20 @@ fn repeats(syms: &[u8], table: &mut Vec<u64>) -> usize {
     let slot = |v: u64| (v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PROBE_LOG2)) as usize;
     let string = |c: &[u8]| u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
     let mut hits = 0;
-    for pair in syms.chunks_exact(2 * PROBE_STEP) {
-        let (a, v) = (string(pair), string(&pair[PROBE_STEP..]));
-        table[slot(a)] = a;
-        let h = slot(v);
-        hits += usize::from(table[h] == v && v != (v & 0xff) * 0x0101_0101_0101_0101);
-        table[h] = v;
+    for run in syms.chunks(64 * PAIR) {
+        if hits >= need || hits + left < need {
+            break;
+        }
+        for pair in run.chunks_exact(PAIR) {
+            let (a, v) = (string(pair), string(&pair[PROBE_STEP..]));
+            table[slot(a)] = a;
+            let h = slot(v);
+            hits += usize::from(table[h] == v && v != (v & 0xff) * 0x0101_0101_0101_0101);
+            table[h] = v;
+        }
+        left -= run.len() / PAIR;
     }
-    hits * 2 * PROBE_STEP
+    hits >= need
 }
 
 const PROBE_LOG2: u32 = 12;
@@ -576,6 +591,91 @@ mod tests {
                 x.to_le_bytes()
             })
             .collect()
+    }
+
+    /// The probe's count whole: every other 8-aligned string looked up,
+    /// each hit counting for both (in bytes).
+    fn repeats(syms: &[u8], table: &mut Vec<u64>) -> usize {
+        table.clear();
+        table.resize(1 << PROBE_LOG2, 0);
+        let slot = |v: u64| (v.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PROBE_LOG2)) as usize;
+        let string = |c: &[u8]| u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+        let mut hits = 0;
+        for pair in syms.chunks_exact(2 * PROBE_STEP) {
+            let (a, v) = (string(pair), string(&pair[PROBE_STEP..]));
+            table[slot(a)] = a;
+            let h = slot(v);
+            hits += usize::from(table[h] == v && v != (v & 0xff) * 0x0101_0101_0101_0101);
+            table[h] = v;
+        }
+        hits * 2 * PROBE_STEP
+    }
+
+    proptest! {
+        /// Stopping once settled gives the whole count's answer.
+        #[test]
+        fn the_repeat_probe_stops_with_the_whole_counts_answer(
+            len in 0usize..70_000,
+            period in 1usize..40,
+            fresh_per_1024 in 0u64..1024,
+            per in 1usize..6,
+            seed in any::<u64>(),
+        ) {
+            // A cycle of `period` strings, some replaced by fresh ones.
+            let unit = strings(period, seed);
+            let noise = strings(len / 8 + 1, seed ^ 0x55);
+            let mut x = seed | 1;
+            let block: Vec<u8> = (0..len / 8 + 1)
+                .flat_map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let fresh = x % 1024 < fresh_per_1024;
+                    let j = if fresh { i } else { i % period };
+                    let src = if fresh { &noise } else { &unit };
+                    src[j * 8..j * 8 + 8].to_vec()
+                })
+                .take(len)
+                .collect();
+            let mut table = Vec::new();
+            let whole = repeats(&block, &mut table) * per >= block.len();
+            prop_assert_eq!(repeats_reach(&block, &mut table, per), whole);
+        }
+    }
+
+    /// Hits placed last, exactly as many as the answer needs or one fewer:
+    /// stopping early never decides before the last one counts.
+    #[test]
+    fn the_repeat_probe_decides_at_its_threshold_exactly() {
+        let mut table = Vec::new();
+        for pairs in [1usize, 63, 64, 65, 300, 4096] {
+            for per in 1..=5 {
+                let n = pairs * 2 * PROBE_STEP;
+                let need = n.div_ceil(2 * PROBE_STEP * per);
+                for hits in [need.saturating_sub(1), need] {
+                    // Pair i: a fresh string, then (for the last `hits`
+                    // pairs) the same string again, else another fresh one.
+                    let fresh = strings(2 * pairs, (pairs * 10 + per) as u64);
+                    let block: Vec<u8> = (0..pairs)
+                        .flat_map(|i| {
+                            let a = &fresh[16 * i..16 * i + 8];
+                            let b = if i >= pairs - hits {
+                                a
+                            } else {
+                                &fresh[16 * i + 8..16 * i + 16]
+                            };
+                            [a, b].concat()
+                        })
+                        .collect();
+                    assert_eq!(repeats(&block, &mut table), hits * 2 * PROBE_STEP);
+                    assert_eq!(
+                        repeats_reach(&block, &mut table, per),
+                        hits >= need,
+                        "pairs {pairs} per {per} hits {hits}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
