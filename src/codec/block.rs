@@ -582,14 +582,9 @@ mod tests {
 
     /// Distinct 8-byte strings (no runs), from a seed.
     fn strings(count: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
+        let mut rng = crate::testing::Rng(seed | 1);
         (0..count)
-            .flat_map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()
-            })
+            .flat_map(|_| rng.next_u64().to_le_bytes())
             .collect()
     }
 
@@ -624,13 +619,10 @@ mod tests {
             // A cycle of `period` strings, some replaced by fresh ones.
             let unit = strings(period, seed);
             let noise = strings(len / 8 + 1, seed ^ 0x55);
-            let mut x = seed | 1;
+            let mut rng = crate::testing::Rng(seed | 1);
             let block: Vec<u8> = (0..len / 8 + 1)
                 .flat_map(|i| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let fresh = x % 1024 < fresh_per_1024;
+                    let fresh = rng.next_u64() % 1024 < fresh_per_1024;
                     let j = if fresh { i } else { i % period };
                     let src = if fresh { &noise } else { &unit };
                     src[j * 8..j * 8 + 8].to_vec()

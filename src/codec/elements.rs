@@ -374,13 +374,8 @@ mod tests {
             with_base in any::<bool>(),
             seed in any::<u64>(),
         ) {
-            let mut x = seed | 1;
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
+            let mut rng = crate::testing::Rng(seed | 1);
+            let mut next = || rng.next_u64();
             let base: Vec<u8> = (0..n * w).map(|_| next() as u8).collect();
             let mut body = vec![0u8; n * w];
             for i in 0..n {

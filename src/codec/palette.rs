@@ -275,13 +275,8 @@ mod tests {
             skew in 0u32..8,
             seed in any::<u64>(),
         ) {
-            let mut x = seed | 1;
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
+            let mut rng = crate::testing::Rng(seed | 1);
+            let mut next = || rng.next_u64();
             // Values sharing some bytes (a small range, shifted), counts
             // skewed towards the first ones.
             let values: Vec<u64> = (0..distinct).map(|_| (next() % 1024) << (next() % 5 * 8)).collect();
@@ -307,14 +302,9 @@ mod tests {
             len in 0usize..1200,
             seed in any::<u64>(),
         ) {
-            let mut x = seed | 1;
+            let mut rng = crate::testing::Rng(seed | 1);
             let run: Vec<u8> = (0..len)
-                .flat_map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    ((x % values as u64) as u16 * 97).to_le_bytes()
-                })
+                .flat_map(|_| ((rng.next_u64() % values as u64) as u16 * 97).to_le_bytes())
                 .collect();
             let mut t = Table::new();
             let table_bails = run.chunks_exact(2).any(|e| t.insert(key(e)).is_none());
@@ -330,13 +320,8 @@ mod tests {
             distinct in 1usize..=256,
             seed in any::<u64>(),
         ) {
-            let mut x = seed | 1;
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
+            let mut rng = crate::testing::Rng(seed | 1);
+            let mut next = || rng.next_u64();
             let values: Vec<u64> = (0..distinct).map(|_| next()).collect();
             let mut t = Table::new();
             let mut counts = [0u32; 256];
