@@ -403,10 +403,10 @@ const PROBE_STEP: usize = 8;
 const ZSTD_MIN_REPEATS: usize = 4;
 /// Below this many bits a symbol of order-0 entropy, zstd -1 matches of
 /// the probe's kind buy nothing over the block coders: it came out at
-/// about the entropy (2.0-2.6 bits a symbol, 1.05-1.3x the best coding)
-/// on every such block of both corpora where the probe found a quarter to
-/// two fifths repeated; every block zstd won (by 10% or more) had 2.7
-/// bits a symbol or more. Such a block is tried only when the probe finds
+/// about the entropy (2.4-2.6 bits a symbol, 0.99-1.32x the best coding,
+/// never the 0.9x it must reach) on every such block of both corpora where
+/// the probe found a quarter to two fifths repeated; every block zstd won
+/// had 2.7 bits a symbol or more. Such a block is tried only when the probe finds
 /// most of it repeated (`ZSTD_LOW_MIN_REPEATS`): long matches, such as
 /// rows copied whole, pay at any entropy.
 const ZSTD_LOW_BITS: f64 = 2.5;
