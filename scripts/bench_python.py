@@ -52,6 +52,13 @@ import threading
 import time
 
 
+def join_staging_warm() -> None:
+    """Wait for every thread faulting in a staging buffer."""
+    for t in threading.enumerate():
+        if t.name == "ckvc-staging-warm":
+            t.join()
+
+
 def rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -237,6 +244,10 @@ def main() -> int:
                     lost = max(delay, waited)
                 stored = dir_bytes(repo.path) - before
                 s = state()
+                # The timed save's staging buffer may still be faulting in
+                # (a first background save warms it after it is durable):
+                # let it finish, so the RSS measured is this save's alone.
+                join_staging_warm()
                 with PeakRss() as m:
                     if mode == "blocking":
                         mem_repos[mode].save(s, step=rnd)
@@ -245,9 +256,7 @@ def main() -> int:
                         # and the staging buffer a first background save
                         # faults in after it is durable
                         mem_repos[mode].wait()
-                        for t in threading.enumerate():
-                            if t.name == "ckvc-staging-warm":
-                                t.join()
+                        join_staging_warm()
                 method = "ckvc save (blocking)" if mode == "blocking" else f"ckvc staging={mode}"
                 rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=m.extra))
             # DCP async_save
