@@ -431,17 +431,30 @@ class Repository:
                             staging_buf.copy_deferred(p, deferred)
                         finally:
                             fut._staged.set()
-                    check = (lambda: _state.check_versions(deferred)) if in_place else None
+                    check = None
+                    if in_place:
+
+                        def check() -> None:
+                            # Called once the commit has read and stored
+                            # every byte, before it is published: unchanged
+                            # tensors are free from here, so the next
+                            # optimizer.step() need not wait for the rest
+                            # (publishing, the durability barrier).
+                            _state.check_versions(deferred)
+                            fut._staged.set()
+
                     # Reading in place, the next optimizer.step() waits for
-                    # all of the commit: it runs at the trainer's priority.
+                    # the commit to read them: it runs at the trainer's
+                    # priority.
                     nice = 0 if in_place else BACKGROUND_NICE
                     try:
                         d = _ckvc.commit_buffers(
                             self.path, files, step, now_msg, mets, self.branch, nice=nice, check=check
                         )
                     finally:
-                        # read in place: the tensors are free once the
-                        # commit has read them all
+                        # read in place: free once the commit has read them
+                        # all (set by `check` already, unless it failed
+                        # before)
                         fut._staged.set()
                     fut._finish(self._commit(d["id"]), None)
                 except BaseException as e:  # noqa: BLE001 - handed to the future

@@ -479,7 +479,10 @@ fn commit_buffers<'py>(
             .map(|(rel, parts)| {
                 // SAFETY: `held` keeps every export alive until after this
                 // closure returns, and the Python side does not write the
-                // buffers while the commit runs.
+                // buffers until the commit has read them all (a save that
+                // reads the training state in place lets training go on
+                // from `check()`, after the last read; the commit then
+                // only publishes).
                 let parts = parts.iter().map(|b| unsafe { b.as_slice() }).collect();
                 (rel.as_str(), parts)
             })

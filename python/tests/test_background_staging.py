@@ -378,6 +378,32 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     assert_bits_equal(repo.load(2), want2)
 
 
+def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(tmp_path, monkeypatch):
+    # The commit calls its check once it has read and stored every byte,
+    # before publishing and its durability barrier: optimizer.step() waits
+    # until then, not for the rest (with the CPU busy, the rest was part of
+    # the first save's stall).
+    seen = {}
+    real = _state._ckvc.commit_buffers
+
+    def watched(*args, **kwargs):
+        d = real(*args, **kwargs)
+        seen["staged when it returned"] = repo._inflight[1].staged()
+        return d
+
+    monkeypatch.setattr(_state._ckvc, "commit_buffers", watched)
+    repo = ckvc.Repository.init(tmp_path / "repo")
+    model, opt = model_and_opt()
+    train_step(model, opt)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    want = snapshot(state)
+    f = repo.save(state, step=1, blocking=False)
+    assert repo._staging.host is None  # read in place
+    f.result(timeout=60)
+    assert seen == {"staged when it returned": True}
+    assert_bits_equal(repo.load(1), want)
+
+
 def test_a_first_save_of_tensors_that_cannot_be_read_in_place_copies_them_in_the_background(tmp_path, gate):
     # A strided (or accelerator) tensor would have to be copied in the call
     # to be read in place: such a first save stages as later ones do.
