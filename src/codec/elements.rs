@@ -81,42 +81,131 @@ fn screen_w<const W: usize>(body: &[u8], base: Option<&[u8]>) -> bool {
     hits * 16 >= seen
 }
 
-fn scan_w<const W: usize>(body: &[u8], base: Option<&[u8]>, runs: &mut Vec<u32>) -> usize {
-    runs.clear();
-    let (mut skipping, mut run, mut skipped) = (false, 0u32, 0usize);
-    let mut visit = |s: bool| {
-        if s != skipping {
-            runs.push(run);
-            run = 0;
-            skipping = s;
-        }
-        run += 1;
-        skipped += s as usize;
-    };
-    match base {
+/// The skip mask of the 64 `W`-byte elements at `e` (against `b`'s):
+/// bit `j` set when element `j` is skipped. Whole elements compared as
+/// integers, a form the compiler turns into vector compares and a mask.
+#[inline(always)]
+fn mask64<const W: usize>(e: &[u8], b: Option<&[u8]>) -> u64 {
+    let mut m = 0u64;
+    match b {
         Some(b) => {
-            for (e, b) in body.chunks_exact(W).zip(b.chunks_exact(W)) {
-                visit(skip::<W>(as_array(e), Some(as_array(b))));
+            for j in 0..64 {
+                let s = skip::<W>(
+                    as_array(&e[j * W..(j + 1) * W]),
+                    Some(as_array(&b[j * W..(j + 1) * W])),
+                );
+                m |= (s as u64) << j;
             }
         }
         None => {
-            for e in body.chunks_exact(W) {
-                visit(skip::<W>(as_array(e), None));
+            for j in 0..64 {
+                m |= (skip::<W>(as_array(&e[j * W..(j + 1) * W]), None) as u64) << j;
             }
         }
     }
-    runs.push(run);
+    m
+}
+
+/// The run builder of [`scan_w`]: alternating kept / skipped run lengths,
+/// kept first.
+struct Runs<'a> {
+    runs: &'a mut Vec<u32>,
+    skipping: bool,
+    run: u32,
+    skipped: usize,
+}
+
+impl Runs<'_> {
+    #[inline(always)]
+    fn visit(&mut self, s: bool) {
+        if s != self.skipping {
+            self.runs.push(self.run);
+            self.run = 0;
+            self.skipping = s;
+        }
+        self.run += 1;
+        self.skipped += s as usize;
+    }
+
+    /// The 64 elements of skip mask `m`, in order. A mask of one kind that
+    /// continues the current run (most of them, in runs of zero rows or of
+    /// unchanged ones, and in chunks with nothing to skip) is one add.
+    #[inline(always)]
+    fn visit64(&mut self, m: u64) {
+        self.skipped += m.count_ones() as usize;
+        let (mut bits, mut left) = (m, 64u32);
+        while left > 0 {
+            let same = if self.skipping {
+                bits.trailing_ones()
+            } else {
+                bits.trailing_zeros()
+            }
+            .min(left);
+            self.run += same;
+            left -= same;
+            if left > 0 {
+                bits >>= same;
+                self.runs.push(self.run);
+                self.run = 0;
+                self.skipping = !self.skipping;
+            }
+        }
+    }
+}
+
+fn scan_w<const W: usize>(
+    body: &[u8],
+    base: Option<&[u8]>,
+    runs: &mut Vec<u32>,
+    simd: bool,
+) -> usize {
+    runs.clear();
+    let mut r = Runs {
+        runs,
+        skipping: false,
+        run: 0,
+        skipped: 0,
+    };
+    let n = body.len() / W;
+    let base = base.map(|b| &b[..n * W]);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if simd && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, just detected.
+        done = unsafe { super::simd::skip_masks_avx2::<W, _>(body, base, |m| r.visit64(m)) };
+    }
+    let _ = simd;
+    let whole = n / 64 * 64;
+    let at = |i: usize| i * W..(i + 1) * W;
+    for g in (done..whole).step_by(64) {
+        let span = g * W..(g + 64) * W;
+        r.visit64(mask64::<W>(&body[span.clone()], base.map(|b| &b[span])));
+    }
+    for i in whole.max(done)..n {
+        r.visit(skip::<W>(
+            as_array(&body[at(i)]),
+            base.map(|b| as_array(&b[at(i)])),
+        ));
+    }
+    let skipped = r.skipped;
+    r.runs.push(r.run);
     skipped
 }
 
 /// The run lengths of the skipped and kept elements of `body` (`n * w`
 /// bytes), kept first, into `runs`; returns how many are skipped.
 pub fn scan(body: &[u8], base: Option<&[u8]>, w: usize, runs: &mut Vec<u32>) -> usize {
+    scan_with(body, base, w, runs, true)
+}
+
+/// [`scan`], with the AVX2 masks when `simd` and the CPU has them, else
+/// the portable masks (the tests compare the two).
+fn scan_with(body: &[u8], base: Option<&[u8]>, w: usize, runs: &mut Vec<u32>, simd: bool) -> usize {
     match w {
-        1 => scan_w::<1>(body, base, runs),
-        2 => scan_w::<2>(body, base, runs),
-        4 => scan_w::<4>(body, base, runs),
-        8 => scan_w::<8>(body, base, runs),
+        1 => scan_w::<1>(body, base, runs, simd),
+        2 => scan_w::<2>(body, base, runs, simd),
+        4 => scan_w::<4>(body, base, runs, simd),
+        8 => scan_w::<8>(body, base, runs, simd),
         _ => unreachable!("element width is 1, 2, 4 or 8"),
     }
 }
@@ -399,6 +488,59 @@ mod tests {
                 seen += 1;
             }
             prop_assert_eq!(screen(&body, b, w), n > 0 && hits * 16 >= seen);
+        }
+
+        /// The 64-element masks of `scan` give the runs of the element by
+        /// element definition: runs of every length, across and along the
+        /// 64-element boundaries, with and without a base.
+        #[test]
+        fn scan_matches_its_element_by_element_definition(
+            lens in proptest::collection::vec(prop_oneof![1usize..4, 60usize..70, 120usize..300], 0..12),
+            first_skipped in any::<bool>(),
+            w in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+            with_base in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let mut rng = crate::testing::Rng(seed | 1);
+            let n: usize = lens.iter().sum();
+            let base: Vec<u8> = (0..n * w).map(|_| rng.next_u64() as u8).collect();
+            let mut body = Vec::with_capacity(n * w);
+            let mut skipping = first_skipped;
+            for &len in &lens {
+                for _ in 0..len {
+                    let at = body.len();
+                    for k in 0..w {
+                        // A kept element differs from the base (or zero) in
+                        // one byte only, so a whole-element compare is needed.
+                        let same = if with_base { base[at + k] } else { 0 };
+                        body.push(if !skipping && k == w - 1 { same ^ 0x80 } else { same });
+                    }
+                }
+                skipping = !skipping;
+            }
+            let b = with_base.then_some(base.as_slice());
+            let mut want = Vec::new();
+            let (mut state, mut run, mut want_skipped) = (false, 0u32, 0usize);
+            for i in 0..n {
+                let e = &body[i * w..(i + 1) * w];
+                let s = match b {
+                    Some(b) => e == &b[i * w..(i + 1) * w],
+                    None => e.iter().all(|&v| v == 0),
+                };
+                if s != state {
+                    want.push(run);
+                    run = 0;
+                    state = s;
+                }
+                run += 1;
+                want_skipped += s as usize;
+            }
+            want.push(run);
+            for simd in [true, false] {
+                let mut runs = vec![7];
+                prop_assert_eq!(scan_with(&body, b, w, &mut runs, simd), want_skipped);
+                prop_assert_eq!(runs, want.clone());
+            }
         }
 
         #[test]

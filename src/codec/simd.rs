@@ -3,14 +3,15 @@
 //! time), the hand-written AVX2 kernels of 32-state rANS (encode and
 //! decode of whole groups), of byte ungrouping (four streams into 4-byte
 //! elements; two or four streams undone against a base's elements, by
-//! per-byte ops or the ULP difference) and of grouping against a base
-//! (4- or 2-byte elements into streams, the per-byte ops applied).
+//! per-byte ops or the ULP difference), of grouping against a base
+//! (4- or 2-byte elements into streams, the per-byte ops applied) and of
+//! the element map's scan (skip masks of 64 elements).
 //!
 //! Owns: the unsafe code that runs with CPU features enabled, and the
 //! argument checks that keep every raw load, store and gather of those
 //! kernels in bounds whatever the caller passes. Each kernel's only safety
 //! precondition is that the CPU has the features it was compiled for; the
-//! callers (`rans`, `layout`) detect them at run time and keep the scalar
+//! callers (`rans`, `layout`, `elements`) detect them at run time and keep the scalar
 //! loop that does the same work everywhere else, and the tests beside those
 //! callers compare the two on the same inputs.
 //!
@@ -804,6 +805,82 @@ pub(crate) unsafe fn group_against_avx2<const W: usize>(
         }
     }
     32 * groups
+}
+
+/// The skip masks of the element map's scan: for each whole group of 64
+/// `W`-byte elements of `body`, in order, `f` gets a mask whose bit `j` is
+/// set when element `j` of the group equals the base's element (with a
+/// base) or is all zero bytes (without). Returns the elements covered (a
+/// multiple of 64; the caller scans the rest); with a base, stops at the
+/// shorter of the two.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn skip_masks_avx2<const W: usize, F: FnMut(u64)>(
+    body: &[u8],
+    base: Option<&[u8]>,
+    mut f: F,
+) -> usize {
+    use std::arch::x86_64::*;
+    const { assert!(W == 1 || W == 2 || W == 4 || W == 8) };
+    let n = base.map_or(body.len(), |b| b.len().min(body.len())) / W;
+    let groups = n / 64;
+    let zero = _mm256_setzero_si256();
+    for g in 0..groups {
+        // Register r of the group: bytes [32r, 32r + 32) of the group's
+        // 64 W bytes, 32 / W elements.
+        let eq = |r: usize| {
+            let at = 64 * W * g + 32 * r;
+            // SAFETY: at + 32 <= 64 W (g + 1) <= n W, within `body` and,
+            // with a base, within it too (`n` counts both).
+            unsafe {
+                let e = _mm256_loadu_si256(body.as_ptr().add(at).cast());
+                let b = match base {
+                    Some(b) => _mm256_loadu_si256(b.as_ptr().add(at).cast()),
+                    None => zero,
+                };
+                match W {
+                    1 => _mm256_cmpeq_epi8(e, b),
+                    2 => _mm256_cmpeq_epi16(e, b),
+                    4 => _mm256_cmpeq_epi32(e, b),
+                    _ => _mm256_cmpeq_epi64(e, b),
+                }
+            }
+        };
+        let mut m = 0u64;
+        match W {
+            1 => {
+                for r in 0..2 {
+                    m |= (_mm256_movemask_epi8(eq(r)) as u32 as u64) << (32 * r);
+                }
+            }
+            2 => {
+                for r in 0..2 {
+                    // Two registers of 16 equal-or-not words packed to 32
+                    // bytes (-1 or 0), back in element order across lanes.
+                    let p = _mm256_packs_epi16(eq(2 * r), eq(2 * r + 1));
+                    let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(p);
+                    m |= (_mm256_movemask_epi8(p) as u32 as u64) << (32 * r);
+                }
+            }
+            4 => {
+                for r in 0..8 {
+                    let v = _mm256_movemask_ps(_mm256_castsi256_ps(eq(r)));
+                    m |= (v as u32 as u64) << (8 * r);
+                }
+            }
+            _ => {
+                for r in 0..16 {
+                    let v = _mm256_movemask_pd(_mm256_castsi256_pd(eq(r)));
+                    m |= (v as u32 as u64) << (4 * r);
+                }
+            }
+        }
+        f(m);
+    }
+    64 * groups
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]
