@@ -327,16 +327,31 @@ pub fn ungroup(streams: &[&[u8]], w: usize, rotate: bool, out: &mut [u8]) {
             ungroup_uninit(streams, w, rotate, out)
         }
         8 => {
-            for (i, c) in out.chunks_exact_mut(8).enumerate() {
-                let mut v = 0u64;
-                for (k, s) in streams.iter().enumerate() {
-                    v |= (s[i] as u64) << (8 * k);
-                }
+            // Each stream cut to exactly `n`: no bounds checks in the loop.
+            let s: [&[u8]; 8] = std::array::from_fn(|k| &streams[k][..n]);
+            let unrotated = |v: u64| {
                 if rotate {
                     let hi = unrot2((v >> 48) as u16) as u64;
-                    v = (v & 0x0000_ffff_ffff_ffff) | (hi << 48);
+                    (v & 0x0000_ffff_ffff_ffff) | (hi << 48)
+                } else {
+                    v
                 }
-                c.copy_from_slice(&v.to_le_bytes());
+            };
+            // Eight elements at a time: one 8-byte load per stream, the
+            // 8 x 8 byte transpose of grouping (its own inverse).
+            let whole = n / 8;
+            for (g, block) in out.chunks_exact_mut(64).enumerate().take(whole) {
+                let mut r: [u64; 8] = std::array::from_fn(|k| {
+                    u64::from_le_bytes(s[k][8 * g..8 * g + 8].try_into().expect("8"))
+                });
+                transpose8(&mut r);
+                for (c, v) in block.chunks_exact_mut(8).zip(r) {
+                    c.copy_from_slice(&unrotated(v).to_le_bytes());
+                }
+            }
+            for (i, c) in out.chunks_exact_mut(8).enumerate().skip(8 * whole) {
+                let v = (0..8).fold(0u64, |v, k| v | (s[k][i] as u64) << (8 * k));
+                c.copy_from_slice(&unrotated(v).to_le_bytes());
             }
         }
         _ => unreachable!("element width is 1, 2, 4 or 8"),
