@@ -361,6 +361,10 @@ pub struct Scratch {
     /// zstd's context.
     blocks: block::EncodeScratch,
     tmp: Vec<u8>,
+    /// A chunk's whole-element (ULP) differences before grouping: apart
+    /// from `tmp`, which each block empties, so it is zero-filled only
+    /// when it grows (see [`layout::grow`]), not for every chunk.
+    ulp: Vec<u8>,
     /// A palette frame's index bytes, its index frame (encoding: a `u8`
     /// frame; decoding: the index stream behind a `u8` header) and, while
     /// encoding, the palette frame itself.
@@ -577,6 +581,7 @@ fn encode_elements(
     let rotate = opts.rotate && dtype.is_float();
     let Scratch {
         tmp,
+        ulp,
         ctx,
         classes,
         blocks: huff,
@@ -676,8 +681,8 @@ fn encode_elements(
     let region = &mut out.spare_capacity_mut()[..w * n];
     match (delta, base, layout::Against::ops(&ops)) {
         (Delta::Ulp, Some(base), _) => {
-            layout::ulp_delta(body, base, w, dtype.is_float(), tmp);
-            layout::group_uninit(&tmp[..n * w], w, false, region);
+            layout::ulp_delta(body, base, w, dtype.is_float(), ulp);
+            layout::group_uninit(&ulp[..n * w], w, false, region);
         }
         (Delta::PerStream, Some(base), layout::Against::Ops(masks)) if masks != [0, 0] => {
             layout::group_against_uninit(body, base, masks, w, rotate, region)
