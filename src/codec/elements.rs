@@ -166,7 +166,9 @@ fn scan_w<const W: usize>(
         run: 0,
         skipped: 0,
     };
-    let n = body.len() / W;
+    // With a base, as many elements as both hold (the encoder passes a
+    // base of the chunk's length).
+    let n = base.map_or(body.len(), |b| b.len().min(body.len())) / W;
     let base = base.map(|b| &b[..n * W]);
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]

@@ -950,10 +950,7 @@ fn block_cost_distinct(s: &[u8]) -> (f64, usize) {
 /// Estimated coded bits of a sample stream: order-0 entropy, floored at
 /// what a constant block costs.
 fn block_cost(s: &[u8]) -> f64 {
-    if stats::is_constant(s) {
-        return CONSTANT_BLOCK_BITS;
-    }
-    entropy_bits(&histogram(s)).max(CONSTANT_BLOCK_BITS)
+    block_cost_distinct(s).0
 }
 
 /// What a constant block costs (its one byte), the floor of the estimates.

@@ -11,9 +11,9 @@
 //! argument checks that keep every raw load, store and gather of those
 //! kernels in bounds whatever the caller passes. Each kernel's only safety
 //! precondition is that the CPU has the features it was compiled for; the
-//! callers (`rans`, `layout`, `elements`) detect them at run time and keep the scalar
-//! loop that does the same work everywhere else, and the tests beside those
-//! callers compare the two on the same inputs.
+//! callers (`rans`, `layout`, `elements`) detect them at run time and keep
+//! the scalar loop that does the same work everywhere else, and the tests
+//! beside those callers compare the two on the same inputs.
 //!
 //! Must not: know the frame format beyond the shapes its kernels take (the
 //! rANS state count and slot tables, checked against `rans` at compile time
