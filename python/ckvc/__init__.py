@@ -25,7 +25,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _ckvc, _state
 from ._ckvc import (
@@ -61,10 +61,38 @@ Rev = Union[int, str]
 #: How much lower than the trainer's the priority (nice value) of a
 #: background save's commit is, once its tensors are staged: on a machine
 #: whose cores also run the forward and backward pass, the training step
-#: comes first and the commit takes the time it leaves. (A first save that
-#: reads the tensors in place commits at the trainer's priority: the next
-#: ``optimizer.step()`` waits for that commit.)
+#: comes first and the commit takes the time it leaves.
 BACKGROUND_NICE = 10
+
+#: The same for a first background save that reads the tensors in place:
+#: the lowest priority. The next ``optimizer.step()`` waits for that
+#: commit, and then it has the cores to itself; before, the forward and
+#: backward pass runs undisturbed. With both on the same two cores
+#: (``scripts/bench_python.py --compute cpu``) the loop lost 1.25-1.81 s
+#: at nice 19 against 1.84-2.30 s at the trainer's priority (three runs
+#: each; 1.51-1.76 s for a blocking save); with the cores free while the
+#: accelerator computes (``--compute idle``) it runs as fast at either.
+IN_PLACE_NICE = 19
+
+
+def _in_thread(fn: Callable[[], Any], name: str) -> Any:
+    """``fn()`` on a thread of its own, joined: its result, or its
+    exception raised here. For a call that lowers the priority of its
+    thread when the caller's must stay as it is."""
+    box: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=name, daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 @dataclass(frozen=True)
@@ -444,13 +472,19 @@ class Repository:
                             fut._staged.set()
 
                     # Reading in place, the next optimizer.step() waits for
-                    # the commit to read them: it runs at the trainer's
-                    # priority.
-                    nice = 0 if in_place else BACKGROUND_NICE
-                    try:
-                        d = _ckvc.commit_buffers(
+                    # the commit to read them: IN_PLACE_NICE, on a thread of
+                    # its own (the commit leaves its thread at that nice
+                    # value, and this one starts the staging buffer's
+                    # fault-in at BACKGROUND_NICE afterwards).
+                    nice = IN_PLACE_NICE if in_place else BACKGROUND_NICE
+
+                    def commit() -> Dict[str, Any]:
+                        return _ckvc.commit_buffers(
                             self.path, files, step, now_msg, mets, self.branch, nice=nice, check=check
                         )
+
+                    try:
+                        d = _in_thread(commit, f"ckvc-save-{step}-commit") if in_place else commit()
                     finally:
                         # read in place: free once the commit has read them
                         # all (set by `check` already, unless it failed

@@ -498,20 +498,30 @@ fn commit_buffers<'py>(
 }
 
 /// Run `f` here, or for `nice` above 0 with this thread's nice value set
-/// that much above the process's (threads it starts inherit it) on the
-/// pool background commits run on, built by the first such thread so that
-/// its threads have the same priority. `scripts/bench_python.py --compute
+/// that much above the process's (threads it starts inherit it) on a pool
+/// of that nice value, built by the first thread to ask for it so that its
+/// threads have the same priority (one pool per value: the staged saves'
+/// and the in-place first save's). `scripts/bench_python.py --compute
 /// cpu` (forward and backward on the same two cores), the same build back
 /// to back: a second background save lengthened the training step beside
 /// it by 0.73x `torch.save` + fsync at the trainer's priority, 0.18x at
 /// nice 10.
 fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
-    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    type Pools = std::collections::HashMap<i32, Option<std::sync::Arc<rayon::ThreadPool>>>;
+    static POOLS: std::sync::Mutex<Option<Pools>> = std::sync::Mutex::new(None);
     if nice <= 0 {
         return f();
     }
     lower_priority(nice);
-    match POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().build().ok()) {
+    let pool = {
+        let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+        pools
+            .get_or_insert_with(Default::default)
+            .entry(nice)
+            .or_insert_with(|| rayon::ThreadPoolBuilder::new().build().ok().map(std::sync::Arc::new))
+            .clone()
+    };
+    match pool {
         Some(pool) => pool.install(f),
         None => f(),
     }

@@ -107,6 +107,32 @@ def test_another_writer_holding_the_lock_is_a_locked_error(repo):
     assert repo.save({"a": np.ones(4)}, step=2).step == 2
 
 
+def test_each_background_priority_commits_on_threads_of_that_priority(repo):
+    # A background commit's work runs on a pool whose threads have the
+    # commit's nice value: BACKGROUND_NICE for staged saves, IN_PLACE_NICE
+    # for a first save read in place, one pool each, whichever comes first
+    # (a single pool kept the priority of the first save that made it).
+    # `check` runs where the commit reads and stores, on a pool thread.
+    from ckvc import _ckvc
+
+    seen = {}
+
+    def work(nice, step):
+        def check():
+            seen[nice] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+        _ckvc.commit_buffers(repo.path, [("a.bin", bytes([step]) * 100_000)], step, nice=nice, check=check)
+
+    for step, nice in ((5, ckvc.IN_PLACE_NICE), (6, ckvc.BACKGROUND_NICE), (7, ckvc.IN_PLACE_NICE)):
+        t = threading.Thread(target=work, args=(nice, step))
+        t.start()
+        t.join(60)
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen[ckvc.BACKGROUND_NICE] == min(19, process + ckvc.BACKGROUND_NICE)
+    assert seen[ckvc.IN_PLACE_NICE] == min(19, process + ckvc.IN_PLACE_NICE)
+    assert repo.steps()[-3:] == [5, 6, 7]
+
+
 def test_a_background_commit_runs_below_the_trainers_priority(repo):
     # The commit of a background save sets its thread's nice value
     # ckvc.BACKGROUND_NICE above the process's (the thread is the save's

@@ -351,6 +351,13 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
         warmed.set()
 
     monkeypatch.setattr(_state.HostBuffer, "populate", watched_populate)
+    check_versions = _state.check_versions
+
+    def watched_check(watched):
+        nice["commit"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        check_versions(watched)
+
+    monkeypatch.setattr(_state, "check_versions", watched_check)
     repo = ckvc.Repository.init(tmp_path / "repo")
     model, opt = model_and_opt()
     train_step(model, opt)
@@ -365,10 +372,12 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     repo.wait()
     host = repo._staging.host
     assert host is not None and repo._staging.warm_for(len(host.array))
-    # faulted in on a thread of its own, below the trainer's priority
+    # faulted in on a thread of its own, below the trainer's priority; the
+    # commit read the tensors at the lowest priority (IN_PLACE_NICE)
     assert warmed.wait(60)
     trainer = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert nice["warm"] == min(19, trainer + 10)
+    assert nice["commit"] == min(19, trainer + ckvc.IN_PLACE_NICE)
     # the next save copies into that buffer and leaves it in place
     want2 = snapshot(state)
     f = repo.save(state, step=2, blocking=False)
