@@ -68,10 +68,11 @@ BACKGROUND_NICE = 10
 #: the lowest priority. The next ``optimizer.step()`` waits for that
 #: commit, and then it has the cores to itself; before, the forward and
 #: backward pass runs undisturbed. With both on the same two cores
-#: (``scripts/bench_python.py --compute cpu``) the loop lost 1.25-1.81 s
-#: at nice 19 against 1.84-2.30 s at the trainer's priority (three runs
-#: each; 1.51-1.76 s for a blocking save); with the cores free while the
-#: accelerator computes (``--compute idle``) it runs as fast at either.
+#: (``scripts/bench_python.py --compute cpu``, five alternating pairs of
+#: runs) the loop lost 1.19-1.58 s at nice 19 against 1.60-2.77 s at the
+#: trainer's priority (1.19-1.42 s for a blocking save); with the cores
+#: free while the accelerator computes (``--compute idle``) it runs as
+#: fast at either.
 IN_PLACE_NICE = 19
 
 
