@@ -518,7 +518,12 @@ fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
         pools
             .get_or_insert_with(Default::default)
             .entry(nice)
-            .or_insert_with(|| rayon::ThreadPoolBuilder::new().build().ok().map(std::sync::Arc::new))
+            .or_insert_with(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .build()
+                    .ok()
+                    .map(std::sync::Arc::new)
+            })
             .clone()
     };
     match pool {
