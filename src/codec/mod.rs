@@ -879,8 +879,7 @@ fn choose_delta(
     let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
     let mut t = Vec::new();
     for k in 0..w {
-        let (plain, distinct) = block_cost_distinct(s[k]);
-        let noise = sample_noise_bits(distinct);
+        let plain = block_cost(s[k]);
         no_delta_bits += plain;
         let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
         // A constant stream costs the floor already: nothing can beat it.
@@ -895,20 +894,12 @@ fn choose_delta(
             op.apply(&mut t, bs[k]);
             let c = cost(&t);
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
-            // A tie is within 0.5% or within the estimate's noise.
-            if c < best.0 * 0.995 && c < best.0 - noise {
+            if c < best.0 * 0.995 {
                 best = (c, op);
             }
         }
         per_stream_bits += best.0;
         ops.push(best.1);
-    }
-    // The whole-element difference pays where elements moved by little
-    // against their base, and then so does XOR or the byte difference of
-    // their top streams; where no stream gained from either (an RNG
-    // state against the last one), it is not estimated.
-    if ops.iter().all(|&o| o == StreamOp::Keep) {
-        return Choice::PerStream(ops);
     }
     let mut z = Vec::new();
     layout::ulp_delta(&sample, &sample_base, w, float, &mut z);
@@ -924,33 +915,13 @@ fn choose_delta(
     }
 }
 
-/// How far apart two estimates of one sample stream may lie by chance,
-/// for a stream of `distinct` values: the order-0 entropy of bytes spread
-/// nearly evenly over `K` values has a standard deviation of about
-/// `sqrt((K - 1) / 2) log2(e)` bits in all, whatever their number (16
-/// bits at `K` = 256), and a stream tries two ops, so a gain under three
-/// of those is a tie. It matters only on small samples (0.5% of a
-/// 4096-byte sample is 164 bits): the 632-byte streams of an RNG state
-/// took XOR on one or two of its eight streams by chance (gains of 3-48
-/// bits), and with it the whole-element estimate.
-fn sample_noise_bits(distinct: usize) -> f64 {
-    3.0 * ((distinct.max(1) - 1) as f64 / 2.0).sqrt() * std::f64::consts::LOG2_E
-}
-
-/// [`block_cost`] and the number of distinct bytes of `s`.
-fn block_cost_distinct(s: &[u8]) -> (f64, usize) {
-    if stats::is_constant(s) {
-        return (CONSTANT_BLOCK_BITS, 1);
-    }
-    let h = histogram(s);
-    let distinct = h.iter().filter(|&&c| c > 0).count();
-    (entropy_bits(&h).max(CONSTANT_BLOCK_BITS), distinct)
-}
-
 /// Estimated coded bits of a sample stream: order-0 entropy, floored at
 /// what a constant block costs.
 fn block_cost(s: &[u8]) -> f64 {
-    block_cost_distinct(s).0
+    if stats::is_constant(s) {
+        return CONSTANT_BLOCK_BITS;
+    }
+    entropy_bits(&histogram(s)).max(CONSTANT_BLOCK_BITS)
 }
 
 /// What a constant block costs (its one byte), the floor of the estimates.
