@@ -918,9 +918,6 @@ fn choose_delta(
 /// Estimated coded bits of a sample stream: order-0 entropy, floored at
 /// what a constant block costs.
 fn block_cost(s: &[u8]) -> f64 {
-    if stats::is_constant(s) {
-        return CONSTANT_BLOCK_BITS;
-    }
     entropy_bits(&histogram(s)).max(CONSTANT_BLOCK_BITS)
 }
 
