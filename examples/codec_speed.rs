@@ -186,7 +186,7 @@ fn main() {
     let comp: usize = frames.iter().map(|f| f.len()).sum();
     let mib = bytes as f64 / (1 << 20) as f64;
     println!(
-        "{dtype} {} {:.1} MiB ratio {:.4} encode {:.0} MiB/s decode {:.0} MiB/s",
+        "{dtype} {} {:.1} MiB ratio {:.4} ({comp} bytes) encode {:.0} MiB/s decode {:.0} MiB/s",
         if delta { "DELTA" } else { "FULL" },
         mib,
         comp as f64 / bytes as f64,

@@ -16,7 +16,7 @@ use super::rans::{
     write_freqs, ClassMap, EncSym, ALL_SLOTS, MAX_CLASSES,
 };
 use super::simd::CtxClasses;
-use super::stats::{coded_bits, entropy_bits, histogram, normalize, SCALE_BITS};
+use super::stats::{coded_bits, entropy_bits, histogram, normalize, sampled_histogram, SCALE_BITS};
 use super::DecodeError;
 
 const M: u32 = 1 << SCALE_BITS;
@@ -92,7 +92,16 @@ pub struct CtxModel {
 
 impl CtxModel {
     pub fn new(ctx: &[u8]) -> CtxModel {
-        let ch = histogram(ctx);
+        // Which values are the most frequent is as clear from every fourth
+        // byte of a block: `examples/codec_speed` encode, one core, three
+        // alternating runs, gpt-small DELTA bf16 350-358 -> 367-369 MiB/s,
+        // DELTA fp32 687-703 -> 708-713, bert-ft DELTA fp32 702-707 ->
+        // 719-758; frames -1432, -136 and +843 bytes.
+        let ch = if ctx.len() >= 16 * 1024 {
+            sampled_histogram(ctx, 4)
+        } else {
+            histogram(ctx)
+        };
         let mut order: Vec<usize> = (0..256).filter(|&v| ch[v] > 0).collect();
         order.sort_by_key(|&v| std::cmp::Reverse(ch[v]));
         let values: Vec<u8> = order
