@@ -371,9 +371,13 @@ class Repository:
         before it is published) rather than until a copy is done, and the
         version check runs then: a tensor changed from another thread
         meanwhile fails the save with ``TensorModifiedError`` and nothing is
-        committed. That commit runs at the trainer's priority (the step
-        waits for it). Once that save is durable the staging buffer is
-        allocated and faulted in by a thread of its own (nice +10), for the
+        committed. That commit runs at the lowest priority
+        (``IN_PLACE_NICE``: the step waits for it, so it takes the cores
+        while the step waits and leaves them to a forward and backward pass
+        that runs beside it). Once that save is durable the staging buffer
+        is allocated and faulted in by a thread of its own (nice +10),
+        paced to a quarter of its time (``_state.WARM_DUTY``: faulting in
+        slowed the optimizer step beside it even at nice +10), for the
         next save.
         ``scripts/bench_python.py --compute idle`` (GPT-2 small + AdamW):
         first save's stall 0.83x ``torch.save`` + fsync with a copy into a

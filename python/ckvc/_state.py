@@ -13,6 +13,7 @@ import collections
 import json
 import math
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -310,6 +311,21 @@ MADV_POPULATE_WRITE = 23
 # ``HostBuffer.populate`` faults the buffer in this many bytes per call.
 POPULATE_PIECE = 16 << 20
 
+# The share of its time the staging buffer's fault-in after a first
+# background save spends faulting (``HostBuffer.populate``'s ``duty``): it
+# sleeps three times as long as each piece took. At nice +10 and at full
+# speed it lengthened the optimizer step beside it by about as long as it
+# ran (GPT-2 small + AdamW: 1.4 GiB faulted in in 0.38-0.55 s; the part
+# of that step after its wait for the commit took 0.57-0.74 s, against
+# 0.37-0.38 s with no fault-in and 0.33 s for a step with no save; paced,
+# the whole step took 0.99-1.07 s against 0.95-1.02 s with no fault-in,
+# and the fault-in 2.3 s). `scripts/bench_python.py --compute idle`, six
+# pairs of runs alternating the two: first save's stall 0.122-0.200x
+# (mean 0.154) -> 0.103-0.177x (mean 0.134) `torch.save` + fsync, lower
+# in five pairs. The buffer is only needed by the next save; a save that
+# comes sooner faults the rest in as it copies.
+WARM_DUTY = 0.25
+
 
 class HostBuffer:
     """``n`` bytes of anonymous memory of their own mapping (given back to
@@ -334,10 +350,11 @@ class HostBuffer:
             self.array = np.empty(n, dtype=np.uint8)
         self.populated = self._map is None
 
-    def populate(self) -> None:
-        """Fault the whole buffer in with one ``MADV_POPULATE_WRITE``
-        before the first copy into it (a no-op after the first call, and
-        where the kernel has no such advice).
+    def populate(self, duty: float = 1.0) -> None:
+        """Fault the whole buffer in with ``MADV_POPULATE_WRITE`` before
+        the first copy into it (a no-op after the first call, and where the
+        kernel has no such advice). With ``duty`` below 1, a sleep after
+        each piece makes the faulting that share of the time taken.
 
         The first copy of a state into fresh memory is the first save's
         cost: a page fault per 4 KiB (torch's ``copy_`` of GPT-2 small +
@@ -367,8 +384,11 @@ class HostBuffer:
             # the commit included; GPT-2 small + AdamW, two runs each).
             addr, n = self.array.ctypes.data, self.array.nbytes
             for at in range(0, n, POPULATE_PIECE):
+                t = time.perf_counter()
                 if madvise(addr + at, min(POPULATE_PIECE, n - at), MADV_POPULATE_WRITE) != 0:
                     break
+                if duty < 1.0 and at + POPULATE_PIECE < n:
+                    time.sleep((time.perf_counter() - t) * (1.0 / duty - 1.0))
 
 
 def _malloc_trim() -> None:
@@ -473,7 +493,8 @@ class Staging:
     def warm(self, n: int) -> None:
         """Allocate the buffer for ``n`` bytes (if it is smaller) and fault
         it in on a daemon thread at a nice value 10 above the process's
-        (the binding's ``lower_priority``, as a background commit's): for the next background save, after a first one that
+        (the binding's ``lower_priority``, as a background commit's), paced
+        to ``WARM_DUTY`` of its time: for the next background save, after a first one that
         read its tensors in place. A copy into the buffer meanwhile is
         correct (it faults the pages it writes itself); the thread keeps
         the buffer mapped until it is done, even if a larger one replaces
@@ -486,7 +507,7 @@ class Staging:
 
             def populate() -> None:
                 _ckvc.lower_priority(10)
-                host.populate()
+                host.populate(duty=WARM_DUTY)
 
             threading.Thread(target=populate, name="ckvc-staging-warm", daemon=True).start()
 

@@ -333,6 +333,27 @@ def test_the_staging_buffer_is_faulted_in_once_before_the_first_copy():
     assert int(host.array[::4096].min()) == 7
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE and /proc are Linux's")
+def test_a_paced_fault_in_sleeps_between_pieces_and_faults_in_every_page(monkeypatch):
+    # The staging buffer's fault-in after a first save slowed the optimizer
+    # step beside it even at nice +10: it sleeps (1/duty - 1) times as long
+    # as each piece took, between pieces.
+    monkeypatch.setattr(_state, "POPULATE_PIECE", 4 << 20)
+    slept = []
+    monkeypatch.setattr(_state.time, "sleep", slept.append)
+    n = 18 << 20  # five pieces, the last one short
+    host = _state.HostBuffer(n)
+    before = _rss()
+    host.populate(duty=0.25)
+    grown = _rss() - before
+    assert grown >= n * 0.9, f"RSS grew {grown} bytes for a {n}-byte buffer"
+    assert len(slept) == 4  # none after the last piece
+    assert all(s > 0 for s in slept)
+    slept.clear()
+    _state.HostBuffer(n).populate()  # unpaced by default
+    assert slept == []
+
+
 def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path, monkeypatch):
     # On these VMs faulting in 1.4 GiB of fresh staging memory took 2.3 s,
     # longer than committing the state in place; so the first background
@@ -344,10 +365,11 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     nice = {}
     populate = _state.HostBuffer.populate
 
-    def watched_populate(self):
+    def watched_populate(self, duty=1.0):
         tid = threading.get_native_id()
         nice["warm"] = os.getpriority(os.PRIO_PROCESS, tid)
-        populate(self)
+        nice["duty"] = duty
+        populate(self, duty)
         warmed.set()
 
     monkeypatch.setattr(_state.HostBuffer, "populate", watched_populate)
@@ -377,6 +399,7 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     assert warmed.wait(60)
     trainer = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert nice["warm"] == min(19, trainer + 10)
+    assert nice["duty"] == _state.WARM_DUTY < 1.0  # paced
     assert nice["commit"] == min(19, trainer + ckvc.IN_PLACE_NICE)
     # the next save copies into that buffer and leaves it in place
     want2 = snapshot(state)
