@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use ckvc::repo::{lower_thread_priority, CorruptReason, ObjectRef, RevKind, SegmentShow};
 use ckvc::repo::{CheckoutOptions, CommitOptions, CommitReport, Config, RepoError, Repository};
-use ckvc::repo::{CorruptReason, ObjectRef, RevKind, SegmentShow};
 use ckvc::store::{CommitId, StoreError};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -512,7 +512,7 @@ fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
     if nice <= 0 {
         return f();
     }
-    lower_priority(nice);
+    lower_thread_priority(nice);
     let pool = {
         let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
         pools
@@ -532,34 +532,12 @@ fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
     }
 }
 
-/// Make the calling thread's nice value `by` above the process's (its
-/// main thread's), unless it is that or more already, so a thread that
-/// commits again (the Trainer callback's) stays there (best effort: where
-/// it cannot be changed the commit runs as it is).
-#[cfg(target_os = "linux")]
-fn lower_priority(by: i32) {
-    // SAFETY: getpid and gettid have no arguments; getpriority reads the
-    // priority of the process's main thread and of the calling thread,
-    // setpriority sets the calling thread's (its id) only.
-    unsafe {
-        let main = libc::getpriority(libc::PRIO_PROCESS, libc::getpid() as libc::id_t);
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let target = (main + by).min(19);
-        if libc::getpriority(libc::PRIO_PROCESS, tid) < target {
-            libc::setpriority(libc::PRIO_PROCESS, tid, target);
-        }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lower_priority(_: i32) {}
-
-/// [`lower_priority`] for a thread of the Python package's own (the
+/// [`lower_thread_priority`] for a thread of the Python package's own (the
 /// staging buffer's fault-in after a first background save).
 #[pyfunction]
 #[pyo3(name = "lower_priority")]
 fn lower_priority_py(by: i32) {
-    lower_priority(by)
+    lower_thread_priority(by)
 }
 
 /// Commit a checkpoint directory (what `ckvc commit DIR` does); `nice`

@@ -48,25 +48,6 @@ pub struct WatchArgs {
     nice: i32,
 }
 
-/// Raise the calling thread's nice value by `by` (best effort: where the
-/// system refuses, the watcher runs as it is).
-#[cfg(unix)]
-fn lower_priority(by: i32) {
-    if by <= 0 {
-        return;
-    }
-    // SAFETY: getpriority and setpriority with `who` 0 read and set the
-    // calling thread's priority (Linux) or the process's; no memory is
-    // passed.
-    unsafe {
-        let now = libc::getpriority(libc::PRIO_PROCESS, 0);
-        libc::setpriority(libc::PRIO_PROCESS, 0, (now + by).min(19));
-    }
-}
-
-#[cfg(not(unix))]
-fn lower_priority(_: i32) {}
-
 fn secs(name: &str, v: f64) -> Result<Duration, Failure> {
     Duration::try_from_secs_f64(v)
         .map_err(|_| Failure::user(format!("--{name}: {v} is not a duration")))
@@ -77,7 +58,7 @@ pub fn run(a: WatchArgs, w: &Where) -> Result<(), Failure> {
     // only while it commits.
     let root = w.open(false)?.root().to_path_buf();
     // Before any thread starts: each one the commits start inherits it.
-    lower_priority(a.nice);
+    ckvc::repo::lower_thread_priority(a.nice);
     let opts = WatchOptions {
         settle: secs("settle", a.settle)?,
         interval: secs("interval", a.interval)?,

@@ -37,6 +37,7 @@ mod log;
 pub mod objects;
 mod outfile;
 mod pool;
+mod priority;
 mod progress;
 pub mod provenance;
 mod reach;
@@ -59,6 +60,7 @@ pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, R
 pub use log::LogEntry;
 use objects::{corrupt, object_key, ChunkHeader, ChunkRecord, Commit, FileManifest, Tree};
 pub use objects::{ObjectDecodeError, PathError, PathProblem, RefLogEntry};
+pub use priority::lower_thread_priority;
 pub use progress::{NoProgress, Progress};
 pub use reach::{ChunkUse, Reachable, WalkOptions};
 pub use remotes::{tracking_ref, RemoteConfigs};
