@@ -17,6 +17,11 @@ pub fn write(mut v: u64, out: &mut Vec<u8>) {
     out.push(v as u8);
 }
 
+/// How many bytes [`write`] takes for `v`.
+pub fn len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 /// The number at `buf[pos..end]` of at most `max_bytes` bytes, in its
 /// shortest form (a last byte of 0 after the first is corrupt), and the
 /// position after it. Running out of `buf` is a truncated frame; out of
@@ -61,6 +66,15 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        #[test]
+        fn len_is_the_bytes_write_takes(v in any::<u64>(), shift in 0u32..64) {
+            for v in [v, v >> shift] {
+                let mut b = Vec::new();
+                write(v, &mut b);
+                prop_assert_eq!(len(v), b.len());
+            }
+        }
+
         #[test]
         fn numbers_read_back_as_written(v in any::<u32>(), pad in 0usize..3) {
             let mut b = vec![0xEE; pad];

@@ -467,9 +467,7 @@ fn encode_palette(
         scratch,
     );
     // The index frame's header: the fixed part and `n` as LEB128.
-    let mut n_leb = Vec::new();
-    leb::write(n as u64, &mut n_leb);
-    let h = HEADER_V6_FIXED + n_leb.len();
+    let h = HEADER_V6_FIXED + leb::len(n as u64);
     out.clear();
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
