@@ -507,8 +507,8 @@ fn commit_buffers<'py>(
 /// it by 0.73x `torch.save` + fsync at the trainer's priority, 0.18x at
 /// nice 10.
 fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
-    type Pools = std::collections::HashMap<i32, Option<std::sync::Arc<rayon::ThreadPool>>>;
-    static POOLS: std::sync::Mutex<Option<Pools>> = std::sync::Mutex::new(None);
+    type Pools = std::collections::BTreeMap<i32, Option<std::sync::Arc<rayon::ThreadPool>>>;
+    static POOLS: std::sync::Mutex<Pools> = std::sync::Mutex::new(Pools::new());
     if nice <= 0 {
         return f();
     }
@@ -516,7 +516,6 @@ fn at_priority<T: Send>(nice: i32, f: impl FnOnce() -> T + Send) -> T {
     let pool = {
         let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
         pools
-            .get_or_insert_with(Default::default)
             .entry(nice)
             .or_insert_with(|| {
                 rayon::ThreadPoolBuilder::new()
