@@ -81,6 +81,10 @@ dispatch!(class_bins, class_bins_body, (syms: &[u8], classes: &[u8], out: &mut [
 
 dispatch!(classes_of, classes_body, (values: &[u8; MAX_CLASSES - 1], nv: u8, ctx: &[u8], out: &mut [u8]));
 
+/// Contexts this long or longer (a block's, not a delta search's sample)
+/// are ranked on every fourth byte ([`CtxModel::new`]).
+const SAMPLED_RANKING_MIN: usize = 16 * 1024;
+
 /// The classes of a context stream: its most frequent values get a class
 /// each, every other value shares the last. One model serves every stream
 /// of a block (they share the context), as does its class of each symbol.
@@ -97,7 +101,7 @@ impl CtxModel {
         // alternating runs, gpt-small DELTA bf16 350-358 -> 367-369 MiB/s,
         // DELTA fp32 687-703 -> 708-713, bert-ft DELTA fp32 702-707 ->
         // 719-758; frames -1432, -136 and +843 bytes.
-        let ch = if ctx.len() >= 16 * 1024 {
+        let ch = if ctx.len() >= SAMPLED_RANKING_MIN {
             sampled_histogram(ctx, 4)
         } else {
             histogram(ctx)
@@ -318,7 +322,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// A block's context (16 Ki bytes or more) is ranked on a quarter
+    /// A block's context (`SAMPLED_RANKING_MIN` bytes or more) is ranked on a quarter
     /// sample: its seven most frequent values get classes of their own,
     /// most frequent first, as a full count would give them.
     #[test]
@@ -326,7 +330,7 @@ mod tests {
         // Value 100 + v (v < 10) is 10 - v of every 55 bytes, scattered by
         // a stride prime to 55, so every phase of the sample sees the same
         // mix: 100 the most frequent, 109 the least.
-        let n = 64 * 1024;
+        let n = 4 * SAMPLED_RANKING_MIN;
         let weights: Vec<u8> = (0..10u8).flat_map(|v| vec![v; 10 - v as usize]).collect();
         let ctx: Vec<u8> = (0..n)
             .map(|i| weights[(i * 7919) % weights.len()] + 100)
