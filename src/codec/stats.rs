@@ -135,8 +135,7 @@ pub fn entropy_bits(h: &[u32; 256]) -> f64 {
     }
     let t = Log2::get();
     let sum = if n < Log2::SIZE as u64 {
-        // Every count is below the table's size: no bound to check, so
-        // the sum vectorises (gathers, where the CPU has them).
+        // Every count is below the table's size: no bound to check.
         sum_x_log_x(h, t.1)
     } else {
         let mut acc = [0.0f64; 4];
@@ -160,9 +159,12 @@ pub fn entropy_bits(h: &[u32; 256]) -> f64 {
 }
 
 /// `sum c log2 c` over `h` from the table `x` (`Log2::SIZE` entries),
-/// every count below its size.
+/// every count below its size, in eight chains. Inlined, not an AVX2
+/// copy behind a feature check: its loop is scalar loads either way, and
+/// the call through the check made each estimate 110 ns instead of 81
+/// (a 632-symbol histogram; an eighth of the 5 KiB RNG state's encode).
 #[inline(always)]
-fn sum_x_log_x_body(h: &[u32; 256], x: &[f64]) -> f64 {
+fn sum_x_log_x(h: &[u32; 256], x: &[f64]) -> f64 {
     let x: &[f64; Log2::SIZE] = x.try_into().expect("the table's size");
     let mut acc = [0.0f64; 8];
     for q in h.chunks_exact(8) {
@@ -172,8 +174,6 @@ fn sum_x_log_x_body(h: &[u32; 256], x: &[f64]) -> f64 {
     }
     acc.iter().sum()
 }
-
-dispatch!(sum_x_log_x, sum_x_log_x_body, (h: &[u32; 256], x: &[f64]) -> f64);
 
 /// `log2` and `x log2 x` of small integers from tables: the entropy
 /// estimates take one per histogram bin, and `f64::log2` costs tens of
