@@ -765,6 +765,32 @@ fn rng_states_group_by_words_and_beat_zstd() {
     assert_eq!(FrameInfo::parse(&f).unwrap().group_width, 1);
 }
 
+/// Integers that moved by little since the base (counters, indices of a
+/// data loader, as `i64` and as the `u8` bytes of 64-bit words) take the
+/// whole element's difference: its estimate is skipped only where the
+/// streams' own deltas do not pay, and here they do (every low byte is a
+/// small difference, the next a borrow the element's difference has not).
+#[test]
+fn integers_that_moved_by_little_take_the_element_difference() {
+    let mut next = random_u32s(21);
+    let base: Vec<u64> = (0..2000)
+        .map(|_| (next() as u64) << 20 | next() as u64 >> 12)
+        .collect();
+    let new: Vec<u64> = base
+        .iter()
+        .map(|&b| b.wrapping_add_signed(next() as i64 % 101))
+        .collect();
+    let bytes = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (raw, base) = (bytes(&new), bytes(&base));
+    for dtype in [DType::I64, DType::U8] {
+        let f = rt(&raw, Some(&base), dtype, &Options::default());
+        let info = FrameInfo::parse(&f).unwrap();
+        assert_eq!((info.delta, info.group_width), (Delta::Ulp, 8), "{dtype}");
+        // About a byte an element: the low byte of the difference.
+        assert!(f.len() < raw.len() / 7, "{dtype}: {} bytes", f.len());
+    }
+}
+
 /// Known answer of version 6's new fields: u8 grouped by 8-byte words
 /// (transform bits 4-5 = 3) and the streams as one zstd frame (bit 6).
 /// 16 u8 [5, 0 x 7, 6, 0 x 7]: streams 05 06 | 00 00 | ... (16 bytes) in
