@@ -184,6 +184,17 @@ fn main() {
         dec = dec.min(seconds() - t);
     }
     let comp: usize = frames.iter().map(|f| f.len()).sum();
+    // FRAMES=1: each frame's header, what the encoder chose.
+    if std::env::var_os("FRAMES").is_some() {
+        for (j, f) in jobs.iter().zip(&frames) {
+            println!(
+                "{} bytes -> {} {:?}",
+                j.1.len(),
+                f.len(),
+                codec::FrameInfo::parse(f)
+            );
+        }
+    }
     let mib = bytes as f64 / (1 << 20) as f64;
     println!(
         "{dtype} {} {:.1} MiB ratio {:.4} ({comp} bytes) encode {:.0} MiB/s decode {:.0} MiB/s",
