@@ -292,16 +292,19 @@ pub fn encode(
 /// state). Raw counts its symbols, which a raw block's payload leaves in
 /// place.
 pub fn floor_bytes(syms: &[u8]) -> f64 {
-    let h = histogram(syms);
-    let n = syms.len();
+    floor_bytes_of(&histogram(syms), syms.len())
+}
+
+/// [`floor_bytes`] of `n` symbols of histogram `h`.
+pub fn floor_bytes_of(h: &[u32; 256], n: usize) -> f64 {
     if h.iter().filter(|&&c| c > 0).count() <= 1 {
         return n.min(1) as f64;
     }
-    let packed = packed::Shape::of(&h).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
-    let (lo, hi) = hist_range(&h);
+    let packed = packed::Shape::of(h).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
+    let (lo, hi) = hist_range(h);
     let range = (hi - lo) as usize + 1;
     let header = 2 + (range.div_ceil(2) + 12).min(range + 4);
-    let coded = entropy_bits(&h) / 8.0 + header as f64;
+    let coded = entropy_bits(h) / 8.0 + header as f64;
     (n as f64).min(packed).min(coded)
 }
 

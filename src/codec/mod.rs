@@ -591,12 +591,16 @@ fn encode_elements(
     let ctx_ok = opts.rans && n >= block::RANS_CTX_MIN_SYMBOLS;
     let mut ops = vec![StreamOp::Keep; w];
     let mut delta = Delta::None;
+    // The histograms of the streams, when the delta search counted them.
+    let mut hists = None;
     if let Some(base) = base {
         delta = Delta::PerStream;
         match opts.delta {
             DeltaSearch::Xor => ops.fill(StreamOp::Xor),
             DeltaSearch::Best => {
-                match choose_delta(body, base, w, rotate, dtype.is_float(), ctx_ok) {
+                let (choice, h) = choose_delta(body, base, w, rotate, dtype.is_float(), ctx_ok);
+                hists = h;
+                match choice {
                     Choice::PerStream(o) => {
                         ops = o;
                         if ops.iter().all(|&o| o == StreamOp::Keep) {
@@ -677,19 +681,18 @@ fn encode_elements(
     // as it is grouped (one pass; the base is never grouped on its own).
     let at = out.len();
     let region = &mut out.spare_capacity_mut()[..w * n];
-    match (delta, base, layout::Against::ops(&ops)) {
-        (Delta::Ulp, Some(base), _) => {
-            layout::ulp_delta(body, base, w, dtype.is_float(), ulp);
-            layout::group_uninit(&ulp[..n * w], w, false, region);
-        }
-        (Delta::PerStream, Some(base), layout::Against::Ops(masks)) if masks != [0, 0] => {
-            layout::group_against_uninit(body, base, masks, w, rotate, region)
-        }
-        _ => layout::group_uninit(body, w, rotate, region),
-    }
+    let float = dtype.is_float();
+    frame_streams_into(body, base, delta, &ops, w, rotate, float, ulp, region);
     // SAFETY: the grouping wrote all `w * n` bytes after `at`, within the
     // capacity reserved above.
     unsafe { out.set_len(at + w * n) };
+    debug_assert!(
+        hists.as_ref().is_none_or(|h| out[at..]
+            .chunks(n.max(1))
+            .zip(h)
+            .all(|(s, h)| histogram(s) == *h)),
+        "the delta search's histograms are the streams'"
+    );
     // A small chunk of integers may be smaller as one zstd frame of all
     // its streams (version 6): tried before the blocks overwrite the
     // streams. Not for floats: zstd rarely pays on float bytes, and it
@@ -708,7 +711,7 @@ fn encode_elements(
     // same frame, sooner: the 5 KiB RNG state of a checkpoint).
     if let Some(z) = whole.filter(|&z| {
         n < block::ZSTD_MIN_SYMBOLS.min(block::RANS_CTX_MIN_SYMBOLS)
-            && (z as f64) + 1.0 < blocks_floor_bytes(&out[at..at + w * n], n)
+            && (z as f64) + 1.0 < blocks_floor_bytes(&out[at..at + w * n], n, hists.as_deref())
     }) {
         return put_whole(out, table_at, &whole_out[..z]);
     }
@@ -755,6 +758,34 @@ fn encode_elements(
     }
 }
 
+/// Group the `w`-byte elements of `body` into the frame's streams in
+/// `region` (`w * n` bytes, stream `k` at `k * n`): as they are (rotated
+/// when `rotate`), against `base` stream by stream (`ops`), or as their
+/// differences from the base's (`Delta::Ulp`, computed in `ulp`).
+#[allow(clippy::too_many_arguments)]
+fn frame_streams_into(
+    body: &[u8],
+    base: Option<&[u8]>,
+    delta: Delta,
+    ops: &[StreamOp],
+    w: usize,
+    rotate: bool,
+    float: bool,
+    ulp: &mut Vec<u8>,
+    region: &mut [MaybeUninit<u8>],
+) {
+    match (delta, base, layout::Against::ops(ops)) {
+        (Delta::Ulp, Some(base), _) => {
+            layout::ulp_delta(body, base, w, float, ulp);
+            layout::group_uninit(&ulp[..body.len()], w, false, region);
+        }
+        (Delta::PerStream, Some(base), layout::Against::Ops(masks)) if masks != [0, 0] => {
+            layout::group_against_uninit(body, base, masks, w, rotate, region)
+        }
+        _ => layout::group_uninit(body, w, rotate, region),
+    }
+}
+
 /// The streams of a frame as one zstd frame `z` in place of its block
 /// table at `table_at` and the blocks after it (version 6, flag 0x40).
 fn put_whole(out: &mut Vec<u8>, table_at: usize, z: &[u8]) {
@@ -764,11 +795,17 @@ fn put_whole(out: &mut Vec<u8>, table_at: usize, z: &[u8]) {
 }
 
 /// The fewest bytes the blocks and table entries of the streams of `n`
-/// symbols in `streams` take, for `n` below a block's length.
-fn blocks_floor_bytes(streams: &[u8], n: usize) -> f64 {
+/// symbols in `streams` take, for `n` below a block's length; `hists`,
+/// when given, are the streams' histograms.
+fn blocks_floor_bytes(streams: &[u8], n: usize, hists: Option<&[[u32; 256]]>) -> f64 {
+    let floor = |k: usize, s: &[u8]| match hists {
+        Some(h) => block::floor_bytes_of(&h[k], s.len()),
+        None => block::floor_bytes(s),
+    };
     streams
         .chunks(n.max(1))
-        .map(|s| block::floor_bytes(s) + 4.0)
+        .enumerate()
+        .map(|(k, s)| floor(k, s) + 4.0)
         .sum()
 }
 
@@ -821,11 +858,16 @@ enum Choice {
     Ulp,
 }
 
+/// Byte histograms of a chunk's streams, one per stream.
+type StreamHists = Vec<[u32; 256]>;
+
 /// Pick the delta representation by the estimated coded size of a sample
 /// (up to 4 evenly spaced runs of 1024 elements): per stream the cheapest
 /// of keep / XOR / zigzag difference, or the whole-element ULP difference,
 /// each coded plainly or (if `ctx_ok`) with the base's exponent byte as
-/// context; or no delta at all.
+/// context; or no delta at all. With the choice, when the sample was the
+/// whole chunk, the histograms of the streams it chose: those of the
+/// frame's blocks, which a chunk shorter than a block need not count again.
 fn choose_delta(
     body: &[u8],
     base: &[u8],
@@ -833,7 +875,7 @@ fn choose_delta(
     rotate: bool,
     float: bool,
     ctx_ok: bool,
-) -> Choice {
+) -> (Choice, Option<StreamHists>) {
     let n = body.len() / w;
     const RUN: usize = 1024;
     const RUNS: usize = 4;
@@ -872,14 +914,22 @@ fn choose_delta(
         }
         _ => plain,
     };
-    let cost = |t: &[u8]| with_ctx(t, block_cost(t));
     let mut ops = Vec::with_capacity(w);
     let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
     let mut t = Vec::new();
+    // The streams' histograms as they are and as chosen, kept when the
+    // sample is the whole chunk.
+    let whole = m == n;
+    let (mut keep_h, mut best_h) = (Vec::new(), Vec::new());
     for k in 0..w {
-        let plain = block_cost(s[k]);
+        let h = histogram(s[k]);
+        let plain = block_cost(&h);
         no_delta_bits += plain;
         let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
+        if whole {
+            keep_h.push(h);
+            best_h.push(h);
+        }
         // A constant stream costs the floor already: nothing can beat it.
         let ops_worth_trying = if plain <= CONSTANT_BLOCK_BITS {
             &[][..]
@@ -890,10 +940,14 @@ fn choose_delta(
             t.clear();
             t.extend_from_slice(s[k]);
             op.apply(&mut t, bs[k]);
-            let c = cost(&t);
+            let h = histogram(&t);
+            let c = with_ctx(&t, block_cost(&h));
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
             if c < best.0 * 0.995 {
                 best = (c, op);
+                if whole {
+                    best_h[k] = h;
+                }
             }
         }
         per_stream_bits += best.0;
@@ -908,27 +962,41 @@ fn choose_delta(
     // their streams are rotated, and in the low byte of a bf16 the
     // exponent's last bit jumps where its mantissa carries (the element's
     // difference halved 20 of gpt-small's 256-byte bf16 frames).
+    let keep = |h| {
+        (
+            Choice::PerStream(vec![StreamOp::Keep; w]),
+            whole.then_some(h),
+        )
+    };
     if !float && per_stream_bits >= no_delta_bits * 0.995 {
-        return Choice::PerStream(vec![StreamOp::Keep; w]);
+        return keep(keep_h);
     }
     let mut z = Vec::new();
     layout::ulp_delta(&sample, &sample_base, w, float, &mut z);
     let mut zs = vec![Vec::new(); w];
     layout::group(&z, w, false, &mut zs);
-    let ulp_bits: f64 = zs.iter().map(|s| cost(&s[..m])).sum();
+    let mut ulp_h = Vec::new();
+    let mut ulp_bits = 0.0;
+    for z in &zs {
+        let h = histogram(&z[..m]);
+        ulp_bits += with_ctx(&z[..m], block_cost(&h));
+        if whole {
+            ulp_h.push(h);
+        }
+    }
     if ulp_bits < per_stream_bits.min(no_delta_bits) * 0.99 {
-        Choice::Ulp
+        (Choice::Ulp, whole.then_some(ulp_h))
     } else if per_stream_bits < no_delta_bits * 0.995 {
-        Choice::PerStream(ops)
+        (Choice::PerStream(ops), whole.then_some(best_h))
     } else {
-        Choice::PerStream(vec![StreamOp::Keep; w])
+        keep(keep_h)
     }
 }
 
-/// Estimated coded bits of a sample stream: order-0 entropy, floored at
-/// what a constant block costs.
-fn block_cost(s: &[u8]) -> f64 {
-    entropy_bits(&histogram(s)).max(CONSTANT_BLOCK_BITS)
+/// Estimated coded bits of a sample stream of histogram `h`: order-0
+/// entropy, floored at what a constant block costs.
+fn block_cost(h: &[u32; 256]) -> f64 {
+    entropy_bits(h).max(CONSTANT_BLOCK_BITS)
 }
 
 /// What a constant block costs (its one byte), the floor of the estimates.

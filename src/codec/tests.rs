@@ -791,6 +791,86 @@ fn integers_that_moved_by_little_take_the_element_difference() {
     }
 }
 
+/// The delta search counts the streams it estimates over the whole of a
+/// chunk shorter than its sample; the counts of the streams it chose stand
+/// in for the blocks' own (the early whole-zstd exit of a small chunk), so
+/// they must be the frame's streams exactly, whatever it chose.
+#[test]
+fn the_delta_searchs_histograms_are_the_frames_streams() {
+    let a = gaussian_f32(3000, 31, 0.02);
+    let floats = f32_bytes(&a);
+    let moved = f32_bytes(&a.iter().map(|x| x * 1.0001).collect::<Vec<_>>());
+    let unrelated = f32_bytes(&gaussian_f32(3000, 32, 0.02));
+    let xored: Vec<u8> = floats
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % 4 == 0 { x ^ 0x11 } else { x })
+        .collect();
+    let mut next = random_u32s(33);
+    let counters: Vec<u64> = (0..1500)
+        .map(|_| (next() as u64) << 12 | (next() as u64 >> 24))
+        .collect();
+    let words = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let counted = words(
+        &counters
+            .iter()
+            .map(|c| c.wrapping_add_signed(next() as i64 % 101))
+            .collect::<Vec<_>>(),
+    );
+    let noise: Vec<u8> = (0..1000).flat_map(|_| next().to_le_bytes()).collect();
+    let halves = bf16_bytes(&a);
+    let halves_moved = bf16_bytes(&a.iter().map(|x| x * 1.01).collect::<Vec<_>>());
+    let cases = [
+        (DType::F32, &moved, &floats),
+        (DType::F32, &unrelated, &floats),
+        (DType::F32, &xored, &floats),
+        (DType::BF16, &halves_moved, &halves),
+        (DType::I64, &counted, &words(&counters)),
+        (DType::U8, &counted, &words(&counters)),
+        (DType::U8, &noise, &noise.iter().rev().copied().collect()),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for (dtype, raw, base) in cases {
+        let w = group_width(raw, dtype);
+        let n = raw.len() / w;
+        let (body, base) = (&raw[..n * w], &base[..n * w]);
+        let float = dtype.is_float();
+        let (choice, hists) = choose_delta(body, base, w, float, float, false);
+        let (delta, ops) = match choice {
+            Choice::Ulp => (Delta::Ulp, vec![StreamOp::Keep; w]),
+            Choice::PerStream(ops) => (Delta::PerStream, ops),
+        };
+        seen.insert(match delta {
+            Delta::Ulp => "ulp",
+            _ if ops.iter().all(|&o| o == StreamOp::Keep) => "keep",
+            _ => "per stream",
+        });
+        let mut region = vec![MaybeUninit::new(0u8); n * w];
+        frame_streams_into(
+            body,
+            Some(base),
+            delta,
+            &ops,
+            w,
+            float,
+            float,
+            &mut Vec::new(),
+            &mut region,
+        );
+        // SAFETY: every byte was initialised by `MaybeUninit::new`.
+        let streams: Vec<u8> = region.iter().map(|b| unsafe { b.assume_init() }).collect();
+        let hists = hists.expect("a chunk shorter than the sample is counted whole");
+        assert_eq!(hists.len(), w);
+        for (k, (s, h)) in streams.chunks(n).zip(&hists).enumerate() {
+            assert!(
+                histogram(s) == *h,
+                "{dtype} stream {k} of {ops:?} {delta:?}"
+            );
+        }
+    }
+    assert_eq!(seen.len(), 3, "every choice is covered: {seen:?}");
+}
+
 /// Known answer of version 6's new fields: u8 grouped by 8-byte words
 /// (transform bits 4-5 = 3) and the streams as one zstd frame (bit 6).
 /// 16 u8 [5, 0 x 7, 6, 0 x 7]: streams 05 06 | 00 00 | ... (16 bytes) in
