@@ -463,6 +463,7 @@ fn encode_palette(
         1,
         opts,
         None,
+        None,
         &mut inner,
         scratch,
     );
@@ -495,10 +496,10 @@ fn encode_plain(
 ) {
     // Integer bytes may be grouped by a wider word (format version 6);
     // from here on that word is the element.
-    let w = if opts.regroup {
-        group_width(raw, dtype)
+    let (w, counted) = if opts.regroup {
+        group_width(raw, dtype, base.is_some())
     } else {
-        dtype.width()
+        (dtype.width(), None)
     };
     let n = raw.len() / w;
     let (body, tail) = raw.split_at(n * w);
@@ -529,6 +530,7 @@ fn encode_plain(
             w,
             opts,
             None,
+            counted.as_deref(),
             out,
             scratch,
         );
@@ -551,6 +553,7 @@ fn encode_plain(
         w,
         opts,
         Some(&section),
+        None,
         out,
         scratch,
     );
@@ -562,6 +565,8 @@ fn encode_plain(
 /// The frame of `body` (whole elements: the chunk's, or its kept ones
 /// when `map`, the element map section, is given) against `base` (the
 /// same elements of the base), with the chunk's `raw_len` and `tail`.
+/// `counted`, when given, are the histograms and entropies of the streams
+/// of `body` as they are (see [`group_width`]).
 #[allow(clippy::too_many_arguments)]
 fn encode_elements(
     raw_len: usize,
@@ -572,6 +577,7 @@ fn encode_elements(
     w: usize,
     opts: &Options,
     map: Option<&[u8]>,
+    counted: Option<&[Counted]>,
     out: &mut Vec<u8>,
     scratch: &mut Scratch,
 ) {
@@ -598,7 +604,8 @@ fn encode_elements(
         match opts.delta {
             DeltaSearch::Xor => ops.fill(StreamOp::Xor),
             DeltaSearch::Best => {
-                let (choice, h) = choose_delta(body, base, w, rotate, dtype.is_float(), ctx_ok);
+                let (choice, h) =
+                    choose_delta(body, base, w, rotate, dtype.is_float(), ctx_ok, counted);
                 hists = h;
                 match choice {
                     Choice::PerStream(o) => {
@@ -816,12 +823,15 @@ const SMALL_ZSTD_LEVEL: i32 = 3;
 /// integer dtype narrower than 8 bytes the word of 2, 4 or 8 bytes whose
 /// byte positions, each counted on its own, have the least order-0
 /// entropy, if that saves 3% (counted on up to 8192 evenly spread 8-byte
-/// words; a lane's table is reckoned at 64 bits).
-fn group_width(raw: &[u8], dtype: DType) -> usize {
+/// words; a lane's table is reckoned at 64 bits). With it, if `counts`
+/// and every byte of `raw` was counted, each stream's histogram and
+/// entropy at that width: what the delta search would count again (a
+/// sixth of a 5 KiB RNG state's encode).
+fn group_width(raw: &[u8], dtype: DType, counts: bool) -> (usize, Option<Vec<Counted>>) {
     let w = dtype.width();
     let words = raw.len() / 8;
     if dtype.is_float() || w >= 8 || words < 8 {
-        return w;
+        return (w, None);
     }
     let step = words.div_ceil(8192);
     let mut h = [[0u32; 256]; 8];
@@ -830,27 +840,52 @@ fn group_width(raw: &[u8], dtype: DType) -> usize {
             h[j][b as usize] += 1;
         }
     }
-    let bits = |g: usize| -> f64 {
-        (0..g)
-            .map(|l| {
-                let mut m = [0u32; 256];
-                for j in (l..8).step_by(g) {
-                    for (a, b) in m.iter_mut().zip(&h[j]) {
-                        *a += b;
-                    }
-                }
-                entropy_bits(&m) + 64.0
-            })
-            .sum()
+    // Stream `l` of `g`-byte words: byte positions l, l + g, ... merged.
+    let stream = |g: usize, l: usize| -> [u32; 256] {
+        let mut m = [0u32; 256];
+        for j in (l..8).step_by(g) {
+            for (a, b) in m.iter_mut().zip(&h[j]) {
+                *a += b;
+            }
+        }
+        m
     };
-    let mut best = (bits(w) * 0.97, w);
+    // Each stream's entropy at width `g`.
+    let entropies = |g: usize| -> [f64; 8] {
+        let mut e = [0.0; 8];
+        for (l, e) in e.iter_mut().enumerate().take(g) {
+            *e = entropy_bits(&stream(g, l));
+        }
+        e
+    };
+    let bits = |g: usize, e: &[f64; 8]| -> f64 { e[..g].iter().map(|b| b + 64.0).sum() };
+    let mut chosen = entropies(w);
+    let mut best = (bits(w, &chosen) * 0.97, w);
     for g in [2, 4, 8].into_iter().filter(|&g| g > w) {
-        let b = bits(g);
+        let e = entropies(g);
+        let b = bits(g, &e);
         if b < best.0 {
             best = (b, g);
+            chosen = e;
         }
     }
-    best.1
+    let g = best.1;
+    let whole = counts && step == 1 && raw.len() == 8 * words;
+    let counted = whole.then(|| {
+        (0..g)
+            .map(|l| Counted {
+                hist: stream(g, l),
+                bits: chosen[l],
+            })
+            .collect()
+    });
+    (g, counted)
+}
+
+/// A stream's byte histogram and its order-0 entropy in bits.
+struct Counted {
+    hist: [u32; 256],
+    bits: f64,
 }
 
 enum Choice {
@@ -875,6 +910,7 @@ fn choose_delta(
     rotate: bool,
     float: bool,
     ctx_ok: bool,
+    counted: Option<&[Counted]>,
 ) -> (Choice, Option<StreamHists>) {
     let n = body.len() / w;
     const RUN: usize = 1024;
@@ -921,9 +957,19 @@ fn choose_delta(
     // sample is the whole chunk.
     let whole = m == n;
     let (mut keep_h, mut best_h) = (Vec::new(), Vec::new());
+    // Streams counted whole already (an integer chunk's, as it is).
+    let counted = counted.filter(|c| whole && !rotate && c.len() == w);
     for k in 0..w {
-        let h = histogram(s[k]);
-        let plain = block_cost(&h);
+        let (h, plain) = match counted {
+            Some(c) => {
+                debug_assert!(c[k].hist == histogram(s[k]), "stream {k} counted as it is");
+                (c[k].hist, c[k].bits.max(CONSTANT_BLOCK_BITS))
+            }
+            None => {
+                let h = histogram(s[k]);
+                (h, block_cost(&h))
+            }
+        };
         no_delta_bits += plain;
         let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
         if whole {

@@ -831,11 +831,11 @@ fn the_delta_searchs_histograms_are_the_frames_streams() {
     ];
     let mut seen = std::collections::BTreeSet::new();
     for (dtype, raw, base) in cases {
-        let w = group_width(raw, dtype);
+        let (w, counted) = group_width(raw, dtype, true);
         let n = raw.len() / w;
         let (body, base) = (&raw[..n * w], &base[..n * w]);
         let float = dtype.is_float();
-        let (choice, hists) = choose_delta(body, base, w, float, float, false);
+        let (choice, hists) = choose_delta(body, base, w, float, float, false, counted.as_deref());
         let (delta, ops) = match choice {
             Choice::Ulp => (Delta::Ulp, vec![StreamOp::Keep; w]),
             Choice::PerStream(ops) => (Delta::PerStream, ops),
