@@ -956,26 +956,28 @@ fn choose_delta(
     // The streams' histograms as they are and as chosen, kept when the
     // sample is the whole chunk.
     let whole = m == n;
-    let (mut keep_h, mut best_h) = (Vec::new(), Vec::new());
-    // Streams counted whole already (an integer chunk's, as it is).
+    // Streams counted whole already (an integer chunk's, as it is), else
+    // counted here; and the histograms of the deltas that won, by stream.
     let counted = counted.filter(|c| whole && !rotate && c.len() == w);
+    let mut own = Vec::new();
+    let mut won: Vec<(usize, [u32; 256])> = Vec::new();
     for k in 0..w {
-        let (h, plain) = match counted {
+        let plain = match counted {
             Some(c) => {
                 debug_assert!(c[k].hist == histogram(s[k]), "stream {k} counted as it is");
-                (c[k].hist, c[k].bits.max(CONSTANT_BLOCK_BITS))
+                c[k].bits.max(CONSTANT_BLOCK_BITS)
             }
             None => {
                 let h = histogram(s[k]);
-                (h, block_cost(&h))
+                if whole {
+                    own.push(h);
+                }
+                block_cost(&h)
             }
         };
         no_delta_bits += plain;
         let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
-        if whole {
-            keep_h.push(h);
-            best_h.push(h);
-        }
+        let mut best_h = None;
         // A constant stream costs the floor already: nothing can beat it.
         let ops_worth_trying = if plain <= CONSTANT_BLOCK_BITS {
             &[][..]
@@ -991,14 +993,25 @@ fn choose_delta(
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
             if c < best.0 * 0.995 {
                 best = (c, op);
-                if whole {
-                    best_h[k] = h;
-                }
+                best_h = whole.then_some(h);
             }
+        }
+        if let Some(h) = best_h {
+            won.push((k, h));
         }
         per_stream_bits += best.0;
         ops.push(best.1);
     }
+    let kept = |k: usize| -> [u32; 256] {
+        match counted {
+            Some(c) => c[k].hist,
+            None => own[k],
+        }
+    };
+    let keep = || {
+        let hists = whole.then(|| (0..w).map(kept).collect());
+        (Choice::PerStream(vec![StreamOp::Keep; w]), hists)
+    };
     // Integers: the whole-element difference pays where elements moved by
     // little, and there the zigzag differences of the streams pay too (the
     // low stream's are the same small numbers, the others' 0 or 1 of a
@@ -1008,14 +1021,8 @@ fn choose_delta(
     // their streams are rotated, and in the low byte of a bf16 the
     // exponent's last bit jumps where its mantissa carries (the element's
     // difference halved 20 of gpt-small's 256-byte bf16 frames).
-    let keep = |h| {
-        (
-            Choice::PerStream(vec![StreamOp::Keep; w]),
-            whole.then_some(h),
-        )
-    };
     if !float && per_stream_bits >= no_delta_bits * 0.995 {
-        return keep(keep_h);
+        return keep();
     }
     let mut z = Vec::new();
     layout::ulp_delta(&sample, &sample_base, w, float, &mut z);
@@ -1033,9 +1040,15 @@ fn choose_delta(
     if ulp_bits < per_stream_bits.min(no_delta_bits) * 0.99 {
         (Choice::Ulp, whole.then_some(ulp_h))
     } else if per_stream_bits < no_delta_bits * 0.995 {
-        (Choice::PerStream(ops), whole.then_some(best_h))
+        let chosen = |k: usize| {
+            won.iter()
+                .find(|(j, _)| *j == k)
+                .map_or(kept(k), |(_, h)| *h)
+        };
+        let hists = whole.then(|| (0..w).map(chosen).collect());
+        (Choice::PerStream(ops), hists)
     } else {
-        keep(keep_h)
+        keep()
     }
 }
 
