@@ -54,6 +54,8 @@ pub struct BenchOptions {
     /// Threads for the all-cores ckvc row (0 = all available).
     pub threads: usize,
     /// Timed passes per measurement; the fastest counts (noise only slows).
+    /// A row of less than [`MIN_TIMED_BYTES`] gets more: as many as code
+    /// that much.
     pub repeat: usize,
     /// Chunk size the tensors are cut into, as the repository does.
     pub chunk_bytes: usize,
@@ -210,7 +212,7 @@ pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<
             }
             timed.push(Timed::codec("lmc", Options::lmc(), None));
             timed.push(Timed::zstd(3));
-            for _ in 0..opts.repeat.max(1) {
+            for _ in 0..passes(opts.repeat, bytes_in) {
                 for t in &mut timed {
                     t.pass(&sel);
                 }
@@ -242,6 +244,20 @@ pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<
         }
     }
     Ok(rows)
+}
+
+/// A row's timed passes code at least this many bytes through each codec.
+/// The fastest of three passes over a row of a few KiB (the RNG state) is
+/// one cold pass and two barely warm ones, tens of microseconds each, and
+/// came out 10-30% apart from run to run; a large row's passes are long
+/// and warm.
+pub const MIN_TIMED_BYTES: u64 = 32 << 20;
+
+/// Passes for a row of `bytes` bytes: `repeat`, or more to code
+/// [`MIN_TIMED_BYTES`], but no more than 10,000 for that.
+fn passes(repeat: usize, bytes: u64) -> usize {
+    let enough = MIN_TIMED_BYTES.div_ceil(bytes.max(1)).min(10_000) as usize;
+    repeat.max(1).max(enough)
 }
 
 thread_local! {
@@ -512,8 +528,19 @@ fn grouped_entropy_bits(j: &Job) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use ckvc::testing::Rng;
     use corpus::Tensor;
+
+    #[test]
+    fn a_small_row_gets_passes_enough_to_code_32_mib() {
+        assert_eq!(passes(3, 20_224), 1660);
+        assert_eq!(passes(3, 16 << 20), 3);
+        assert_eq!(passes(5, 1 << 30), 5);
+        assert_eq!(passes(0, 1 << 30), 1);
+        assert_eq!(passes(3, 1), 10_000);
+        assert_eq!(passes(20_000, 1), 20_000);
+    }
 
     /// bzip2 -9 runs on the same grouped bytes as zstd and round trips;
     /// it and zstd -19 are left out when switched off.
