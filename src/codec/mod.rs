@@ -953,11 +953,10 @@ fn choose_delta(
     let mut ops = Vec::with_capacity(w);
     let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
     let mut t = Vec::new();
-    // The streams' histograms as they are and as chosen, kept when the
-    // sample is the whole chunk.
+    // When the sample is the whole chunk, the streams' histograms are
+    // kept: as they are, counted whole already (an integer chunk's) or
+    // here; and those of the deltas that won, by stream.
     let whole = m == n;
-    // Streams counted whole already (an integer chunk's, as it is), else
-    // counted here; and the histograms of the deltas that won, by stream.
     let counted = counted.filter(|c| whole && !rotate && c.len() == w);
     let mut own = Vec::new();
     let mut won: Vec<(usize, [u32; 256])> = Vec::new();
