@@ -1,9 +1,11 @@
 //! Quick single-core speed probe of the codec on the corpus, for profiling:
 //! `cargo run --release --example codec_speed -- ../shared/corpus/gpt-small bf16 full 20`
-//! (dtype: bf16|fp32; mode: full|delta; passes). Prints MiB/s of encode and
-//! decode. THREADS=N times the passes on a pool of N threads. CPU_TIME=1
-//! times by the thread's CPU time instead of the wall clock (on a machine
-//! shared with other work; Linux). The real benchmark is
+//! (dtype: a short name, bf16, fp32, u8, ...; mode: full|delta; passes).
+//! Prints MiB/s of encode and decode. THREADS=N times the passes on a
+//! pool of N threads. CPU_TIME=1 times by the thread's CPU time instead
+//! of the wall clock (on a machine shared with other work; Linux).
+//! FRAMES=1 prints each frame's header (what the encoder chose);
+//! MAX_BYTES=n keeps tensors of at most n bytes. The real benchmark is
 //! `ckvc debug codec-bench`.
 
 use std::time::Instant;
