@@ -497,7 +497,10 @@ fn encode_plain(
     // Integer bytes may be grouped by a wider word (format version 6);
     // from here on that word is the element.
     let (w, counted) = if opts.regroup {
-        group_width(raw, dtype, base.is_some())
+        // Counts for the delta search, when it will run on the chunk.
+        let searched =
+            opts.delta == DeltaSearch::Best && base.is_some_and(|b| b.len() == raw.len());
+        group_width(raw, dtype, searched)
     } else {
         (dtype.width(), None)
     };
@@ -597,6 +600,13 @@ fn encode_elements(
     let ctx_ok = opts.rans && n >= block::RANS_CTX_MIN_SYMBOLS;
     let mut ops = vec![StreamOp::Keep; w];
     let mut delta = Delta::None;
+    // A small chunk of integers may be smaller as one zstd frame of all
+    // its streams (version 6), and then the delta search's histograms of
+    // them are wanted. Not for floats: zstd rarely pays on float bytes,
+    // and it would cost one more compression per small tensor (biases,
+    // norms).
+    let whole_zstd =
+        opts.zstd_level != 0 && !dtype.is_float() && raw_len <= opts.small_zstd_max && n > 0;
     // The histograms of the streams, when the delta search counted them.
     let mut hists = None;
     if let Some(base) = base {
@@ -604,8 +614,9 @@ fn encode_elements(
         match opts.delta {
             DeltaSearch::Xor => ops.fill(StreamOp::Xor),
             DeltaSearch::Best => {
+                let float = dtype.is_float();
                 let (choice, h) =
-                    choose_delta(body, base, w, rotate, dtype.is_float(), ctx_ok, counted);
+                    choose_delta(body, base, w, rotate, float, ctx_ok, counted, whole_zstd);
                 hists = h;
                 match choice {
                     Choice::PerStream(o) => {
@@ -700,14 +711,11 @@ fn encode_elements(
             .all(|(s, h)| histogram(s) == *h)),
         "the delta search's histograms are the streams'"
     );
-    // A small chunk of integers may be smaller as one zstd frame of all
-    // its streams (version 6): tried before the blocks overwrite the
-    // streams. Not for floats: zstd rarely pays on float bytes, and it
-    // would cost one more compression per small tensor (biases, norms).
-    let whole =
-        (opts.zstd_level != 0 && !dtype.is_float() && raw_len <= opts.small_zstd_max && n > 0)
-            .then(|| block::zstd_compress(&out[at..at + w * n], SMALL_ZSTD_LEVEL, huff))
-            .flatten();
+    // The whole zstd frame is tried before the blocks overwrite the
+    // streams.
+    let whole = whole_zstd
+        .then(|| block::zstd_compress(&out[at..at + w * n], SMALL_ZSTD_LEVEL, huff))
+        .flatten();
     if whole.is_some() {
         std::mem::swap(&mut huff.zstd_out, whole_out);
     }
@@ -900,9 +908,12 @@ type StreamHists = Vec<[u32; 256]>;
 /// (up to 4 evenly spaced runs of 1024 elements): per stream the cheapest
 /// of keep / XOR / zigzag difference, or the whole-element ULP difference,
 /// each coded plainly or (if `ctx_ok`) with the base's exponent byte as
-/// context; or no delta at all. With the choice, when the sample was the
-/// whole chunk, the histograms of the streams it chose: those of the
-/// frame's blocks, which a chunk shorter than a block need not count again.
+/// context; or no delta at all. With the choice, if `want_hists` and the
+/// sample was the whole chunk, the histograms of the streams it chose:
+/// those of the frame's blocks, which a small chunk need not count again.
+/// `counted`, when given, are the streams' histograms and entropies as
+/// they are.
+#[allow(clippy::too_many_arguments)]
 fn choose_delta(
     body: &[u8],
     base: &[u8],
@@ -911,6 +922,7 @@ fn choose_delta(
     float: bool,
     ctx_ok: bool,
     counted: Option<&[Counted]>,
+    want_hists: bool,
 ) -> (Choice, Option<StreamHists>) {
     let n = body.len() / w;
     const RUN: usize = 1024;
@@ -958,8 +970,11 @@ fn choose_delta(
     // here; and those of the deltas that won, by stream.
     let whole = m == n;
     let counted = counted.filter(|c| whole && !rotate && c.len() == w);
+    let whole = whole && want_hists;
     let mut own = Vec::new();
     let mut won: Vec<(usize, [u32; 256])> = Vec::new();
+    // Whether some stream as it is is neither (nearly) constant nor noise.
+    let mut structured = false;
     for k in 0..w {
         let plain = match counted {
             Some(c) => {
@@ -975,6 +990,8 @@ fn choose_delta(
             }
         };
         no_delta_bits += plain;
+        structured |= plain > CONSTANT_BLOCK_BITS.max(NEAR_CONSTANT_BITS * m as f64)
+            && plain < NEAR_NOISE_BITS * m as f64;
         let mut best = (with_ctx(s[k], plain), StreamOp::Keep);
         let mut best_h = None;
         // A constant stream costs the floor already: nothing can beat it.
@@ -1011,16 +1028,19 @@ fn choose_delta(
         let hists = whole.then(|| (0..w).map(kept).collect());
         (Choice::PerStream(vec![StreamOp::Keep; w]), hists)
     };
-    // Integers: the whole-element difference pays where elements moved by
-    // little, and there the zigzag differences of the streams pay too (the
-    // low stream's are the same small numbers, the others' 0 or 1 of a
-    // borrow). So when per-stream deltas do not beat no delta, neither
-    // does the element's, and its estimate is skipped: a sixth of the
-    // encode of a 5 KiB RNG state, which changes at random. Not floats:
-    // their streams are rotated, and in the low byte of a bf16 the
-    // exponent's last bit jumps where its mantissa carries (the element's
-    // difference halved 20 of gpt-small's 256-byte bf16 frames).
-    if !float && per_stream_bits >= no_delta_bits * 0.995 {
+    // Integers whose every stream is constant or noise as it is (a 5 KiB
+    // RNG state: random words, zero high halves), where per-stream deltas
+    // do not pay, skip the element difference's estimate (a sixth of that
+    // state's encode): where elements moved by little, the streams'
+    // differences pay too (the low stream's are the element's small
+    // differences), and a constant stream holds no carries for the
+    // element's difference to save. A stream with some structure (the
+    // high byte of values in a narrow band, moved by more than its low
+    // byte spans) keeps the estimate: the element's difference saved 11%
+    // there where per-stream deltas saved nothing. Not floats: skipping it
+    // for them grew 20 of gpt-small's 256-byte bf16 frames from ~84 to
+    // 150 bytes.
+    if !float && !structured && per_stream_bits >= no_delta_bits * 0.995 {
         return keep();
     }
     let mut z = Vec::new();
@@ -1059,6 +1079,12 @@ fn block_cost(h: &[u32; 256]) -> f64 {
 
 /// What a constant block costs (its one byte), the floor of the estimates.
 const CONSTANT_BLOCK_BITS: f64 = 8.0;
+
+/// Bits a symbol under which a stream counts as (nearly) constant, and
+/// over which as noise, for the delta search's skip of the element
+/// difference (see [`choose_delta`]).
+const NEAR_CONSTANT_BITS: f64 = 0.05;
+const NEAR_NOISE_BITS: f64 = 7.0;
 
 /// Decode a frame. `base` must be the chunk the frame was encoded against
 /// when [`FrameInfo::needs_base`] says so.
