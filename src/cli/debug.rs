@@ -94,7 +94,8 @@ pub struct CodecBenchArgs {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Timed passes per measurement; the fastest counts. A row of less
-    /// than 32 MiB gets as many as code 32 MiB through each codec.
+    /// than 32 MiB gets as many as code 32 MiB through each codec (at
+    /// most 10,000).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// Skip zstd -19 (slow).
