@@ -4,6 +4,8 @@
 //! coded as the single stream of a `u8` frame by the usual block coders
 //! (bit-packed, Huffman or rANS as they pay).
 
+use super::stats::Log2;
+
 /// At most this many distinct values (one index byte).
 pub(crate) const MAX: usize = 256;
 
@@ -170,11 +172,14 @@ fn worth(t: &Table, counts: &[u32; 256], n: usize, w: usize) -> bool {
 /// coders' hot callers of that keep their inlining.
 fn entropy_test(t: &Table, counts: &[u32; 256], n: usize, w: usize) -> bool {
     let counts = &counts[..t.len];
-    let m = f64::from(counts.iter().sum::<u32>());
-    let term = |c: u32| {
-        let c = f64::from(c);
-        -c * (c / m).log2()
-    };
+    let total = counts.iter().sum::<u32>();
+    let m = f64::from(total);
+    // `-c log2(c / m)` as `c log2 m - c log2 c`, from the table of
+    // `c log2 c` (every count of the sample is below its size): a call to
+    // `log2` a value was a sixth of a 256-byte bf16 tensor's encode.
+    let log = Log2::get();
+    let log_m = log.of(total);
+    let term = |c: u32| f64::from(c) * log_m - log.x_of(c);
     let joint =
         counts.iter().map(|&c| term(c)).sum::<f64>() / m + (t.len * w * 8) as f64 / n as f64;
     // Each distinct value's key, in the order of `counts`.
