@@ -585,7 +585,8 @@ fn encode_elements(
     scratch: &mut Scratch,
 ) {
     let n = body.len() / w;
-    let rotate = opts.rotate && dtype.is_float();
+    let float = dtype.is_float();
+    let rotate = opts.rotate && float;
     let Scratch {
         tmp,
         ulp,
@@ -605,8 +606,7 @@ fn encode_elements(
     // them are wanted. Not for floats: zstd rarely pays on float bytes,
     // and it would cost one more compression per small tensor (biases,
     // norms).
-    let whole_zstd =
-        opts.zstd_level != 0 && !dtype.is_float() && raw_len <= opts.small_zstd_max && n > 0;
+    let whole_zstd = opts.zstd_level != 0 && !float && raw_len <= opts.small_zstd_max && n > 0;
     // The histograms of the streams, when the delta search counted them.
     let mut hists = None;
     if let Some(base) = base {
@@ -614,7 +614,6 @@ fn encode_elements(
         match opts.delta {
             DeltaSearch::Xor => ops.fill(StreamOp::Xor),
             DeltaSearch::Best => {
-                let float = dtype.is_float();
                 let (choice, h) =
                     choose_delta(body, base, w, rotate, float, ctx_ok, counted, whole_zstd);
                 hists = h;
@@ -641,7 +640,7 @@ fn encode_elements(
     // and the class of each element's context.
     let mut models = Vec::new();
     if let (Some(base), true) = (base, delta != Delta::None && ctx_ok) {
-        layout::context_bytes(base, w, dtype.is_float(), ctx);
+        layout::context_bytes(base, w, float, ctx);
         let classes = layout::grow(classes, n);
         for (b, c) in ctx[..n]
             .chunks(1 << BLOCK_LOG2)
@@ -699,7 +698,6 @@ fn encode_elements(
     // as it is grouped (one pass; the base is never grouped on its own).
     let at = out.len();
     let region = &mut out.spare_capacity_mut()[..w * n];
-    let float = dtype.is_float();
     frame_streams_into(body, base, delta, &ops, w, rotate, float, ulp, region);
     // SAFETY: the grouping wrote all `w * n` bytes after `at`, within the
     // capacity reserved above.
@@ -970,9 +968,9 @@ fn choose_delta(
     // here; and those of the deltas that won, by stream.
     let whole = m == n;
     let counted = counted.filter(|c| whole && !rotate && c.len() == w);
-    let whole = whole && want_hists;
+    let keep_hists = whole && want_hists;
     let mut own = Vec::new();
-    let mut won: Vec<(usize, [u32; 256])> = Vec::new();
+    let mut won: Vec<Option<[u32; 256]>> = Vec::new();
     // Whether some stream as it is is neither (nearly) constant nor noise.
     let mut structured = false;
     for k in 0..w {
@@ -983,7 +981,7 @@ fn choose_delta(
             }
             None => {
                 let h = histogram(s[k]);
-                if whole {
+                if keep_hists {
                     own.push(h);
                 }
                 block_cost(&h)
@@ -1009,11 +1007,11 @@ fn choose_delta(
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
             if c < best.0 * 0.995 {
                 best = (c, op);
-                best_h = whole.then_some(h);
+                best_h = keep_hists.then_some(h);
             }
         }
-        if let Some(h) = best_h {
-            won.push((k, h));
+        if keep_hists {
+            won.push(best_h);
         }
         per_stream_bits += best.0;
         ops.push(best.1);
@@ -1025,7 +1023,7 @@ fn choose_delta(
         }
     };
     let keep = || {
-        let hists = whole.then(|| (0..w).map(kept).collect());
+        let hists = keep_hists.then(|| (0..w).map(kept).collect());
         (Choice::PerStream(vec![StreamOp::Keep; w]), hists)
     };
     // Integers whose every stream is constant or noise as it is (a 5 KiB
@@ -1052,19 +1050,15 @@ fn choose_delta(
     for z in &zs {
         let h = histogram(&z[..m]);
         ulp_bits += with_ctx(&z[..m], block_cost(&h));
-        if whole {
+        if keep_hists {
             ulp_h.push(h);
         }
     }
     if ulp_bits < per_stream_bits.min(no_delta_bits) * 0.99 {
-        (Choice::Ulp, whole.then_some(ulp_h))
+        (Choice::Ulp, keep_hists.then_some(ulp_h))
     } else if per_stream_bits < no_delta_bits * 0.995 {
-        let chosen = |k: usize| {
-            won.iter()
-                .find(|(j, _)| *j == k)
-                .map_or(kept(k), |(_, h)| *h)
-        };
-        let hists = whole.then(|| (0..w).map(chosen).collect());
+        let chosen = |k: usize| won[k].unwrap_or_else(|| kept(k));
+        let hists = keep_hists.then(|| (0..w).map(chosen).collect());
         (Choice::PerStream(ops), hists)
     } else {
         keep()
