@@ -4,7 +4,8 @@
 //! Prints MiB/s of encode and decode. THREADS=N times the passes on a
 //! pool of N threads. CPU_TIME=1 times by the thread's CPU time instead
 //! of the wall clock (on a machine shared with other work; Linux).
-//! FRAMES=1 prints each frame's header (what the encoder chose);
+//! FRAMES=1 prints each frame's tensor and header (what the encoder
+//! chose), PEER=1 beside it zstd -19's size of the byte-grouped bytes;
 //! MAX_BYTES=n keeps tensors of at most n bytes. The real benchmark is
 //! `ckvc debug codec-bench`.
 
@@ -53,6 +54,7 @@ fn main() {
     let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let concat = std::env::var("CONCAT").is_ok();
     let mut jobs = Vec::new();
+    let mut keys: Vec<&str> = Vec::new();
     // CHUNK=bytes splits tensors into chunks as a repository does.
     let chunk: usize = std::env::var("CHUNK")
         .ok()
@@ -67,6 +69,7 @@ fn main() {
         for (i, c) in t.data.chunks(cb).enumerate() {
             let b = base.map(|b| &b[i * cb..(i * cb + c.len()).min(b.len())]);
             jobs.push((t.dtype, c, b));
+            keys.push(&t.key);
         }
     }
     let joined: Vec<u8>;
@@ -186,11 +189,24 @@ fn main() {
         dec = dec.min(seconds() - t);
     }
     let comp: usize = frames.iter().map(|f| f.len()).sum();
-    // FRAMES=1: each frame's header, what the encoder chose.
+    // FRAMES=1: each frame's tensor, size and header (what the encoder
+    // chose); with PEER=1 also zstd -19's size on the byte-grouped bytes
+    // (codec-bench's peer), to find the tensors a row loses on.
     if std::env::var_os("FRAMES").is_some() {
-        for (j, f) in jobs.iter().zip(&frames) {
+        let peer = std::env::var_os("PEER").is_some();
+        let mut grouped = Vec::new();
+        for ((j, f), key) in jobs.iter().zip(&frames).zip(&keys) {
+            let z = if peer {
+                codec::group_streams_into(j.1, j.2, j.0, &mut grouped);
+                let z = zstd::bulk::compress(&grouped, 19)
+                    .expect("zstd compresses")
+                    .len();
+                format!(" zstd-19 {z}{}", if z < f.len() { " LOSS" } else { "" })
+            } else {
+                String::new()
+            };
             println!(
-                "{} bytes -> {} {:?}",
+                "{key} {} bytes -> {}{z} {:?}",
                 j.1.len(),
                 f.len(),
                 codec::FrameInfo::parse(f)

@@ -5,6 +5,7 @@ trained on the CPU for a few steps between saves.
 
     python3 scripts/gen_large_run.py /work/large-run            # 4 checkpoints, ~1.5 GB each
     python3 scripts/gen_large_run.py /tmp/run --checkpoints 2 --steps-between 1 --layers 2
+    python3 scripts/gen_large_run.py /tmp/bf16-run --dtype bf16 --vocab 8192 --d 256 --layers 4 --heads 4
 
 Each `checkpoint-N/` holds what transformers' Trainer writes:
 model.safetensors (the weights, tied embeddings stored once), config.json,
@@ -99,16 +100,18 @@ def build(args):
         return model, model, cfg, "plain torch"
 
 
-def model_tensors(model):
+def model_tensors(model, dtype=None):
     """The state dict as safetensors wants it: shared storage saved once
-    (transformers ties lm_head to wte), every tensor contiguous."""
+    (transformers ties lm_head to wte), every tensor contiguous; cast to
+    `dtype` when given."""
     out, seen = {}, set()
     for name, t in model.state_dict().items():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
         if key in seen:
             continue
         seen.add(key)
-        out[name] = t.detach().contiguous()
+        t = t.detach()
+        out[name] = (t.to(dtype) if dtype is not None else t).contiguous()
     return out
 
 
@@ -116,7 +119,8 @@ def save(out, step, model, cfg, opt, sched, state, args):
     d = os.path.join(out, f"checkpoint-{step}")
     tmp = d + ".partial"
     os.makedirs(tmp, exist_ok=True)
-    save_file(model_tensors(model), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    saved = torch.float16 if args.dtype == "fp16" else None
+    save_file(model_tensors(model, saved), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True, default=str)
     torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
@@ -150,6 +154,13 @@ def main():
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="fp32: fp32 training; bf16: the model cast to bfloat16 and trained so "
+        "(weights and AdamW moments bf16); fp16: fp32 training, the weights saved as float16",
+    )
     args = p.parse_args()
 
     if args.threads:
@@ -158,8 +169,10 @@ def main():
     torch.manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
     model, loss_fn, cfg, impl = build(args)
+    if args.dtype == "bf16":
+        model = model.to(torch.bfloat16)
     n = sum(t.numel() for t in model_tensors(model).values())
-    print(f"{impl} GPT-2: {n / 1e6:.1f}M parameters (fp32, {n * 4 / 1e6:.0f} MB)", file=sys.stderr)
+    print(f"{impl} GPT-2: {n / 1e6:.1f}M parameters (trained {args.dtype})", file=sys.stderr)
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     total = args.checkpoints * args.steps_between
