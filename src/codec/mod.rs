@@ -373,9 +373,10 @@ pub struct Scratch {
     palette_frame: Vec<u8>,
     tables: block::Tables,
     entries: Vec<(BlockMode, usize)>,
-    /// The element map's runs, and the kept elements of the chunk and of
-    /// its base, compacted.
+    /// The element map's runs, or its skip bits (a scattered map), and
+    /// the kept elements of the chunk and of its base, compacted.
     runs: Vec<u32>,
+    skip_bits: Vec<u64>,
     compact: Vec<u8>,
     compact_base: Vec<u8>,
     /// The decoder's kept runs of an element map, placed one by one.
@@ -541,12 +542,27 @@ fn encode_plain(
     let mut kept = std::mem::take(&mut scratch.compact);
     let mut kept_base = std::mem::take(&mut scratch.compact_base);
     let mut section = std::mem::take(&mut scratch.map_section);
-    elements::compact(body, &scratch.runs, w, &mut kept);
-    if let Some(b) = base {
-        elements::compact(b, &scratch.runs, w, &mut kept_base);
+    // A scattered map (as the decoder tells one) is compacted by its skip
+    // bits, a map of long runs run by run.
+    let runs = &scratch.runs;
+    let skipped_runs = runs.len() / 2;
+    let kept_n: usize = runs.iter().step_by(2).map(|&r| r as usize).sum();
+    let scattered = skipped_runs * SCATTERED_BELOW > kept_n;
+    if scattered {
+        elements::bits_of_runs(runs, n, &mut scratch.skip_bits);
+        elements::compact_bits(body, &scratch.skip_bits, n, w, &mut kept);
+        if let Some(b) = base {
+            elements::compact_bits(b, &scratch.skip_bits, n, w, &mut kept_base);
+        }
+    } else {
+        elements::compact(body, runs, w, &mut kept);
+        if let Some(b) = base {
+            elements::compact(b, runs, w, &mut kept_base);
+        }
     }
     section.clear();
-    elements::write(&scratch.runs, n, &mut section);
+    let bits = scattered.then_some(scratch.skip_bits.as_slice());
+    elements::write(&scratch.runs, n, bits, &mut section);
     encode_elements(
         raw.len(),
         &kept,
@@ -1152,6 +1168,7 @@ pub fn decode_into(
         entries,
         ctx,
         runs,
+        skip_bits,
         pieces,
         compact_base,
         ..
@@ -1168,16 +1185,24 @@ pub fn decode_into(
     let mut scattered = false;
     pieces.clear();
     if info.element_map {
-        let (p, kept) = elements::read(frame, pos, all, runs)?;
-        pos = p;
-        n = kept;
-        scattered = runs.len() / 2 * SCATTERED_BELOW > n;
+        let map = elements::read(frame, pos, all, runs, skip_bits)?;
+        pos = map.end;
+        n = map.kept;
+        // A scattered map goes by its skip bits, a map of long runs by
+        // its runs (a bitmap is read as bits, run lengths as runs).
+        scattered = map.skipped_runs * SCATTERED_BELOW > n;
         if scattered {
+            if skip_bits.is_empty() {
+                elements::bits_of_runs(runs, all, skip_bits);
+            }
             if let Some(b) = full_base {
-                elements::compact(b, runs, w, compact_base);
+                elements::compact_bits(b, skip_bits, all, w, compact_base);
                 base = Some(&compact_base[..n * w]);
             }
         } else {
+            if runs.is_empty() {
+                elements::runs_of_bits(skip_bits, all, runs);
+            }
             elements::kept_pieces(runs, pieces);
         }
     }
@@ -1326,7 +1351,7 @@ pub fn decode_into(
         // The skipped elements' room, zeroed once (then the kept runs move
         // up into place, back to front).
         out.resize(all * w, 0);
-        elements::expand(out, n, runs, full_base, w);
+        elements::expand_bits(out, n, skip_bits, full_base, w);
     } else {
         // SAFETY: the pieces cover every kept element and `fill_skipped`
         // every skipped one (without a map, one piece covers all of them);

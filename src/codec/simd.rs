@@ -975,3 +975,156 @@ mod tests {
         assert_eq!(run(&ctx, 7, [8, 0, 1, 2, 3, 4, 5], 6), 0);
     }
 }
+
+/// The shuffles of the element map's scattered moves, for `W`-byte
+/// elements, `16 / W` to a 16-byte register, indexed by the register's
+/// skip bits `m` (bit `e` set: element `e` skipped):
+/// - `expand[m]`: the register's kept elements, taken from the top of a
+///   register of kept elements back to back, each to its place; skipped
+///   elements' bytes zero (`0x80`);
+/// - `skipped[m]`: `0xff` on the bytes of skipped elements;
+/// - `compact[m]`: the register's kept elements to its bottom, in order.
+struct MoveTables<const T: usize> {
+    expand: [[u8; 16]; T],
+    skipped: [[u8; 16]; T],
+    compact: [[u8; 16]; T],
+}
+
+const fn move_tables<const W: usize, const T: usize>() -> MoveTables<T> {
+    let e_per = 16 / W;
+    let mut t = MoveTables {
+        expand: [[0x80; 16]; T],
+        skipped: [[0; 16]; T],
+        compact: [[0x80; 16]; T],
+    };
+    let mut m = 0;
+    while m < T {
+        let kept = e_per - (m as u32).count_ones() as usize;
+        let (mut e, mut k) = (0, 0);
+        while e < e_per {
+            let mut b = 0;
+            if m >> e & 1 == 0 {
+                while b < W {
+                    t.expand[m][e * W + b] = ((e_per - kept + k) * W + b) as u8;
+                    t.compact[m][k * W + b] = (e * W + b) as u8;
+                    b += 1;
+                }
+                k += 1;
+            } else {
+                while b < W {
+                    t.skipped[m][e * W + b] = 0xff;
+                    b += 1;
+                }
+            }
+            e += 1;
+        }
+        m += 1;
+    }
+    t
+}
+
+static MOVES2: MoveTables<256> = move_tables::<2, 256>();
+static MOVES4: MoveTables<16> = move_tables::<4, 16>();
+
+/// The mixed 64-element word `k` of a scattered element map's expansion
+/// (`elements::expand_bits`), for `W` of 2 or 4: elements `64 k..hi` of
+/// `out` from the top `src` kept elements below them (moved up) and,
+/// where skipped (bit set in `m`), the base's or zero. 16 bytes at a time
+/// while 16 / W kept elements lie below; returns `(element, src)` where
+/// it stopped, for the caller's element loop to finish.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn expand_word_avx2<const W: usize>(
+    out: &mut [u8],
+    k: usize,
+    hi: usize,
+    m: u64,
+    mut src: usize,
+    base: Option<&[u8]>,
+) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    const { assert!(W == 2 || W == 4) };
+    let e_per = 16 / W;
+    let lo = 64 * k;
+    let mut i = hi;
+    // Whole registers only: `i` a multiple of 16 / W above `lo`, 16 / W
+    // kept elements below `src`, and the register inside `out` (and the
+    // base, which the caller passes as long as `out` or not at all).
+    if (i - lo) % e_per != 0 || hi * W > out.len() || base.is_some_and(|b| b.len() < out.len()) {
+        return (i, src);
+    }
+    while i > lo && src >= e_per && src <= i {
+        let at = i - e_per;
+        let g = ((m >> (at - lo)) & ((1u64 << e_per) - 1)) as usize;
+        let (expand, skipped) = match W {
+            2 => (&MOVES2.expand[g], &MOVES2.skipped[g]),
+            _ => (&MOVES4.expand[g], &MOVES4.skipped[g]),
+        };
+        // SAFETY: the kept register is elements `src - 16 / W..src`, and
+        // `src <= i <= hi`: within `out` (checked above); the written
+        // register is elements `at..i`, within `out` and the base. Both
+        // tables are 16 bytes.
+        unsafe {
+            let v = _mm_loadu_si128(out.as_ptr().add((src - e_per) * W).cast());
+            let mut r = _mm_shuffle_epi8(v, _mm_loadu_si128(expand.as_ptr().cast()));
+            if let Some(b) = base {
+                let bv = _mm_loadu_si128(b.as_ptr().add(at * W).cast());
+                let sk = _mm_loadu_si128(skipped.as_ptr().cast());
+                r = _mm_or_si128(r, _mm_and_si128(bv, sk));
+            }
+            _mm_storeu_si128(out.as_mut_ptr().add(at * W).cast(), r);
+        }
+        src -= e_per - g.count_ones() as usize;
+        i = at;
+    }
+    (i, src)
+}
+
+/// The mixed 64-element word `k` of a scattered element map's compaction
+/// (`elements::compact_bits`), for `W` of 2 or 4: the kept elements (bit
+/// clear in `m`) of `raw`'s elements `64 k..hi` to `out` from byte `at`,
+/// 16 bytes at a time; returns `(element, at)` where it stopped, for the
+/// caller's loop to finish. Each register's store is 16 bytes whatever it
+/// keeps, so it stops where fewer than 16 bytes of `out` are left.
+///
+/// # Safety
+/// The CPU must support `avx2`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn compact_word_avx2<const W: usize>(
+    raw: &[u8],
+    k: usize,
+    hi: usize,
+    m: u64,
+    out: &mut [u8],
+    mut at: usize,
+) -> (usize, usize) {
+    use std::arch::x86_64::*;
+    const { assert!(W == 2 || W == 4) };
+    let e_per = 16 / W;
+    let mut i = 64 * k;
+    if hi * W > raw.len() {
+        return (i, at);
+    }
+    while i + e_per <= hi && at + 16 <= out.len() {
+        let g = ((m >> (i - 64 * k)) & ((1u64 << e_per) - 1)) as usize;
+        let compact = match W {
+            2 => &MOVES2.compact[g],
+            _ => &MOVES4.compact[g],
+        };
+        // SAFETY: elements `i..i + 16 / W` are within `raw` (`hi * W` is,
+        // checked above), bytes `at..at + 16` within `out` (the loop's
+        // condition), the table 16 bytes.
+        unsafe {
+            let v = _mm_loadu_si128(raw.as_ptr().add(i * W).cast());
+            let r = _mm_shuffle_epi8(v, _mm_loadu_si128(compact.as_ptr().cast()));
+            _mm_storeu_si128(out.as_mut_ptr().add(at).cast(), r);
+        }
+        at += (e_per - g.count_ones() as usize) * W;
+        i += e_per;
+    }
+    (i, at)
+}
