@@ -115,7 +115,24 @@ struct Runs<'a> {
     skipped: usize,
 }
 
-impl Runs<'_> {
+impl<'a> Runs<'a> {
+    /// A builder into `runs`, cleared.
+    fn new(runs: &'a mut Vec<u32>) -> Self {
+        runs.clear();
+        Runs {
+            runs,
+            skipping: false,
+            run: 0,
+            skipped: 0,
+        }
+    }
+
+    /// Close the last run; returns how many elements were skipped.
+    fn finish(self) -> usize {
+        self.runs.push(self.run);
+        self.skipped
+    }
+
     #[inline(always)]
     fn visit(&mut self, s: bool) {
         if s != self.skipping {
@@ -159,13 +176,7 @@ fn scan_w<const W: usize>(
     runs: &mut Vec<u32>,
     simd: bool,
 ) -> usize {
-    runs.clear();
-    let mut r = Runs {
-        runs,
-        skipping: false,
-        run: 0,
-        skipped: 0,
-    };
+    let mut r = Runs::new(runs);
     // With a base, as many elements as both hold (the encoder passes a
     // base of the chunk's length).
     let n = base.map_or(body.len(), |b| b.len().min(body.len())) / W;
@@ -189,9 +200,7 @@ fn scan_w<const W: usize>(
             base.map(|b| as_array(&b[at(i)])),
         ));
     }
-    let skipped = r.skipped;
-    r.runs.push(r.run);
-    skipped
+    r.finish()
 }
 
 /// The run lengths of the skipped and kept elements of `body` (`n * w`
@@ -410,13 +419,7 @@ pub fn bits_of_runs(runs: &[u32], n: usize, bits: &mut Vec<u64>) {
 /// The run lengths of `n` elements' skip bits (the inverse of
 /// [`bits_of_runs`]), kept first, into `runs` (cleared first).
 pub fn runs_of_bits(bits: &[u64], n: usize, runs: &mut Vec<u32>) {
-    runs.clear();
-    let mut r = Runs {
-        runs,
-        skipping: false,
-        run: 0,
-        skipped: 0,
-    };
+    let mut r = Runs::new(runs);
     let whole = n / 64;
     for &m in &bits[..whole] {
         r.visit64(m);
@@ -424,7 +427,7 @@ pub fn runs_of_bits(bits: &[u64], n: usize, runs: &mut Vec<u32>) {
     for i in whole * 64..n {
         r.visit(bits[i / 64] >> (i % 64) & 1 != 0);
     }
-    r.runs.push(r.run);
+    r.finish();
 }
 
 /// The `n` elements' mask of one word of skip bits: the elements of word
