@@ -476,6 +476,9 @@ fn compact_bits_w<const W: usize>(raw: &[u8], bits: &[u64], n: usize, out: &mut 
             at += len;
             continue;
         }
+        if keep == 0 {
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
         if simd {
             let hi = lo + v.count_ones() as usize;

@@ -1053,7 +1053,8 @@ pub(crate) unsafe fn expand_word_avx2<const W: usize>(
     // Whole registers only: `i` a multiple of 16 / W above `lo`, 16 / W
     // kept elements below `src`, and the register inside `out` (and the
     // base, which the caller passes as long as `out` or not at all).
-    if (i - lo) % e_per != 0 || hi * W > out.len() || base.is_some_and(|b| b.len() < out.len()) {
+    let fits = hi.checked_mul(W).is_some_and(|end| end <= out.len());
+    if (i - lo) % e_per != 0 || !fits || base.is_some_and(|b| b.len() < out.len()) {
         return (i, src);
     }
     while i > lo && src >= e_per && src <= i {
@@ -1106,10 +1107,10 @@ pub(crate) unsafe fn compact_word_avx2<const W: usize>(
     const { assert!(W == 2 || W == 4) };
     let e_per = 16 / W;
     let mut i = 64 * k;
-    if hi * W > raw.len() {
+    if hi.checked_mul(W).is_none_or(|end| end > raw.len()) {
         return (i, at);
     }
-    while i + e_per <= hi && at + 16 <= out.len() {
+    while i + e_per <= hi && at <= out.len().saturating_sub(16) && out.len() >= 16 {
         let g = ((m >> (i - 64 * k)) & ((1u64 << e_per) - 1)) as usize;
         let compact = match W {
             2 => &MOVES2.compact[g],
