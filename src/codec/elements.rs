@@ -568,8 +568,8 @@ fn expand_bits_w<const W: usize>(out: &mut [u8], kept: usize, bits: &[u64], base
     while i > 0 {
         let k = (i - 1) / 64;
         let lo = k * 64;
-        let m = bits[k] & valid(k, n);
         let all = valid(k, n);
+        let m = bits[k] & all;
         if m == 0 {
             let len = i - lo;
             out.copy_within((src - len) * W..src * W, lo * W);

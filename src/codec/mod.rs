@@ -545,9 +545,8 @@ fn encode_plain(
     // A scattered map (as the decoder tells one) is compacted by its skip
     // bits, a map of long runs run by run.
     let runs = &scratch.runs;
-    let skipped_runs = runs.len() / 2;
     let kept_n: usize = runs.iter().step_by(2).map(|&r| r as usize).sum();
-    let scattered = skipped_runs * SCATTERED_BELOW > kept_n;
+    let scattered = self::scattered(runs.len() / 2, kept_n);
     if scattered {
         elements::bits_of_runs(runs, n, &mut scratch.skip_bits);
         elements::compact_bits(body, &scratch.skip_bits, n, w, &mut kept);
@@ -1190,7 +1189,7 @@ pub fn decode_into(
         n = map.kept;
         // A scattered map goes by its skip bits, a map of long runs by
         // its runs (a bitmap is read as bits, run lengths as runs).
-        scattered = map.skipped_runs * SCATTERED_BELOW > n;
+        scattered = self::scattered(map.skipped_runs, n);
         if scattered {
             if skip_bits.is_empty() {
                 elements::bits_of_runs(runs, all, skip_bits);
@@ -1369,6 +1368,13 @@ pub fn decode_into(
 /// costs more than the copies: 1 Mi fp32 elements of which every other
 /// one is skipped decode at 170 MiB/s placed run by run, 550 moved).
 const SCATTERED_BELOW: usize = 32;
+
+/// Whether a map of `skipped_runs` runs of skipped elements around `kept`
+/// kept ones is scattered ([`SCATTERED_BELOW`]): the decoder then moves
+/// its elements by skip bits, and the encoder compacts them the same way.
+fn scattered(skipped_runs: usize, kept: usize) -> bool {
+    skipped_runs * SCATTERED_BELOW > kept
+}
 
 /// How a frame's elements come back from their streams: ungrouped, and
 /// combined with the base's elements in the same pass when the frame has
