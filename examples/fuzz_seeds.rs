@@ -148,6 +148,32 @@ fn main() {
         let base: Vec<u8> = base.iter().flat_map(|b| b.to_le_bytes()).collect();
         let n = moved.len().min(base.len());
         seeds.codec(DType::F32, false, &moved[..n], Some(&base[..n]));
+        // Row frames (format version 8): 40 rows of 16 elements of a real
+        // tensor after a lead of 5, forced; the round trip seeds ask for
+        // rows of 16 (dtype byte + 15 * 14, flags bit 7).
+        let len = 5 + 40 * 16;
+        let raw = &t.data[..len * t.dtype.width()];
+        let always = Options {
+            rows: codec::RowFrames::Always,
+            ..Options::default()
+        };
+        let mut frame = Vec::new();
+        let rows = codec::Rows { len: 16, lead: 5 };
+        codec::encode_shaped_into(
+            raw,
+            None,
+            t.dtype,
+            Some(rows),
+            &always,
+            &mut frame,
+            &mut codec::Scratch::default(),
+        );
+        assert!(codec::FrameInfo::parse(&frame).is_ok_and(|i| i.rows));
+        seeds.write("decode", decode_input(&frame, None));
+        let mut rt = roundtrip_input(t.dtype, false, raw, None);
+        rt[0] += 15 * 14;
+        rt[1] |= 1 << 7;
+        seeds.write("roundtrip", rt);
         // More than one 64 KiB block per stream (no base: the decode seed's
         // base would need a u16-length frame).
         let big = &t.data[..t.data.len().min(200_000)];

@@ -104,6 +104,10 @@ pub struct CodecBenchArgs {
     /// Skip bzip2 -9 (slow).
     #[arg(long)]
     no_bzip2: bool,
+    /// Code every chunk without its rows, as `ckvc init --no-row-frames`
+    /// repositories do (no row frames).
+    #[arg(long)]
+    no_row_frames: bool,
     /// JSON rows of a peer (e.g. from scripts/compare_zipnn.py --json) to
     /// show in the same table.
     #[arg(long, value_name = "FILE")]
@@ -400,6 +404,7 @@ fn codec_bench(a: CodecBenchArgs) -> Result<(), Failure> {
         repeat: a.repeat,
         zstd19: !a.no_zstd19,
         bzip2: !a.no_bzip2,
+        row_frames: !a.no_row_frames,
         ..BenchOptions::default()
     };
     let mut rows = bench::codec_bench(&a.dir, &opts).map_err(bench_failure)?;

@@ -47,7 +47,7 @@ pub fn lanes(n: usize, version: u8) -> usize {
 
 /// States of a block this build writes.
 pub(crate) fn lanes_written(n: usize) -> usize {
-    lanes(n, super::FORMAT_VERSION)
+    lanes(n, super::PLAIN_VERSION)
 }
 const M: u32 = 1 << SCALE_BITS;
 const L: u32 = 1 << 16;

@@ -1072,7 +1072,7 @@ fn rare_outliers() -> Vec<u8> {
 /// no whole-chunk zstd), with the 16-byte header of those versions: the
 /// bytes the encoder of that version wrote, which made the same choices.
 fn fixture_frame(version: u8, dtype: DType, raw: &[u8]) -> Vec<u8> {
-    if version == FORMAT_VERSION {
+    if version == PLAIN_VERSION {
         return encode(raw, None, dtype, &Options::default());
     }
     // Before version 7: no sparse blocks; version 6's header otherwise.
@@ -1457,4 +1457,265 @@ proptest! {
             }
         }
     }
+}
+
+/// Rows alike up to scale, as Adam's moments of an output embedding:
+/// `rows` rows of `len` f32, each a log-uniform scale (2^-7 to 2^-6)
+/// times one direction, plus noise of 1e-4 of it.
+fn alike_rows(rows: usize, len: usize, seed: u32) -> Vec<f32> {
+    let dir = gaussian_f32(len, seed, 1.0);
+    let mut next = random_u32s(seed + 1);
+    let mut v = Vec::with_capacity(rows * len);
+    for r in 0..rows {
+        let scale = 2f32.powf(-7.0 + next() as f32 / u32::MAX as f32);
+        let noise = gaussian_f32(len, seed + 2 + r as u32, 1e-4);
+        v.extend(dir.iter().zip(&noise).map(|(d, e)| scale * (d + e)));
+    }
+    v
+}
+
+fn row_frames_always() -> Options {
+    Options {
+        rows: RowFrames::Always,
+        ..Options::default()
+    }
+}
+
+fn encode_rows(raw: &[u8], dtype: DType, rows: Rows, opts: &Options) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_shaped_into(
+        raw,
+        None,
+        dtype,
+        Some(rows),
+        opts,
+        &mut out,
+        &mut Scratch::default(),
+    );
+    out
+}
+
+/// Every split of a chunk into lead, rows and trail (and a tail of a
+/// partial element) round trips through a row frame, for each float
+/// dtype a row frame takes; one row or none is a plain frame.
+#[test]
+fn row_frames_round_trip_every_geometry() {
+    let v = alike_rows(40, 37, 3);
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let all = match dtype {
+            DType::F32 => f32_bytes(&v),
+            DType::BF16 => bf16_bytes(&v),
+            _ => v
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect(),
+        };
+        let w = dtype.width();
+        for len in [1usize, 2, 5, 16, 37] {
+            for lead in [0, len / 2, len - 1] {
+                for n in [0, lead, lead + len, lead + 2 * len, 300, all.len() / w] {
+                    for tail in [0, w - 1] {
+                        let raw = &all[..(n * w + tail).min(all.len())];
+                        let f = encode_rows(raw, dtype, Rows { len, lead }, &row_frames_always());
+                        let info = FrameInfo::parse(&f).unwrap();
+                        let rows = n.saturating_sub(lead) / len;
+                        assert_eq!(
+                            info.rows,
+                            n >= lead && rows >= 2,
+                            "{dtype} len {len} lead {lead} n {n}"
+                        );
+                        assert_eq!(
+                            decode(&f, None).unwrap(),
+                            raw,
+                            "{dtype} len {len} lead {lead} n {n} tail {tail}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The screen passes rows alike up to scale and the row frame is kept,
+/// well smaller than the plain one; rows of noise (weights) are not
+/// tried, and chunks without rows or of other dtypes never are.
+#[test]
+fn row_frames_are_chosen_for_alike_rows_only() {
+    let rows = Rows { len: 128, lead: 0 };
+    let alike = f32_bytes(&alike_rows(256, 128, 5));
+    let opts = Options::default();
+    let f = encode_rows(&alike, DType::F32, rows, &opts);
+    let plain = encode(&alike, None, DType::F32, &opts);
+    assert!(FrameInfo::parse(&f).unwrap().rows);
+    assert!(
+        f.len() * 10 < plain.len() * 9,
+        "{} vs {}",
+        f.len(),
+        plain.len()
+    );
+    assert_eq!(decode(&f, None).unwrap(), alike);
+    let noise = f32_bytes(&gaussian_f32(256 * 128, 9, 0.02));
+    let f = encode_rows(&noise, DType::F32, rows, &opts);
+    assert_eq!(f, encode(&noise, None, DType::F32, &opts));
+    // Without rows, or with a base it uses, or as integers: plain.
+    let mut out = Vec::new();
+    let mut s = Scratch::default();
+    encode_shaped_into(&alike, None, DType::F32, None, &opts, &mut out, &mut s);
+    assert_eq!(out, plain);
+    let moved: Vec<u8> = f32_bytes(
+        &alike_rows(256, 128, 5)
+            .iter()
+            .map(|x| x * 1.0001)
+            .collect::<Vec<_>>(),
+    );
+    encode_shaped_into(
+        &moved,
+        Some(&alike),
+        DType::F32,
+        Some(rows),
+        &opts,
+        &mut out,
+        &mut s,
+    );
+    assert!(FrameInfo::parse(&out).unwrap().needs_base());
+    encode_shaped_into(
+        &alike,
+        None,
+        DType::I32,
+        Some(rows),
+        &row_frames_always(),
+        &mut out,
+        &mut s,
+    );
+    assert!(!FrameInfo::parse(&out).unwrap().rows);
+}
+
+/// A row frame byte by byte: f32 rows of 4 after a lead of 1 element,
+/// rows all 1.0, 2.0 and 3.0, a trail of 2 elements and a tail byte.
+/// Ordered by norm, the middle row (row 1) is the root: the root map is
+/// `02`, one root needs no index bits. Then the frame of the lead, root,
+/// trail and tail (29 bytes), its length first, and the frame of rows 0
+/// and 2 against row 1 twice.
+#[test]
+fn row_frame_known_answer() {
+    let mut v = vec![0.5f32];
+    for x in [1.0f32, 2.0, 3.0] {
+        v.extend([x; 4]);
+    }
+    v.extend([7.0, 8.0]);
+    let mut raw = f32_bytes(&v);
+    raw.push(0xee);
+    let opts = row_frames_always();
+    let f = encode_rows(&raw, DType::F32, Rows { len: 4, lead: 1 }, &opts);
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let roots = [&raw[..4], &raw[20..36], &raw[52..]].concat();
+    let others = [&raw[4..20], &raw[36..52]].concat();
+    let base = [&raw[20..36], &raw[20..36]].concat();
+    let a = encode(&roots, None, DType::F32, &opts);
+    let d = encode(&others, Some(&base), DType::F32, &opts);
+    assert_eq!(
+        hex(&f[..12]),
+        format!(
+            "434b0802{:02x}003d04010102{:02x}",
+            DType::F32.code(),
+            a.len()
+        )
+    );
+    assert_eq!(f[12..], [a, d].concat());
+    assert_eq!(decode(&f, None).unwrap(), raw);
+}
+
+/// Version 8's fixture: alike rows as a row frame, written by
+/// `write_codec_fixtures`.
+fn row_fixture_input() -> Vec<u8> {
+    f32_bytes(&alike_rows(64, 64, 29))
+}
+
+fn row_fixture_frame() -> Vec<u8> {
+    encode_rows(
+        &row_fixture_input(),
+        DType::F32,
+        Rows { len: 64, lead: 0 },
+        &Options::default(),
+    )
+}
+
+#[test]
+#[ignore]
+fn write_row_fixture() {
+    if std::env::var_os("CKVC_WRITE_CODEC_FIXTURES").is_none() {
+        return;
+    }
+    let path = format!(
+        "{}/tests/fixtures/codec/f32_alike_rows.v8.ckf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(path, row_fixture_frame()).unwrap();
+}
+
+/// The version 8 fixture decodes, is a row frame, and this build writes
+/// it byte for byte again.
+#[test]
+fn fixture_frame_of_version_8_decodes() {
+    let f = include_bytes!("../../tests/fixtures/codec/f32_alike_rows.v8.ckf");
+    let info = FrameInfo::parse(f).unwrap();
+    assert_eq!(
+        (info.version, info.rows, info.needs_base()),
+        (8, true, false)
+    );
+    assert_eq!(decode(f, None).unwrap(), row_fixture_input());
+    assert_eq!(row_fixture_frame(), f);
+}
+
+/// Broken row frames are errors, never panics: every truncation, every
+/// field out of its range, an inner frame of another dtype or length, a
+/// row frame inside a row frame, codec id 2 before version 8.
+#[test]
+fn corrupt_row_frames_are_errors() {
+    let f = row_fixture_frame();
+    // Header 7 bytes (raw length 16384 is 3 LEB128 bytes: 80 80 01), then
+    // row length 64 (1 byte), lead 0, root count 4, the root map (8
+    // bytes), the indices (60 x 2 bits = 15 bytes), the roots' length.
+    assert_eq!(f[6..9], [0x80, 0x80, 0x01]);
+    assert_eq!(f[9..12], [64, 0, 4]);
+    for cut in 0..f.len() {
+        assert!(decode(&f[..cut], None).is_err(), "cut at {cut}");
+    }
+    let with = |at: usize, b: u8| {
+        let mut g = f.clone();
+        g[at] = b;
+        decode(&g, None)
+    };
+    assert!(with(2, 7).is_err(), "codec 2 in version 7");
+    assert!(with(4, DType::I32.code()).is_err(), "integer row frame");
+    assert!(with(5, 4).is_err(), "transform bits");
+    assert!(with(9, 0).is_err(), "row length 0");
+    assert!(with(9, 127).is_err(), "rows do not fit");
+    assert!(with(10, 64).is_err(), "lead not below the row length");
+    assert!(with(11, 0).is_err(), "no roots");
+    assert!(with(11, 64).is_err(), "every row a root");
+    assert!(with(11, 5).is_err(), "root count not the map's");
+    assert!(with(12, f[12] ^ 1).is_err(), "root map");
+    // The roots' frame: its dtype, its length, a row frame in its place.
+    let a_at = 12 + 8 + 15;
+    let a_len = f[a_at] as usize | (f[a_at + 1] as usize & 0x7f) << 7;
+    let a = a_at + 2;
+    assert!(!FrameInfo::parse(&f[a..a + a_len]).unwrap().rows);
+    assert!(with(a + 4, DType::F16.code()).is_err(), "inner dtype");
+    assert!(with(a + 6, f[a + 6] ^ 4).is_err(), "inner length");
+    let nested = [
+        &f[..a_at],
+        &{
+            let mut l = Vec::new();
+            leb::write(f.len() as u64, &mut l);
+            l
+        },
+        &f[..],
+        &f[a + a_len..],
+    ]
+    .concat();
+    assert!(decode(&nested, None).is_err(), "row frame in a row frame");
+    let mut trailing = f.clone();
+    trailing.push(0);
+    assert!(decode(&trailing, None).is_err(), "trailing bytes");
 }

@@ -101,7 +101,11 @@ pub fn decode_input(frame: &[u8], base: Option<&[u8]>) -> Vec<u8> {
 /// bytes by a wider word (format version 6), so that fuzzed inputs, all
 /// small, still reach the block coders and the dtype's own width; bit 6
 /// writes a palette frame whenever the chunk has at most 256 distinct
-/// values (format version 6, transform bit 7), whatever it saves.
+/// values (format version 6, transform bit 7), whatever it saves; bit 7
+/// gives the encoder the chunk's rows (rows of `2 + dtype / 15` elements
+/// after a lead of `rest.len()` modulo that) and has it write a row frame
+/// (format version 8) whenever a float chunk holds two rows, whatever it
+/// saves.
 ///
 /// Checks: the frame's header states the dtype and length, and decoding it
 /// (with the base when its header asks for one) returns `raw`, also under a
@@ -128,6 +132,14 @@ pub fn check_roundtrip(data: &[u8]) {
     if flags & 64 != 0 {
         opts.palette = codec::Palette::Always;
     }
+    let rows = (flags & 128 != 0).then(|| {
+        opts.rows = codec::RowFrames::Always;
+        let len = 2 + usize::from(d / 15);
+        codec::Rows {
+            len,
+            lead: rest.len() % len,
+        }
+    });
     let (raw, base): (&[u8], Option<Vec<u8>>) = match (flags >> 1) & 3 {
         0 => (rest, None),
         1 => {
@@ -138,7 +150,9 @@ pub fn check_roundtrip(data: &[u8]) {
         _ => (rest, Some(rest[..rest.len().saturating_sub(1)].to_vec())),
     };
     let base = base.as_deref();
-    let frame = codec::encode(raw, base, dtype, &opts);
+    let mut frame = Vec::new();
+    let mut scratch = Scratch::default();
+    codec::encode_shaped_into(raw, base, dtype, rows, &opts, &mut frame, &mut scratch);
     let info = FrameInfo::parse(&frame).expect("the encoder writes a valid header");
     assert_eq!(info.dtype, dtype, "frame dtype");
     assert_eq!(info.raw_len, raw.len() as u64, "frame raw_len");
@@ -150,14 +164,8 @@ pub fn check_roundtrip(data: &[u8]) {
     }
     let base = base.filter(|_| info.needs_base());
     let mut out = Vec::new();
-    codec::decode_into(
-        &frame,
-        base,
-        raw.len() as u64,
-        &mut out,
-        &mut Scratch::default(),
-    )
-    .expect("a frame the encoder wrote decodes");
+    codec::decode_into(&frame, base, raw.len() as u64, &mut out, &mut scratch)
+        .expect("a frame the encoder wrote decodes");
     assert!(out == raw, "round trip changed the bytes");
 }
 

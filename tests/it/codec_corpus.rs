@@ -5,7 +5,7 @@
 #[path = "../../src/cli/bench/corpus.rs"]
 #[allow(dead_code)]
 mod corpus;
-use ckvc::codec::{decode, encode, DType, ElementMap, FrameInfo, Options, FORMAT_VERSION};
+use ckvc::codec::{decode, encode, DType, ElementMap, FrameInfo, Options, PLAIN_VERSION};
 use corpus::{load_run, Checkpoint, MIN_ELEMENTS};
 
 fn run() -> Vec<Checkpoint> {
@@ -140,7 +140,7 @@ fn version_1_2_and_3_frames_from_the_corpus_still_decode() {
     // This build writes the same tensor in the current version, and
     // decodes it too.
     let f = encode(&new, Some(&base), DType::BF16, &Options::default());
-    assert_eq!(FrameInfo::parse(&f).unwrap().version, FORMAT_VERSION);
+    assert_eq!(FrameInfo::parse(&f).unwrap().version, PLAIN_VERSION);
     assert_eq!(decode(&f, Some(&base)).unwrap(), new);
 }
 
@@ -229,4 +229,43 @@ fn load_run_walks_nested_checkpoint_layouts() {
         .iter()
         .all(|t| t.key.starts_with("mp_rank_00/model.safetensors/") && t.group == "weights"));
     assert_eq!(run[0].tensors.len(), run[1].tensors.len());
+}
+
+/// Row frames (format version 8) on the corpus's last checkpoint: given
+/// each tensor's rows, the encoder writes row frames for some of Adam's
+/// moments (their rows alike up to scale), every frame round trips, and
+/// the optimizer's whole frames come out at least 0.5% smaller than
+/// without rows (measured at step 600: 5,533,652 -> 5,484,508 bytes,
+/// 0.9%; the runs with a real vocabulary gain 5-15%), the weights' never
+/// larger.
+#[test]
+fn row_frames_pay_on_the_optimizer_of_the_last_checkpoint() {
+    use ckvc::codec::{decode_into, encode_shaped_into, Rows, Scratch};
+    let run = run();
+    let ck = run.last().unwrap();
+    let opts = Options::default();
+    let mut s = Scratch::default();
+    let (mut frame, mut back) = (Vec::new(), Vec::new());
+    let mut sizes = std::collections::BTreeMap::<&str, [usize; 2]>::new();
+    let mut row_frames = 0;
+    for t in &ck.tensors {
+        let rows = Rows::of_chunk(&t.shape, 0);
+        encode_shaped_into(&t.data, None, t.dtype, rows, &opts, &mut frame, &mut s);
+        decode_into(&frame, None, t.data.len() as u64, &mut back, &mut s).unwrap();
+        assert!(back == t.data, "{}", t.key);
+        let info = FrameInfo::parse(&frame).unwrap();
+        row_frames += info.rows as usize;
+        let plain = encode(&t.data, None, t.dtype, &opts).len();
+        let e = sizes.entry(t.group).or_default();
+        e[0] += frame.len();
+        e[1] += plain;
+    }
+    assert!(row_frames > 0);
+    let [opt, opt_plain] = sizes["optimizer"];
+    assert!(
+        (opt as f64) < opt_plain as f64 * 0.995,
+        "optimizer {opt} with rows, {opt_plain} without"
+    );
+    let [w, w_plain] = sizes["weights"];
+    assert!(w <= w_plain, "weights {w} with rows, {w_plain} without");
 }

@@ -35,6 +35,8 @@ pub struct Tensor {
     pub key: String,
     pub dtype: DType,
     pub group: &'static str,
+    /// The tensor's dimensions: the last one is its row length.
+    pub shape: Vec<u64>,
     pub data: Vec<u8>,
 }
 
@@ -96,6 +98,7 @@ pub fn load_run(dir: &Path, min_elements: u64) -> Result<Vec<Checkpoint>, LoadEr
                         key: format!("{rel}/{}", t.name),
                         dtype: t.dtype,
                         group: group_of(&name, &t.name),
+                        shape: t.shape.clone(),
                         data: bytes[a..b].to_vec(),
                     });
                 }

@@ -65,6 +65,8 @@ pub struct BenchOptions {
     pub bzip2: bool,
     /// Tensors with fewer elements are skipped (0-d optimizer step counters).
     pub min_elements: u64,
+    /// Give the codec each chunk's rows, as a commit does (row frames).
+    pub row_frames: bool,
 }
 
 impl Default for BenchOptions {
@@ -76,6 +78,7 @@ impl Default for BenchOptions {
             zstd19: true,
             bzip2: true,
             min_elements: corpus::MIN_ELEMENTS,
+            row_frames: true,
         }
     }
 }
@@ -113,6 +116,8 @@ struct Job<'a> {
     dtype: DType,
     raw: &'a [u8],
     base: Option<&'a [u8]>,
+    /// The chunk's rows in its tensor.
+    rows: Option<codec::Rows>,
 }
 
 /// Run the whole benchmark on a run directory.
@@ -145,6 +150,8 @@ pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<
                     dtype: t.dtype,
                     raw,
                     base: base.map(|b| &b[c * cb..c * cb + raw.len()]),
+                    rows: codec::Rows::of_chunk(&t.shape, (c * cb / t.dtype.width()) as u64)
+                        .filter(|_| opts.row_frames),
                 });
             }
         }
@@ -357,7 +364,7 @@ impl<'p> Timed<'p> {
                 one,
             } => {
                 for (j, f) in jobs.iter().zip(frames.iter_mut()) {
-                    codec::encode_into(j.raw, j.base, j.dtype, opts, f, &mut one.0);
+                    codec::encode_shaped_into(j.raw, j.base, j.dtype, j.rows, opts, f, &mut one.0);
                 }
             }
             Coder::Ckvc {
@@ -369,7 +376,7 @@ impl<'p> Timed<'p> {
                     .zip(frames.par_iter_mut())
                     .for_each(|(j, f)| {
                         SCRATCH.with_borrow_mut(|(s, _)| {
-                            codec::encode_into(j.raw, j.base, j.dtype, opts, f, s)
+                            codec::encode_shaped_into(j.raw, j.base, j.dtype, j.rows, opts, f, s)
                         })
                     })
             }),
@@ -553,6 +560,7 @@ mod tests {
                 key: "model.safetensors/w".into(),
                 dtype: DType::F32,
                 group: "weights",
+                shape: vec![4096],
                 data,
             }
         };
