@@ -64,6 +64,11 @@ pub enum RepoCommand {
         /// Longest delta chain before a chunk is stored full.
         #[arg(long)]
         max_chain: Option<u16>,
+        /// Never store a whole chunk as a row frame (root rows and the
+        /// other rows against them): optimizer keyframes 4-15% larger,
+        /// encoded about 3x and decoded 2x faster.
+        #[arg(long)]
+        no_row_frames: bool,
         /// Print {"repository": DIR, "config": {...}} as JSON.
         #[arg(long)]
         json: bool,
@@ -359,6 +364,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
         RepoCommand::Init {
             dir,
             max_chain,
+            no_row_frames,
             json,
         } => {
             let dir = dir.unwrap_or_else(|| w.start());
@@ -368,6 +374,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             if let Some(m) = max_chain {
                 config.max_chain = m;
             }
+            config.row_frames = !no_row_frames;
             if let Some(mib) = w.memory_budget {
                 config.memory_budget = mib << 20;
             }

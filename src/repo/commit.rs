@@ -276,6 +276,8 @@ struct Job<'d> {
     raw: Raw<'d>,
     /// `None` for opaque bytes (zstd).
     dtype: Option<DType>,
+    /// Where the chunk lies in its tensor's rows (2-D and wider tensors).
+    rows: Option<codec::Rows>,
     base: Option<BaseRef>,
 }
 
@@ -692,7 +694,8 @@ pub(crate) fn encode_record(
 ) -> Result<ChunkRecord, RepoError> {
     let written = now_secs();
     let mut data = Vec::new();
-    let (payload, base, depth) = encode_payload(raw, dtype, base, zstd_level, scratch, &mut data)?;
+    let (payload, base, depth) =
+        encode_payload(raw, dtype, None, base, zstd_level, scratch, &mut data)?;
     Ok(ChunkRecord {
         payload,
         raw_len: raw.len() as u64,
@@ -705,10 +708,13 @@ pub(crate) fn encode_record(
 
 /// [`encode_record`]'s encoding ([`ChunkRecord::encode`]) in a buffer of
 /// `pool`, and the record's depth; the payload is coded into `frame`
-/// first. Nothing is allocated here once the pool's buffers have grown.
+/// first, knowing the chunk's `rows` in its tensor when given. Nothing is
+/// allocated here once the pool's buffers have grown.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_record_into(
     raw: &[u8],
     dtype: Option<DType>,
+    rows: Option<codec::Rows>,
     base: Option<(ChunkId, &[u8], u16)>,
     zstd_level: i32,
     scratch: &mut Scratch,
@@ -716,7 +722,8 @@ pub(crate) fn encode_record_into(
     pool: &BufPool,
 ) -> Result<(Vec<u8>, u16), RepoError> {
     let written = now_secs();
-    let (payload, base, depth) = encode_payload(raw, dtype, base, zstd_level, scratch, frame)?;
+    let (payload, base, depth) =
+        encode_payload(raw, dtype, rows, base, zstd_level, scratch, frame)?;
     // Of the raw chunk's size class even when the frame is smaller, so
     // the buffer serves a raw chunk next.
     let mut out = pool.take(frame.len().max(raw.len()) + 53);
@@ -742,10 +749,12 @@ thread_local! {
 }
 
 /// Codes `raw` into `out` (cleared first): its payload kind, delta base
-/// and depth.
+/// and depth. `rows`, the chunk's rows in its tensor, lets a whole chunk
+/// be a row frame.
 fn encode_payload(
     raw: &[u8],
     dtype: Option<DType>,
+    rows: Option<codec::Rows>,
     base: Option<(ChunkId, &[u8], u16)>,
     zstd_level: i32,
     scratch: &mut Scratch,
@@ -771,10 +780,11 @@ fn encode_payload(
         })?;
         return Ok((Payload::Zstd, None, 0));
     };
-    codec::encode_into(
+    codec::encode_shaped_into(
         raw,
         base.map(|b| b.1),
         dtype,
+        rows,
         &Options::default(),
         out,
         scratch,
@@ -1082,10 +1092,17 @@ impl<'d> Writer<'_, 'd> {
                                 .as_ref()
                                 .map(|(f, at)| (f.clone(), at + (k * piece) as u64)),
                         });
+                    let rows = match seg {
+                        Segment::Tensor(t) if self.repo.config.row_frames => {
+                            codec::Rows::of_chunk(&t.shape, (k * piece / t.dtype.width()) as u64)
+                        }
+                        _ => None,
+                    };
                     let job = Job {
                         id,
                         raw,
                         dtype,
+                        rows,
                         base,
                     };
                     match &self.tx {
@@ -1160,6 +1177,7 @@ impl Repository {
                 encode_record_into(
                     &job.raw,
                     job.dtype,
+                    job.rows,
                     base.map(|(b, d)| (b, base_raw.as_slice(), d)),
                     level,
                     scratch,

@@ -357,6 +357,16 @@ pub struct Config {
     /// this plus the store's write buffers, whatever the checkpoint size.
     #[serde(default = "default_memory_budget")]
     pub memory_budget: u64,
+    /// Whether a commit tells the codec where its chunks lie in their
+    /// tensors' rows, so that a whole chunk of alike rows (Adam's moments)
+    /// may be a row frame (chunk format version 8): 4-15% smaller
+    /// optimizer keyframes, which encode about 3x and decode 2x slower.
+    #[serde(default = "default_row_frames")]
+    pub row_frames: bool,
+}
+
+fn default_row_frames() -> bool {
+    true
 }
 
 fn default_memory_budget() -> u64 {
@@ -379,6 +389,7 @@ impl Default for Config {
             zstd_level: 9,
             compact_chain: 2,
             memory_budget: default_memory_budget(),
+            row_frames: default_row_frames(),
         }
     }
 }

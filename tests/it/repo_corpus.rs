@@ -557,3 +557,48 @@ fn commit_and_checkout_report_every_byte_and_file_as_progress() {
     assert_eq!(p.finished.load(Relaxed), 1);
     same_tree(&dir, &out);
 }
+
+/// Row frames in a repository: committing the corpus's last step stores
+/// some optimizer chunks as row frames (format version 8) and fewer
+/// bytes than a repository made with `row_frames: false` (`ckvc init
+/// --no-row-frames`), which stores none; both pass fsck and check out
+/// byte for byte.
+#[test]
+fn commit_stores_row_frames_unless_the_repository_says_not_to() {
+    use ckvc::codec::FrameInfo;
+    use ckvc::repo::objects::{ChunkRecord, Payload};
+    use ckvc::store::{Space, StoreExt};
+    let (_, last) = steps().pop().unwrap();
+    let mut found = Vec::new();
+    for row_frames in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            row_frames,
+            ..Config::default()
+        };
+        let repo = Repository::init(tmp.path(), config).unwrap();
+        let r = repo.commit(&last, &CommitOptions::default()).unwrap();
+        let records = repo.store().collect_prefix(Space::Chunks, &[]).unwrap();
+        let rows = records
+            .iter()
+            .map(|(_, v)| ChunkRecord::decode(v).unwrap())
+            .filter(|rec| {
+                rec.payload == Payload::Codec && FrameInfo::parse(&rec.data).unwrap().rows
+            })
+            .count();
+        assert!(repo.fsck(false).unwrap().is_clean());
+        let out = tmp.path().join("out");
+        repo.checkout(&r.id, &out, &CheckoutOptions::default())
+            .unwrap();
+        same_tree(&last, &out);
+        found.push((rows, r.stats.stored_bytes));
+    }
+    let [(rows, with), (none, without)] = found[..] else {
+        unreachable!()
+    };
+    assert!(rows > 0 && none == 0, "{rows} row frames, {none} without");
+    assert!(
+        with < without,
+        "{with} bytes with row frames, {without} without"
+    );
+}
