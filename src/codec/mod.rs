@@ -1585,8 +1585,6 @@ impl ElementOps {
     }
 }
 
-/// Decode a palette frame (version 6, transform bit 7; its header checked
-/// and its raw length within the caller's limit).
 /// A row frame (version 8): its two inner frames decoded, the second
 /// against the roots its rows name, and the rows put back in place.
 fn decode_rows(
@@ -1696,6 +1694,8 @@ fn shifted(e: DecodeError, at: usize) -> DecodeError {
     }
 }
 
+/// Decode a palette frame (version 6, transform bit 7; its header checked
+/// and its raw length within the caller's limit).
 fn decode_palette(
     frame: &[u8],
     info: &FrameInfo,

@@ -473,10 +473,7 @@ pub fn read_plan(
     count: usize,
     roots: usize,
 ) -> Result<(Plan, usize), DecodeError> {
-    let corrupt = |at: usize, reason| DecodeError::Corrupt {
-        offset: at as u64,
-        reason,
-    };
+    use super::corrupt;
     let map_len = count.div_ceil(8);
     let b = index_bits(roots);
     let others = count - roots;
