@@ -411,7 +411,7 @@ fn shared<const W: usize>(a: &[u8], b: &[u8]) -> (u64, u64) {
         v[..W].copy_from_slice(y);
         let (u, v) = (u64::from_le_bytes(u), u64::from_le_bytes(v));
         if u != 0 {
-            bits += u64::from((u ^ v).leading_zeros()) - 64 + 8 * W as u64;
+            bits += u64::from((u ^ v).leading_zeros()) + 8 * W as u64 - 64;
             n += 1;
         }
     }
@@ -559,6 +559,25 @@ mod tests {
         assert_eq!(Rows::of_chunk(&[800], 0), None);
         assert_eq!(Rows::of_chunk(&[100, 8], 0), None);
         assert_eq!(Rows::of_chunk(&[], 0), None);
+    }
+
+    /// The bits an element shares with its root's: all of them when
+    /// equal, none when the sign differs, the leading ones of the XOR
+    /// between; zero elements are not counted. (The first version
+    /// subtracted 64 before adding the width and overflowed in debug
+    /// builds.)
+    #[test]
+    fn shared_bits_count_leading_equal_bits_without_overflow() {
+        let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let a = f(&[1.0, 1.0, 0.0, 1.0]);
+        let b = f(&[1.0, -1.0, 5.0, f32::from_bits(1.0f32.to_bits() ^ 0x100)]);
+        // 32 (equal) + 0 (sign) + 23 (bit 8 differs); the zero is left out.
+        assert_eq!(shared::<4>(&a, &b), (55, 3));
+        let h = |v: &[u16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(
+            shared::<2>(&h(&[0x3f80, 0x3f80]), &h(&[0x3f80, 0x3f81])),
+            (16 + 15, 2)
+        );
     }
 
     /// The root map and indices read back as written, for root counts
