@@ -470,28 +470,12 @@ pub fn encode_shaped_into(
         plain = true;
     }
     let body = &raw[..n * w];
-    let (dir, min_gain) = match opts.rows {
-        RowFrames::Auto { min_gain } => {
-            let dir = (g.count >= rows::MIN_ROWS && g.len >= rows::MIN_ROW_LEN)
-                .then(|| rows::screen(body, &g, dtype))
-                .flatten();
-            let Some(dir) = dir else {
-                if !plain {
-                    encode_into(raw, None, dtype, opts, out, scratch);
-                }
-                return;
-            };
-            (dir, f64::from(min_gain))
-        }
-        _ => (rows::direction(body, &g, dtype), f64::NEG_INFINITY),
-    };
-    let plan = rows::plan(body, &g, dtype, &dir);
-    if min_gain > 0.0 && rows::shared_bits(body, &g, dtype, &plan) < rows::min_shared_bits(w) {
+    let Some((plan, min_gain)) = row_plan(body, &g, dtype, opts.rows) else {
         if !plain {
             encode_into(raw, None, dtype, opts, out, scratch);
         }
         return;
-    }
+    };
     let [mut rf, mut fa, mut fd] = std::mem::take(&mut scratch.row_frames);
     encode_row_frame(
         raw,
@@ -504,11 +488,17 @@ pub fn encode_shaped_into(
         scratch,
     );
     // The roots' frame codes a sample of the rows (one in 16, of every
-    // norm) as the plain frame codes them all: a row frame well below
-    // that estimate keeps its place without the plain frame being built.
+    // norm) as the plain frame codes them all: a row frame `min_gain`
+    // below that estimate keeps its place without the plain frame being
+    // built. The estimate came out 0.998-1.066 of the plain frame (median
+    // 1.004) on 64 KiB of roots or more of the optimizer states of
+    // gpt-small, bert-ft and the generated runs, up to 1.13 on less.
+    // Asking for 8% more than `min_gain` gave the same ratios and encoded
+    // those rows 1.2-1.3x slower (637 -> 488, 864 -> 729 MiB/s,
+    // codec-bench, FULL fp32 optimizer of the fp32 run and gpt-small).
     let roots_raw = raw.len() - (g.count - plan.roots.len()) * g.len * w;
     let estimate = fa.len() as f64 * raw.len() as f64 / roots_raw.max(1) as f64;
-    let keep = if !plain && rf.len() as f64 <= estimate * (1.0 - min_gain - ESTIMATE_MARGIN) {
+    let keep = if !plain && rf.len() as f64 <= estimate * (1.0 - min_gain) {
         true
     } else {
         if !plain {
@@ -522,16 +512,33 @@ pub fn encode_shaped_into(
     scratch.row_frames = [rf, fa, fd];
 }
 
-/// How far below the estimate of the plain frame (from the roots' frame)
-/// a row frame must come, beyond `min_gain`, to be kept without building
-/// the plain frame. The estimate came out 0.998-1.066 of the plain frame
-/// (median 1.004) on chunks of 64 KiB of roots or more of the optimizer
-/// states of gpt-small, bert-ft and the generated runs, up to 1.13 on
-/// smaller ones. With no margin the ratios came out the same or better
-/// (fp32 run 0.7771 -> 0.7770, gpt-small 0.8121 -> 0.8119 FULL fp32
-/// optimizer) and those rows encoded 1.2-1.3x faster than with 8%
-/// (488 -> 637, 729 -> 864 MiB/s in codec-bench).
-const ESTIMATE_MARGIN: f64 = 0.0;
+/// The roots of a chunk's rows and the fraction a row frame must save,
+/// or `None` when `mode` says not to try one: never, or (`Auto`) a chunk
+/// too small or whose rows the screen or the bits they share with their
+/// roots turn away.
+fn row_plan(
+    body: &[u8],
+    g: &rows::Geometry,
+    dtype: DType,
+    mode: RowFrames,
+) -> Option<(rows::Plan, f64)> {
+    match mode {
+        RowFrames::Never => None,
+        RowFrames::Always => {
+            let dir = rows::direction(body, g, dtype);
+            Some((rows::plan(body, g, dtype, &dir), f64::NEG_INFINITY))
+        }
+        RowFrames::Auto { min_gain } => {
+            if g.count < rows::MIN_ROWS || g.len < rows::MIN_ROW_LEN {
+                return None;
+            }
+            let dir = rows::screen(body, g, dtype)?;
+            let plan = rows::plan(body, g, dtype, &dir);
+            let shared = rows::shared_bits(body, g, dtype, &plan);
+            (shared >= rows::min_shared_bits(dtype.width())).then_some((plan, f64::from(min_gain)))
+        }
+    }
+}
 
 /// The row frame of `raw` by `plan`: header, row section, the frame of
 /// the lead, roots, trail and tail (`inner[0]`), then the frame of the

@@ -219,6 +219,12 @@ pub fn direction(body: &[u8], g: &Geometry, dtype: DType) -> Vec<f32> {
 /// squared norm (non-finite values order last, as the largest norm).
 fn key(v: &[f32], dir: &[f32]) -> (bool, f32) {
     let (dot, sq) = dot_norm(v, dir);
+    signed_norm(dot, sq)
+}
+
+/// The key of a row from its dot product with the direction and its
+/// squared norm.
+fn signed_norm(dot: f32, sq: f32) -> (bool, f32) {
     let sq = if sq.is_finite() { sq } else { f32::INFINITY };
     (dot >= 0.0, sq)
 }
@@ -252,9 +258,7 @@ fn row_key<const W: usize>(row: &[u8], dir: &[f32]) -> (bool, f32) {
         dot[k] += x * d;
         sq[k] += x * x;
     }
-    let (dot, sq): (f32, f32) = (dot.iter().sum(), sq.iter().sum());
-    let sq = if sq.is_finite() { sq } else { f32::INFINITY };
-    (dot >= 0.0, sq)
+    signed_norm(dot.iter().sum(), sq.iter().sum())
 }
 
 fn by_key(keys: &[(bool, f32)]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {

@@ -1119,6 +1119,11 @@ fn write_codec_fixtures() {
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::write(path, fixture_frame(6, DType::F32, &palette_fixture_input())).unwrap();
+    let path = format!(
+        "{}/tests/fixtures/codec/f32_alike_rows.v8.ckf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(path, row_fixture_frame()).unwrap();
 }
 
 /// A fixture file of every frame version from 4 on (1 to 3:
@@ -1625,8 +1630,8 @@ fn row_frame_known_answer() {
     assert_eq!(decode(&f, None).unwrap(), raw);
 }
 
-/// Version 8's fixture: alike rows as a row frame, written by
-/// `write_codec_fixtures`.
+/// Version 8's fixture: alike rows as a row frame (written, with the
+/// others, by `write_codec_fixtures`).
 fn row_fixture_input() -> Vec<u8> {
     f32_bytes(&alike_rows(64, 64, 29))
 }
@@ -1638,19 +1643,6 @@ fn row_fixture_frame() -> Vec<u8> {
         Rows { len: 64, lead: 0 },
         &Options::default(),
     )
-}
-
-#[test]
-#[ignore]
-fn write_row_fixture() {
-    if std::env::var_os("CKVC_WRITE_CODEC_FIXTURES").is_none() {
-        return;
-    }
-    let path = format!(
-        "{}/tests/fixtures/codec/f32_alike_rows.v8.ckf",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::write(path, row_fixture_frame()).unwrap();
 }
 
 /// The version 8 fixture decodes, is a row frame, and this build writes
