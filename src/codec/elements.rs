@@ -626,13 +626,16 @@ pub fn compact(raw: &[u8], runs: &[u32], w: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// One kept run of an element map, as the decoder places it: `len`
-/// elements that are `at..at + len` of the compacted (kept) elements and
-/// `to..to + len` of the chunk.
+/// One run of elements as the decoder places it: `len` elements that are
+/// `at..at + len` of the frame's streams and `to..to + len` of the chunk,
+/// against `from..from + len` of the base. A kept run of an element map
+/// is against the base's same elements (`from == to`); a row of a row
+/// frame's others against its root, elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
     pub at: usize,
     pub to: usize,
+    pub from: usize,
     pub len: usize,
 }
 
@@ -644,7 +647,12 @@ pub fn kept_pieces(runs: &[u32], pieces: &mut Vec<Piece>) {
     for (r, &len) in runs.iter().enumerate() {
         let len = len as usize;
         if r % 2 == 0 && len > 0 {
-            pieces.push(Piece { at, to, len });
+            pieces.push(Piece {
+                at,
+                to,
+                from: to,
+                len,
+            });
             at += len;
         }
         to += len;

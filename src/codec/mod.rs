@@ -1335,6 +1335,27 @@ pub fn decode_into(
     if info.rows {
         return decode_rows(frame, &info, out, scratch);
     }
+    out.clear();
+    out.reserve(raw_len);
+    decode_grouped(frame, &info, base, None, out, scratch)
+}
+
+/// Decode the elements of a grouped-entropy frame `info` of `frame` into
+/// the spare capacity of `out`, then set its length: the frame's chunk.
+/// With `rows`, the raw length of a row frame whose others this frame
+/// holds ([`decode_rows`]; no element map, no tail), the pieces in
+/// `scratch.pieces` say where each run of the frame's elements goes in
+/// that chunk and which elements of `base` (the roots' part) it is
+/// against, and the caller writes the rest and sets the length.
+fn decode_grouped(
+    frame: &[u8],
+    info: &FrameInfo,
+    base: Option<&[u8]>,
+    rows: Option<usize>,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) -> Result<(), DecodeError> {
+    let raw_len = info.raw_len as usize;
     let w = info.group_width;
     let all = raw_len / w;
     let mut pos = info.header_len;
@@ -1373,11 +1394,16 @@ pub fn decode_into(
     // base's kept elements gathered, then moved into place: per run, the
     // kernels' fixed costs would outweigh the copies.
     let mut n = all;
-    let full_base = base.map(|b| &b[..all * w]);
+    let full_base = match rows {
+        Some(_) => base,
+        None => base.map(|b| &b[..all * w]),
+    };
     let mut base = full_base;
     let mut scattered = false;
-    pieces.clear();
-    if info.element_map {
+    if rows.is_none() {
+        pieces.clear();
+    }
+    if info.element_map && rows.is_none() {
         let map = elements::read(frame, pos, all, runs, skip_bits)?;
         pos = map.end;
         n = map.kept;
@@ -1399,10 +1425,11 @@ pub fn decode_into(
             elements::kept_pieces(runs, pieces);
         }
     }
-    if (!info.element_map || scattered) && n > 0 {
+    if (!info.element_map || scattered) && n > 0 && rows.is_none() {
         pieces.push(elements::Piece {
             at: 0,
             to: 0,
+            from: 0,
             len: n,
         });
     }
@@ -1473,9 +1500,7 @@ pub fn decode_into(
     // The output is written once, into fresh capacity: no zero-filling
     // pass first (a reused `out` that was shorter, or a new one, would
     // otherwise be zeroed up to the raw length).
-    out.clear();
-    out.reserve(raw_len);
-    let body = &mut out.spare_capacity_mut()[..all * w];
+    let body = &mut out.spare_capacity_mut()[..rows.unwrap_or(all * w)];
     if info.element_map && !scattered {
         elements::fill_skipped(body, runs, full_base, w);
     }
@@ -1490,15 +1515,20 @@ pub fn decode_into(
         let hi = (lo + span).min(n);
         // This block's part of each piece that overlaps it: (elements of
         // the block, elements of the chunk).
+        // (elements of the block, of the chunk, of the base).
         let parts = pieces[first..].iter().take_while(|p| p.at < hi).map(|p| {
             let (a, b) = (p.at.max(lo), (p.at + p.len).min(hi));
-            (a - lo..b - lo, p.to + a - p.at..p.to + b - p.at)
+            (
+                a - lo..b - lo,
+                p.to + a - p.at..p.to + b - p.at,
+                p.from + a - p.at,
+            )
         });
         let c = match (base, ctx_coded) {
             (Some(base), true) => {
                 let ctx = &mut layout::grow(ctx, hi - lo)[..hi - lo];
-                for (i, e) in parts.clone() {
-                    let raw = &base[e.start * w..e.end * w];
+                for (i, _, f) in parts.clone() {
+                    let raw = &base[f * w..(f + i.len()) * w];
                     layout::context_bytes_into(raw, w, float, &mut ctx[i]);
                 }
                 Some(&ctx[..])
@@ -1528,14 +1558,21 @@ pub fn decode_into(
             }
             refs
         };
-        for (i, e) in parts {
-            let bytes = e.start * w..e.end * w;
-            let b = base.map(|b| &b[bytes.clone()]);
-            rebuild.place(&symbols(i)[..w], b, &mut body[bytes]);
+        for (i, e, f) in parts {
+            let b = base.map(|b| &b[f * w..(f + e.len()) * w]);
+            rebuild.place(&symbols(i)[..w], b, &mut body[e.start * w..e.end * w]);
         }
         while pieces.get(first).is_some_and(|p| p.at + p.len <= hi) {
             first += 1;
         }
+    }
+    if rows.is_some() {
+        // The caller places the rest and sets the length.
+        return if tail.is_empty() {
+            Ok(())
+        } else {
+            Err(corrupt(info.header_len, "a row frame's others have a tail"))
+        };
     }
     if scattered {
         // SAFETY: the one piece covered the `n` kept elements, back to
@@ -1632,14 +1669,48 @@ fn decode_rows(
         }
         decode_into(fa, None, a_want as u64, &mut a, scratch).map_err(|e| shifted(e, pos))?;
         let id = inner_info(fd, a_end, info.dtype, d_want)?;
-        let root = |x: u32| {
-            let at = (lead + x as usize * len) * w;
-            &a[at..at + len * w]
-        };
+        let root = |x: u32| (lead + x as usize * len) * w;
+        // A delta frame without an element map is decoded straight into
+        // the chunk, each row against its root in `a`; the roots, lead
+        // and trail are then copied into their places. Anything else
+        // (an element map, no delta) decodes the others back to back,
+        // against their roots gathered, and moves every row into place.
+        if id.needs_base() && !id.element_map && !id.whole_zstd && id.group_width == w {
+            let pieces = &mut scratch.pieces;
+            pieces.clear();
+            let others = plan.is_root.iter().enumerate().filter(|r| !r.1);
+            for (k, ((i, _), &x)) in others.zip(&plan.of).enumerate() {
+                pieces.push(elements::Piece {
+                    at: k * len,
+                    to: lead + i * len,
+                    from: root(x) / w,
+                    len,
+                });
+            }
+            out.clear();
+            out.reserve(raw_len);
+            decode_grouped(fd, &id, Some(&a), Some(raw_len), out, scratch)
+                .map_err(|e| shifted(e, a_end))?;
+            let body = &mut out.spare_capacity_mut()[..raw_len];
+            put(&mut body[..lead * w], &a[..lead * w]);
+            let roots = plan.is_root.iter().enumerate().filter(|r| *r.1);
+            for (x, (i, _)) in roots.enumerate() {
+                let at = (lead + i * len) * w;
+                put(&mut body[at..at + len * w], &a[root(x as u32)..][..len * w]);
+            }
+            let rest = (lead + g.count * len) * w;
+            put(&mut body[rest..], &a[(lead + r * len) * w..]);
+            // SAFETY: the others' frame wrote every other row (its pieces
+            // cover its elements, one row each), and the lines above the
+            // lead, the roots and the trail and tail: all `raw_len` bytes
+            // within the capacity reserved above.
+            unsafe { out.set_len(raw_len) };
+            return Ok(());
+        }
         b.clear();
         if id.needs_base() {
             for &x in &plan.of {
-                b.extend_from_slice(root(x));
+                b.extend_from_slice(&a[root(x)..][..len * w]);
             }
         }
         let base = id.needs_base().then_some(b.as_slice());
@@ -1650,7 +1721,7 @@ fn decode_rows(
         let (mut ri, mut di) = (0u32, 0usize);
         for &is_root in &plan.is_root {
             if is_root {
-                out.extend_from_slice(root(ri));
+                out.extend_from_slice(&a[root(ri)..][..len * w]);
                 ri += 1;
             } else {
                 out.extend_from_slice(&d[di..di + len * w]);
@@ -1662,6 +1733,14 @@ fn decode_rows(
     })();
     scratch.row_parts = [a, d, b];
     decoded
+}
+
+/// Copy `src` into `dst` (as long), uninitialised bytes of an output.
+fn put(dst: &mut [MaybeUninit<u8>], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "put copies equal lengths");
+    // SAFETY: both are `src.len()` bytes (checked above), in different
+    // buffers (`dst` is spare capacity, `src` an initialised slice).
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) }
 }
 
 /// The header of a row frame's inner frame at `at` in the row frame,

@@ -1541,6 +1541,65 @@ fn row_frames_round_trip_every_geometry() {
     }
 }
 
+/// The others' frame of a row frame `f` (the second inner frame).
+fn others_frame(f: &[u8]) -> &[u8] {
+    let info = FrameInfo::parse(f).unwrap();
+    let n = info.raw_len as usize / info.dtype.width();
+    let ([len, lead, r], pos) = rows::read_numbers(f, info.header_len).unwrap();
+    let g = rows::Geometry::new(n, Rows { len, lead }).unwrap();
+    let (_, pos) = rows::read_plan(f, pos, g.count, r).unwrap();
+    let (a_len, pos) = leb::read(f, pos, f.len(), 5).unwrap();
+    &f[pos + a_len as usize..]
+}
+
+/// A row frame whose others' frame is a plain delta is decoded straight
+/// into the chunk, each row against its root; one whose others' frame
+/// has an element map (rows equal to their roots in many elements, or
+/// zero) through the gathered roots. Both give the chunk back, into an
+/// output and scratch that held a longer chunk before.
+#[test]
+fn row_frames_decode_others_in_place_or_gathered() {
+    let (rows, len) = (96, 64);
+    let alike = alike_rows(rows, len, 11);
+    // Every third element of each row the same as the first row's, and
+    // some rows zero: the others' elements equal to their roots' then
+    // make an element map.
+    let mut mapped = alike.clone();
+    for r in 1..rows {
+        for c in (0..len).step_by(3) {
+            mapped[r * len + c] = alike[c];
+        }
+    }
+    for r in (5..rows).step_by(7) {
+        mapped[r * len..(r + 1) * len].fill(0.0);
+    }
+    let mut out = Vec::new();
+    let mut s = Scratch::default();
+    for (v, want_map) in [(alike, false), (mapped, true)] {
+        let raw = f32_bytes(&v);
+        let f = encode_rows(
+            &raw,
+            DType::F32,
+            Rows { len, lead: 0 },
+            &row_frames_always(),
+        );
+        let d = FrameInfo::parse(others_frame(&f)).unwrap();
+        assert!(d.needs_base(), "the others are a delta against the roots");
+        assert_eq!(d.element_map, want_map);
+        let longer = f32_bytes(&gaussian_f32(3 * rows * len, 4, 1.0));
+        decode_into(
+            &encode(&longer, None, DType::F32, &Options::default()),
+            None,
+            HARD_MAX_RAW_LEN,
+            &mut out,
+            &mut s,
+        )
+        .unwrap();
+        decode_into(&f, None, HARD_MAX_RAW_LEN, &mut out, &mut s).unwrap();
+        assert_eq!(out, raw, "element map {want_map}");
+    }
+}
+
 /// The screen passes rows alike up to scale and the row frame is kept,
 /// well smaller than the plain one; rows of noise (weights) are not
 /// tried, and chunks without rows or of other dtypes never are.
