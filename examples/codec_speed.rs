@@ -6,7 +6,8 @@
 //! of the wall clock (on a machine shared with other work; Linux).
 //! FRAMES=1 prints each frame's tensor and header (what the encoder
 //! chose), PEER=1 beside it zstd -19's size of the byte-grouped bytes;
-//! MAX_BYTES=n keeps tensors of at most n bytes. The real benchmark is
+//! MAX_BYTES=n keeps tensors of at most n bytes; ROWS=1 gives the encoder
+//! each chunk's rows (row frames, as a commit does). The real benchmark is
 //! `ckvc debug codec-bench`.
 
 use std::time::Instant;
@@ -68,7 +69,8 @@ fn main() {
         let cb = (chunk / t.dtype.width()).max(1) * t.dtype.width();
         for (i, c) in t.data.chunks(cb).enumerate() {
             let b = base.map(|b| &b[i * cb..(i * cb + c.len()).min(b.len())]);
-            jobs.push((t.dtype, c, b));
+            let rows = codec::Rows::of_chunk(&t.shape, (i * cb / t.dtype.width()) as u64);
+            jobs.push((t.dtype, c, b, rows));
             keys.push(&t.key);
         }
     }
@@ -86,6 +88,7 @@ fn main() {
             d,
             joined.as_slice(),
             delta.then_some(joined_base.as_slice()),
+            None,
         )];
     }
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
@@ -122,6 +125,9 @@ fn main() {
     if std::env::var("XOR_ONLY").is_ok() {
         o.delta = codec::DeltaSearch::Xor;
     }
+    if std::env::var_os("ROWS").is_none() {
+        jobs.iter_mut().for_each(|j| j.3 = None);
+    }
     let mut s = Scratch::default();
     let mut frames: Vec<Vec<u8>> = vec![Vec::new(); jobs.len()];
     // The fastest pass counts: on a shared machine noise only slows.
@@ -149,13 +155,14 @@ fn main() {
                 jobs.par_iter()
                     .zip(frames.par_iter_mut())
                     .for_each(|(j, f)| {
-                        SCRATCH
-                            .with_borrow_mut(|(s, _)| codec::encode_into(j.1, j.2, j.0, &o, f, s))
+                        SCRATCH.with_borrow_mut(|(s, _)| {
+                            codec::encode_shaped_into(j.1, j.2, j.0, j.3, &o, f, s)
+                        })
                     })
             }),
             None => {
                 for (j, f) in jobs.iter().zip(frames.iter_mut()) {
-                    codec::encode_into(j.1, j.2, j.0, &o, f, &mut s);
+                    codec::encode_shaped_into(j.1, j.2, j.0, j.3, &o, f, &mut s);
                 }
             }
         }
@@ -187,6 +194,11 @@ fn main() {
             }
         }
         dec = dec.min(seconds() - t);
+    }
+    // Every frame gives its chunk back (outside the timed passes).
+    for (j, f) in jobs.iter().zip(&frames) {
+        codec::decode_into(f, j.2, codec::HARD_MAX_RAW_LEN, &mut out, &mut s).expect("decodes");
+        assert!(out == j.1, "a frame decodes to its chunk");
     }
     let comp: usize = frames.iter().map(|f| f.len()).sum();
     // FRAMES=1: each frame's tensor, size and header (what the encoder
