@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use crate::codec;
 use crate::repo::objects::{ChunkRecord, SegmentRef};
-use crate::repo::{Import, ImportBase, ObjectKind, Repository, DOT_DIR};
+use crate::repo::{Import, ImportBase, ObjectKind, Repository, TensorPlace, DOT_DIR};
 use crate::store::{ChunkId, CommitId, Hash32, ObjectId};
 
 use super::layout::{
@@ -554,9 +554,15 @@ impl Verifier<'_, '_, '_> {
         for id in walk {
             let record = self.stage.get_staged(Kind::Chunk, id.as_bytes())?;
             let reencode = self.plan.reencode.contains(id);
-            let raw =
-                self.import
-                    .add_chunk(id, &record, reencode, |b| self.base(b, &cache), scratch)?;
+            let place = self.plan.places.get(id);
+            let raw = self.import.add_chunk(
+                id,
+                &record,
+                reencode,
+                place,
+                |b| self.base(b, &cache),
+                scratch,
+            )?;
             let base = self.plan.chunks.get(id).and_then(|c| c.1);
             if let (Some(b), false) = (base, reencode) {
                 if let Some(d) = pending.get_mut(&b) {
@@ -744,6 +750,9 @@ struct Plan {
     chunks: HashMap<ChunkId, (u16, Option<ChunkId>, bool)>,
     /// Chunks to store as full snapshots (their base is left behind).
     reencode: HashSet<ChunkId>,
+    /// Where the manifests put each tensor chunk (the first naming it):
+    /// a chunk stored whole gets its rows from it.
+    places: HashMap<ChunkId, TensorPlace>,
     boundary: Vec<CommitId>,
     commits: u64,
     logical_bytes: u64,
@@ -760,6 +769,7 @@ fn plan_fetch(
         objects: 0,
         chunks: HashMap::new(),
         reencode: HashSet::new(),
+        places: HashMap::new(),
         boundary: Vec::new(),
         commits: 0,
         logical_bytes: 0,
@@ -811,9 +821,17 @@ fn plan_fetch(
             let m = import.add_manifest(mid, bytes, path, &id)?;
             plan.objects += 1;
             for seg in &m.segments {
-                let chunks = match seg {
-                    SegmentRef::Tensor { chunks, .. } | SegmentRef::Opaque { chunks, .. } => chunks,
-                };
+                let chunks = seg.chunks();
+                if let SegmentRef::Tensor { shape, len, .. } = seg {
+                    for (index, c) in chunks.iter().enumerate() {
+                        plan.places.entry(*c).or_insert_with(|| TensorPlace {
+                            shape: shape.clone(),
+                            len: *len,
+                            index,
+                            count: chunks.len(),
+                        });
+                    }
+                }
                 named_chunks.extend(chunks.iter().copied());
             }
         }

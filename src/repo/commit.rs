@@ -684,10 +684,11 @@ impl Repository {
 
 /// The record storing `raw`: zstd for opaque bytes (`dtype` `None`), else a
 /// codec frame, a delta against `base` (id, raw bytes, depth) when that
-/// pays. Written now.
+/// pays, knowing the chunk's `rows` in its tensor when given. Written now.
 pub(crate) fn encode_record(
     raw: &[u8],
     dtype: Option<DType>,
+    rows: Option<codec::Rows>,
     base: Option<(ChunkId, &[u8], u16)>,
     zstd_level: i32,
     scratch: &mut Scratch,
@@ -695,7 +696,7 @@ pub(crate) fn encode_record(
     let written = now_secs();
     let mut data = Vec::new();
     let (payload, base, depth) =
-        encode_payload(raw, dtype, None, base, zstd_level, scratch, &mut data)?;
+        encode_payload(raw, dtype, rows, base, zstd_level, scratch, &mut data)?;
     Ok(ChunkRecord {
         payload,
         raw_len: raw.len() as u64,

@@ -27,6 +27,7 @@ use super::objects::{
     chunk_head_key, corrupt, object_key, stored_head, ChunkRecord, Commit, FileManifest, Payload,
     Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
+use super::reach::TensorPlace;
 use super::remotes::tracking_ref;
 use super::{ObjectRef, Place, RepoError, Repository, Site, SHALLOW};
 
@@ -268,13 +269,17 @@ impl Import<'_> {
     /// import or which incoming record holds it (`None`: the local store
     /// has it, read and verified there). With `keyframe` the chunk is
     /// stored re-encoded without a base (its base is left behind, as in a
-    /// shallow fetch); otherwise its record is stored as received, stamped
-    /// with the import's write time. Safe to call from several threads.
+    /// shallow fetch), knowing its rows from `place` (where a manifest
+    /// puts it in a tensor) as a commit would; otherwise its record is
+    /// stored as received, stamped with the import's write time. Safe to
+    /// call from several threads.
+    #[allow(clippy::too_many_arguments)]
     pub fn add_chunk<'a, E>(
         &self,
         id: &ChunkId,
         record: &[u8],
         keyframe: bool,
+        place: Option<&TensorPlace>,
         mut base: impl FnMut(&ChunkId) -> Result<Option<ImportBase<'a>>, E>,
         scratch: &mut Scratch,
     ) -> Result<Vec<u8>, E>
@@ -320,7 +325,11 @@ impl Import<'_> {
             };
             self.reencoded.fetch_add(1, Ordering::Relaxed);
             let level = self.repo.config.zstd_level;
-            let mut whole = encode_record(&raw, dtype, None, level, scratch)?;
+            let rows = dtype
+                .filter(|_| self.repo.config.row_frames)
+                .zip(place)
+                .and_then(|(dt, p)| p.rows(dt, raw.len() as u64));
+            let mut whole = encode_record(&raw, dtype, rows, None, level, scratch)?;
             whole.written = self.written;
             whole.encode()
         } else {

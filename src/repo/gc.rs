@@ -770,10 +770,18 @@ impl Repository {
                                     Some(b) => Some((*b, self.read_chunk(b)?, d - 1)),
                                     None => None,
                                 };
+                                // Its rows in the tensor naming it, as a
+                                // commit gives them: a new keyframe of
+                                // optimizer state may be a row frame.
+                                let rows = dtype
+                                    .filter(|_| self.config.row_frames)
+                                    .zip(live.get(id).and_then(|u| u.place.as_ref()))
+                                    .and_then(|(dt, p)| p.rows(dt, raw.len() as u64));
                                 let written = rec.written;
                                 rec = encode_record(
                                     &raw,
                                     dtype,
+                                    rows,
                                     base_raw.as_ref().map(|(b, r, bd)| (*b, r.as_slice(), *bd)),
                                     level,
                                     scratch,

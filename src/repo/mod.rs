@@ -62,7 +62,7 @@ use objects::{corrupt, object_key, ChunkHeader, ChunkRecord, Commit, FileManifes
 pub use objects::{ObjectDecodeError, PathError, PathProblem, RefLogEntry};
 pub use priority::lower_thread_priority;
 pub use progress::{NoProgress, Progress};
-pub use reach::{ChunkUse, Reachable, WalkOptions};
+pub use reach::{ChunkUse, Reachable, TensorPlace, WalkOptions};
 pub use remotes::{tracking_ref, RemoteConfigs};
 pub use show::{FileShow, SegmentShow, ShowReport, Storage, TensorShow};
 pub use status::{dir_size, Status};

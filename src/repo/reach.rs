@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::codec::{DType, FrameInfo};
+use crate::codec::{DType, FrameInfo, Rows};
 use crate::store::{ChunkId, CommitId, ObjectId, Space};
 
 use super::chain::base_chain;
@@ -25,6 +25,33 @@ pub struct ChunkUse {
     /// The tensor's name; `None` for opaque bytes (headers, pickles, blobs).
     pub tensor: Option<String>,
     pub dtype: Option<DType>,
+    /// Where in that tensor the chunk is (`None` for opaque bytes).
+    pub place: Option<TensorPlace>,
+}
+
+/// A chunk's place in its tensor: the tensor's shape and length in
+/// bytes, the chunk's index and how many chunks the tensor has (every one
+/// but the last equally long).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorPlace {
+    pub shape: Vec<u64>,
+    pub len: u64,
+    pub index: usize,
+    pub count: usize,
+}
+
+impl TensorPlace {
+    /// The chunk's rows in its tensor ([`Rows::of_chunk`]), given its
+    /// raw length and the tensor's dtype: the last chunk ends the tensor,
+    /// every other starts at its index times its length.
+    pub fn rows(&self, dtype: DType, raw_len: u64) -> Option<Rows> {
+        let at = if self.index + 1 == self.count {
+            self.len.checked_sub(raw_len)?
+        } else {
+            (self.index as u64).checked_mul(raw_len)?
+        };
+        Rows::of_chunk(&self.shape, at / dtype.width() as u64)
+    }
 }
 
 /// Everything a set of root commits needs, and what of it is damaged.
@@ -171,16 +198,25 @@ impl Repository {
                     Err(e) => return Err(e),
                 };
                 for seg in &m.segments {
-                    let (tensor, dtype) = match seg {
-                        SegmentRef::Tensor { name, dtype, .. } => (Some(name), Some(*dtype)),
-                        SegmentRef::Opaque { .. } => (None, None),
+                    let (tensor, dtype, shape) = match seg {
+                        SegmentRef::Tensor {
+                            name, dtype, shape, ..
+                        } => (Some(name), Some(*dtype), Some(shape)),
+                        SegmentRef::Opaque { .. } => (None, None, None),
                     };
-                    for c in seg.chunks() {
+                    let count = seg.chunks().len();
+                    for (index, c) in seg.chunks().iter().enumerate() {
                         r.chunks.entry(*c).or_insert_with(|| ChunkUse {
                             commit: id,
                             path: path.clone(),
                             tensor: tensor.cloned(),
                             dtype,
+                            place: shape.map(|shape| TensorPlace {
+                                shape: shape.clone(),
+                                len: seg.len(),
+                                index,
+                                count,
+                            }),
                         });
                     }
                 }
@@ -348,4 +384,33 @@ fn parents_first(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every chunk but the last starts at its index times its length; the
+    /// last ends the tensor; a place that cannot hold the chunk has none.
+    #[test]
+    fn a_chunks_rows_follow_its_place_in_the_tensor() {
+        // 10 rows of 100 f32: chunks of 256 elements, the last 232.
+        let place = |index| TensorPlace {
+            shape: vec![10, 100],
+            len: 4000,
+            index,
+            count: 4,
+        };
+        let rows = |index, raw_len| place(index).rows(DType::F32, raw_len);
+        assert_eq!(rows(0, 1024), Some(Rows { len: 100, lead: 0 }));
+        assert_eq!(rows(1, 1024), Some(Rows { len: 100, lead: 44 }));
+        assert_eq!(rows(3, 928), Some(Rows { len: 100, lead: 32 }));
+        assert_eq!(rows(3, 5000), None);
+        let huge = TensorPlace {
+            index: usize::MAX - 1,
+            count: usize::MAX,
+            ..place(0)
+        };
+        assert_eq!(huge.rows(DType::F32, u64::MAX), None);
+    }
 }

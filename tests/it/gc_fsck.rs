@@ -14,7 +14,7 @@ use ckvc::repo::{
 };
 use ckvc::store::{Batch, ChunkId, CommitId, MemStore, Space, Store, StoreExt};
 
-use super::{run_ckvc, same_tree, steps, Instrumented};
+use super::{records_as_a_fresh_commit, run_ckvc, same_tree, steps, Instrumented};
 
 fn commit_all(repo: &Repository) -> Vec<(u64, CommitId, std::path::PathBuf)> {
     steps()
@@ -665,4 +665,30 @@ fn fsck_with_a_low_soft_open_file_limit_raises_it_and_succeeds() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{out}{err}");
     assert!(out.contains("repository is whole"), "{out}{err}");
+}
+
+/// A chunk gc stores whole, its base dropped, is encoded as a commit of
+/// its checkpoint alone encodes it, knowing its rows from the manifest
+/// naming it: the optimizer state's alike rows stay row frames.
+#[test]
+fn gc_keyframes_are_the_frames_a_fresh_commit_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Repository::init(tmp.path(), Config::default()).unwrap();
+    let steps = steps();
+    for (_, dir) in &steps[steps.len() - 3..] {
+        repo.commit(dir, &CommitOptions::default()).unwrap();
+    }
+    let last_dir = &steps.last().unwrap().1;
+    let r = gc(&repo, |o| {
+        o.keep = Some(KeepPolicy::parse(&["last=1".into()]).unwrap());
+        o.grace_secs = 0;
+    });
+    assert!(r.keyframes > 0, "{r:?}");
+    let rows = records_as_a_fresh_commit(&repo, last_dir);
+    assert!(rows > 0, "no row frames after gc");
+    assert!(repo.fsck(true).unwrap().is_clean());
+    // The kept commit, rewritten without its parents.
+    let log = repo.log(Some("main"), None).unwrap();
+    assert_eq!(log.len(), 1);
+    checks_out(&repo, &log[0].id, last_dir);
 }

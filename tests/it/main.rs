@@ -88,6 +88,46 @@ pub fn same_tree(a: &Path, b: &Path) {
     }
 }
 
+/// Assert `repo` stores each chunk as a repository that committed only
+/// `dir` stores it (payload, base and frame byte for byte; a chunk stored
+/// whole by gc or a shallow fetch encoded as a commit would, rows and
+/// all); returns how many of them are row frames.
+pub fn records_as_a_fresh_commit(repo: &ckvc::repo::Repository, dir: &Path) -> usize {
+    use ckvc::codec::FrameInfo;
+    use ckvc::repo::objects::{ChunkRecord, Payload};
+    use ckvc::repo::{CommitOptions, Config, Repository};
+    use ckvc::store::StoreExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = Repository::init(tmp.path(), Config::default()).unwrap();
+    fresh.commit(dir, &CommitOptions::default()).unwrap();
+    let records = |r: &Repository| {
+        let mut v: Vec<(Vec<u8>, ChunkRecord)> = r
+            .store()
+            .collect_prefix(Space::Chunks, &[])
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k, ChunkRecord::decode(&v).unwrap()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let (got, want) = (records(repo), records(&fresh));
+    let ids = |v: &[(Vec<u8>, ChunkRecord)]| v.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&got), ids(&want), "the same chunks");
+    let mut rows = 0;
+    for ((k, a), (_, b)) in got.iter().zip(&want) {
+        assert!(
+            (a.payload, a.base, &a.data) == (b.payload, b.base, &b.data),
+            "chunk {:02x?}: {} bytes stored, {} by a fresh commit",
+            &k[..8],
+            a.data.len(),
+            b.data.len()
+        );
+        rows += usize::from(a.payload == Payload::Codec && FrameInfo::parse(&a.data).unwrap().rows);
+    }
+    rows
+}
+
 /// Copy a flat directory.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -18,7 +18,7 @@ use ckvc::remote::{self, DirRemote, NoProgress, Remote, RemoteError, S3Options, 
 use ckvc::repo::{CheckoutOptions, CommitOptions, Config, Repository};
 use ckvc::store::{Space, StoreExt};
 
-use super::{same_tree, steps};
+use super::{records_as_a_fresh_commit, same_tree, steps};
 
 // ------------------------------------------------------------ helpers
 
@@ -1475,6 +1475,35 @@ fn needed_bytes(a: &Repository, head: &ckvc::store::CommitId) -> (u64, u64) {
         .sum::<u64>();
     all += size(ObjectKind::Commit, head.as_bytes());
     (own, all)
+}
+
+/// A chunk a shallow fetch stores whole, its base left behind, is
+/// encoded as a commit of its checkpoint alone encodes it, knowing its
+/// rows from the manifest naming it: alike rows stay row frames.
+#[test]
+fn shallow_fetch_keyframes_are_the_frames_a_fresh_commit_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let all = steps();
+    let a = Repository::init(&t.join("a"), Config::default()).unwrap();
+    let url = t.join("remote");
+    for (_, d) in &all[all.len() - 3..] {
+        a.commit(d, &CommitOptions::default()).unwrap();
+    }
+    remote::push(
+        &a,
+        "origin",
+        &DirRemote::new(url.clone()),
+        &Default::default(),
+        &NoProgress,
+    )
+    .unwrap();
+    let b = Repository::init(&t.join("b"), Config::default()).unwrap();
+    let rep = fetch_depth_1(&b, &DirRemote::new(url));
+    assert!(rep.reencoded > 0, "{rep:?}");
+    let rows = records_as_a_fresh_commit(&b, &all.last().unwrap().1);
+    assert!(rows > 0, "no row frames after a shallow fetch");
+    assert!(b.fsck(false).unwrap().is_clean());
 }
 
 #[test]
