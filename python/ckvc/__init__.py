@@ -318,11 +318,17 @@ class Repository:
         self._staging = _state.Staging()
 
     @classmethod
-    def init(cls, path: Union[str, os.PathLike]) -> "Repository":
-        """Create a repository in ``path`` (like ``ckvc init``) and open it."""
+    def init(cls, path: Union[str, os.PathLike], row_frames: bool = True) -> "Repository":
+        """Create a repository in ``path`` (like ``ckvc init``) and open it.
+
+        ``row_frames=False`` (``ckvc init --no-row-frames``) stores whole
+        chunks of alike rows (Adam's moments of an embedding) as plain
+        frames: a first save of GPT-2 small + AdamW then takes about a
+        fifth less CPU and stores about 1.4% more.
+        """
         p = os.fspath(path)
         os.makedirs(p, exist_ok=True)
-        _ckvc.init(p)
+        _ckvc.init(p, row_frames)
         return cls(p)
 
     def _reader(self) -> "_ckvc.Reader":

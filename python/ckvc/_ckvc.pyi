@@ -52,8 +52,9 @@ def lower_priority(by: int) -> None:
     """Set the calling thread's nice value ``by`` above the process's
     (unless it is that or more already; best effort, Linux)."""
 
-def init(path: _Path) -> None:
-    """Create a repository in ``path`` (like ``ckvc init``)."""
+def init(path: _Path, row_frames: bool = True) -> None:
+    """Create a repository in ``path`` (like ``ckvc init``; ``row_frames``
+    false: ``--no-row-frames``)."""
 
 def commit_buffers(
     path: _Path,

@@ -350,11 +350,17 @@ fn open_repo(path: &Path, write: bool) -> Result<Repository, RepoError> {
     Repository::open(path, write)
 }
 
-/// Create a repository in `path` (like `ckvc init`).
+/// Create a repository in `path` (like `ckvc init`); `row_frames` false
+/// is `ckvc init --no-row-frames`.
 #[pyfunction]
-fn init(py: Python<'_>, path: PathBuf) -> PyResult<()> {
+#[pyo3(signature = (path, row_frames = true))]
+fn init(py: Python<'_>, path: PathBuf, row_frames: bool) -> PyResult<()> {
+    let config = Config {
+        row_frames,
+        ..Config::default()
+    };
     run(py, &Ctx::default(), || {
-        Repository::init(&path, Config::default()).map(drop)
+        Repository::init(&path, config).map(drop)
     })
 }
 
