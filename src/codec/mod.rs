@@ -1367,6 +1367,13 @@ fn decode_grouped(
     out: &mut Vec<u8>,
     scratch: &mut Scratch,
 ) -> Result<(), DecodeError> {
+    debug_assert!(
+        rows.is_none()
+            || !(info.element_map
+                || info.whole_zstd
+                || info.raw_len % info.group_width as u64 != 0),
+        "a row frame's others in place: no element map, no whole zstd, no tail"
+    );
     let raw_len = info.raw_len as usize;
     let w = info.group_width;
     let all = raw_len / w;
@@ -1526,8 +1533,7 @@ fn decode_grouped(
     for (bi, lo) in (0..n).step_by(span).enumerate() {
         let hi = (lo + span).min(n);
         // This block's part of each piece that overlaps it: (elements of
-        // the block, elements of the chunk).
-        // (elements of the block, of the chunk, of the base).
+        // the block, of the chunk, and the first of the base).
         let parts = pieces[first..].iter().take_while(|p| p.at < hi).map(|p| {
             let (a, b) = (p.at.max(lo), (p.at + p.len).min(hi));
             (
@@ -1580,11 +1586,7 @@ fn decode_grouped(
     }
     if rows.is_some() {
         // The caller places the rest and sets the length.
-        return if tail.is_empty() {
-            Ok(())
-        } else {
-            Err(corrupt(info.header_len, "a row frame's others have a tail"))
-        };
+        return Ok(());
     }
     if scattered {
         // SAFETY: the one piece covered the `n` kept elements, back to
@@ -1682,16 +1684,16 @@ fn decode_rows(
         decode_into(fa, None, a_want as u64, &mut a, scratch).map_err(|e| shifted(e, pos))?;
         let id = inner_info(fd, a_end, info.dtype, d_want)?;
         let root = |x: u32| (lead + x as usize * len) * w;
+        let others = || plan.is_root.iter().enumerate().filter(|r| !r.1);
         // A delta frame without an element map is decoded straight into
-        // the chunk, each row against its root in `a`; the roots, lead
-        // and trail are then copied into their places. Anything else
-        // (an element map, no delta) decodes the others back to back,
-        // against their roots gathered, and moves every row into place.
-        if id.needs_base() && !id.element_map && !id.whole_zstd && id.group_width == w {
+        // the chunk, each row against its root in `a`. Anything else (an
+        // element map, no delta) decodes the others back to back, against
+        // their roots gathered, and they are moved into place below.
+        let in_place = id.needs_base() && !id.element_map && !id.whole_zstd && id.group_width == w;
+        if in_place {
             let pieces = &mut scratch.pieces;
             pieces.clear();
-            let others = plan.is_root.iter().enumerate().filter(|r| !r.1);
-            for (k, ((i, _), &x)) in others.zip(&plan.of).enumerate() {
+            for (k, ((i, _), &x)) in others().zip(&plan.of).enumerate() {
                 pieces.push(elements::Piece {
                     at: k * len,
                     to: lead + i * len,
@@ -1703,44 +1705,39 @@ fn decode_rows(
             out.reserve(raw_len);
             decode_grouped(fd, &id, Some(&a), Some(raw_len), out, scratch)
                 .map_err(|e| shifted(e, a_end))?;
-            let body = &mut out.spare_capacity_mut()[..raw_len];
-            put(&mut body[..lead * w], &a[..lead * w]);
-            let roots = plan.is_root.iter().enumerate().filter(|r| *r.1);
-            for (x, (i, _)) in roots.enumerate() {
-                let at = (lead + i * len) * w;
-                put(&mut body[at..at + len * w], &a[root(x as u32)..][..len * w]);
+        } else {
+            b.clear();
+            if id.needs_base() {
+                for &x in &plan.of {
+                    b.extend_from_slice(&a[root(x)..][..len * w]);
+                }
             }
-            let rest = (lead + g.count * len) * w;
-            put(&mut body[rest..], &a[(lead + r * len) * w..]);
-            // SAFETY: the others' frame wrote every other row (its pieces
-            // cover its elements, one row each), and the lines above the
-            // lead, the roots and the trail and tail: all `raw_len` bytes
-            // within the capacity reserved above.
-            unsafe { out.set_len(raw_len) };
-            return Ok(());
+            let base = id.needs_base().then_some(b.as_slice());
+            decode_into(fd, base, d_want as u64, &mut d, scratch).map_err(|e| shifted(e, a_end))?;
+            out.clear();
+            out.reserve(raw_len);
         }
-        b.clear();
-        if id.needs_base() {
-            for &x in &plan.of {
-                b.extend_from_slice(&a[root(x)..][..len * w]);
-            }
+        // The lead, the roots, the trail and tail from `a`; the others
+        // from `d` unless decoded in place.
+        let body = &mut out.spare_capacity_mut()[..raw_len];
+        let row = |i: usize| (lead + i * len) * w..(lead + i * len + len) * w;
+        put(&mut body[..lead * w], &a[..lead * w]);
+        let roots = plan.is_root.iter().enumerate().filter(|r| *r.1);
+        for (x, (i, _)) in roots.enumerate() {
+            put(&mut body[row(i)], &a[root(x as u32)..][..len * w]);
         }
-        let base = id.needs_base().then_some(b.as_slice());
-        decode_into(fd, base, d_want as u64, &mut d, scratch).map_err(|e| shifted(e, a_end))?;
-        out.clear();
-        out.reserve(raw_len);
-        out.extend_from_slice(&a[..lead * w]);
-        let (mut ri, mut di) = (0u32, 0usize);
-        for &is_root in &plan.is_root {
-            if is_root {
-                out.extend_from_slice(&a[root(ri)..][..len * w]);
-                ri += 1;
-            } else {
-                out.extend_from_slice(&d[di..di + len * w]);
-                di += len * w;
+        if !in_place {
+            for (k, (i, _)) in others().enumerate() {
+                put(&mut body[row(i)], &d[k * len * w..][..len * w]);
             }
         }
-        out.extend_from_slice(&a[(lead + r * len) * w..]);
+        let rest = (lead + g.count * len) * w;
+        put(&mut body[rest..], &a[(lead + r * len) * w..]);
+        // SAFETY: every other row was written (by the others' frame, its
+        // pieces one row each, or from `d`), and the lines above wrote the
+        // lead, the roots and the trail and tail: all `raw_len` bytes,
+        // within the capacity reserved above.
+        unsafe { out.set_len(raw_len) };
         Ok(())
     })();
     scratch.row_parts = [a, d, b];

@@ -235,11 +235,12 @@ fn signed_norm(dot: f32, sq: f32) -> (bool, f32) {
 /// as much as coding the chunk.
 #[inline(always)]
 fn row_key<const W: usize>(row: &[u8], dir: &[f32]) -> (bool, f32) {
-    let value = |b: &[u8]| {
+    // The bits of the f32 that element `k` of `b` (`W` bytes each) is.
+    let bits_of = |b: &[u8], k: usize| {
         if W == 4 {
-            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            u32::from_le_bytes([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]])
         } else {
-            f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
+            u32::from(u16::from_le_bytes([b[2 * k], b[2 * k + 1]])) << 16
         }
     };
     let mut dot = [0f32; 8];
@@ -251,11 +252,7 @@ fn row_key<const W: usize>(row: &[u8], dir: &[f32]) -> (bool, f32) {
         // Eight values as one load: the lanes' bits, then the floats.
         let mut bits = [0u32; 8];
         for (k, v) in bits.iter_mut().enumerate() {
-            *v = if W == 4 {
-                u32::from_le_bytes([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]])
-            } else {
-                u32::from(u16::from_le_bytes([b[2 * k], b[2 * k + 1]])) << 16
-            };
+            *v = bits_of(b, k);
         }
         let d: &[f32; 8] = d.try_into().expect("8 directions");
         for k in 0..8 {
@@ -265,7 +262,7 @@ fn row_key<const W: usize>(row: &[u8], dir: &[f32]) -> (bool, f32) {
         }
     }
     for (k, (b, d)) in rest.chunks_exact(W).zip(dir_rest).enumerate() {
-        let x = value(b);
+        let x = f32::from_bits(bits_of(b, 0));
         dot[k] += x * d;
         sq[k] += x * x;
     }
