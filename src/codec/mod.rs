@@ -141,7 +141,9 @@ pub struct Options {
     /// checkpoints, where it saves 2-4% of a block but decodes slower than
     /// Huffman (0.71 vs 0.43 ns/symbol with 32 states, about 4x slower
     /// with 8); on the mostly-zero streams of deltas it saves 20% or more
-    /// and is chosen anyway.
+    /// and is chosen anyway. Blocks of 5 bits a symbol or more (noise-like
+    /// mantissa bytes, 1-byte quantised weights) need not save it: there
+    /// rANS decodes as fast as Huffman.
     pub plain_rans_min_gain: f32,
     /// Allow bit-packed blocks (format version 3): each symbol the block's
     /// least plus a field of 1-7 bits shifted by a fixed amount, stored as
