@@ -246,9 +246,27 @@ pub fn map_size(runs: &[u32], n: usize) -> (usize, MapKind) {
 /// at most a bit per skipped byte (a skipped byte costs more than that in
 /// a stream that also holds other values; scattered unchanged elements of
 /// a bf16 delta, which the context coder already codes in about that,
-/// stay in the streams).
+/// stay in the streams); for 1-byte elements, under the binary entropy of
+/// the skipped share as well ([`map_pays_alone`]).
 pub fn worth_it(skipped: usize, n: usize, w: usize, map_bytes: usize) -> bool {
-    skipped * 16 >= n && map_bytes * 8 <= skipped * w
+    skipped * 16 >= n
+        && map_bytes * 8 <= skipped * w
+        && (w > 1 || map_pays_alone(skipped, n, map_bytes))
+}
+
+/// For 1-byte elements the skipped ones are one symbol of the one stream,
+/// which the block coders already code in about `n * h(skipped / n)` bits
+/// (`h` the binary entropy): the map, which says the same thing, must come
+/// under that to pay (runs long enough). A map of scattered skipped
+/// bytes never does.
+fn map_pays_alone(skipped: usize, n: usize, map_bytes: usize) -> bool {
+    let p = skipped as f64 / n as f64;
+    let h = if p <= 0.0 || p >= 1.0 {
+        0.0
+    } else {
+        -(p * p.log2() + (1.0 - p) * (1.0 - p).log2())
+    };
+    (map_bytes * 8) as f64 <= h * n as f64
 }
 
 /// Append the map section (`kind u8 | length u32 | data`).
