@@ -514,6 +514,10 @@ pub fn ungroup_against_uninit(
     }
     let (rest, base, out) = (&rest[..w], &base[w * done..], &mut out[w * done..]);
     match how {
+        // One stream (1-byte elements): a loop the compiler vectorises.
+        Against::Ops([xor, diff]) if w == 1 => {
+            ungroup1_against(rest[0], base, xor as u8, diff as u8, rotate, out)
+        }
         Against::Ops(masks) => ungroup_against_rest(rest, base, masks, w, rotate, out),
         Against::Ulp { float } => {
             ungroup_uninit(rest, w, rotate, out);
@@ -587,6 +591,29 @@ fn ungroup_against_body(
         _ => unreachable!("element width is 1, 2, 4 or 8"),
     }
 }
+
+/// [`ungroup_against_body`] of 1-byte elements: `xor` and `diff` are the
+/// one stream's masks (0 or 0xff). Its generic loop, element by element
+/// through the stream slices, ran int8 and fp8 deltas at ~0.5 GB/s.
+#[inline(always)]
+fn ungroup1_against_body(
+    s: &[u8],
+    base: &[u8],
+    xor: u8,
+    diff: u8,
+    rotate: bool,
+    out: &mut [MaybeUninit<u8>],
+) {
+    for ((o, &r), &b) in out.iter_mut().zip(s).zip(base) {
+        let b = if rotate { b.rotate_left(1) } else { b };
+        let x = r ^ (b & xor);
+        let d = b.wrapping_add((r >> 1) ^ (r & 1).wrapping_neg());
+        let v = (d & diff) | (x & !diff);
+        *o = MaybeUninit::new(if rotate { v.rotate_right(1) } else { v });
+    }
+}
+
+dispatch!(ungroup1_against, ungroup1_against_body, (s: &[u8], base: &[u8], xor: u8, diff: u8, rotate: bool, out: &mut [MaybeUninit<u8>]));
 
 dispatch!(ungroup_against_rest, ungroup_against_body, (streams: &[&[u8]], base: &[u8], masks: [u64; 2], w: usize, rotate: bool, out: &mut [MaybeUninit<u8>]));
 
