@@ -65,12 +65,20 @@ use std::mem::MaybeUninit;
 /// Frame magic, "CK".
 pub const MAGIC: [u8; 2] = *b"CK";
 /// The newest frame format version: this build reads it and every earlier
-/// one. It writes row frames (codec id 2) as this version and every other
-/// frame as [`PLAIN_VERSION`], the oldest version that holds them, so a
-/// chunk encoded before row frames existed encodes to the same bytes.
-pub const FORMAT_VERSION: u8 = 8;
-/// The version of the frames this build writes with codec id 1.
+/// one. It writes each frame as the oldest version that holds what it
+/// uses, so a chunk encoded before a version existed, and not needing
+/// it, encodes to the same bytes: [`PLAIN_VERSION`] for codec id 1,
+/// [`GAMMA_VERSION`] when a block has a gamma-coded rANS table,
+/// [`ROWS_VERSION`] for row frames (or the newer of their inner frames').
+pub const FORMAT_VERSION: u8 = 9;
+/// The version of the frames this build writes with codec id 1 and no
+/// gamma-coded rANS table.
 pub const PLAIN_VERSION: u8 = 7;
+/// The version of row frames (codec id 2).
+pub const ROWS_VERSION: u8 = 8;
+/// The version of a codec id 1 frame with a gamma-coded rANS table (block
+/// mode 8).
+pub const GAMMA_VERSION: u8 = 9;
 /// Codec id of the grouped-entropy codec.
 pub const CODEC_GROUPED: u8 = 1;
 /// Codec id of row frames (version 8): root rows and the other rows
@@ -145,6 +153,10 @@ pub struct Options {
     /// mantissa bytes, 1-byte quantised weights) need not save it: there
     /// rANS decodes as fast as Huffman.
     pub plain_rans_min_gain: f32,
+    /// Allow gamma-coded rANS tables (block mode 8, format version 9): a
+    /// plain rANS block's table as differences between neighbouring
+    /// symbols' frequencies, where that is the shorter table.
+    pub gamma_tables: bool,
     /// Allow bit-packed blocks (format version 3): each symbol the block's
     /// least plus a field of 1-7 bits shifted by a fixed amount, stored as
     /// that field, no table.
@@ -197,6 +209,7 @@ impl Default for Options {
             min_gain: 0.005,
             rans_min_gain: 0.02,
             plain_rans_min_gain: 0.03,
+            gamma_tables: true,
             packed: true,
             element_map: ElementMap::Auto,
             zstd_level: 1,
@@ -221,6 +234,7 @@ impl Options {
             min_gain: 0.0,
             rans_min_gain: 0.0,
             plain_rans_min_gain: 0.0,
+            gamma_tables: false,
             packed: false,
             element_map: ElementMap::Never,
             zstd_level: 0,
@@ -590,7 +604,8 @@ fn encode_row_frame(
     scratch.row_parts = [a, d, b];
     out.clear();
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&[FORMAT_VERSION, CODEC_ROWS, dtype.code(), 0]);
+    let version = ROWS_VERSION.max(fa[2]).max(fd[2]);
+    out.extend_from_slice(&[version, CODEC_ROWS, dtype.code(), 0]);
     leb::write(raw.len() as u64, out);
     for v in [g.len, g.lead, plan.roots.len()] {
         leb::write(v as u64, out);
@@ -677,7 +692,8 @@ fn encode_palette(
     let h = HEADER_V6_FIXED + leb::len(n as u64);
     out.clear();
     out.extend_from_slice(&MAGIC);
-    out.push(PLAIN_VERSION);
+    // The index frame's version (gamma-coded tables in its blocks).
+    out.push(inner[2]);
     out.push(CODEC_GROUPED);
     out.push(dtype.code());
     out.push(0x80 | (inner[5] & 0x40));
@@ -950,6 +966,7 @@ fn encode_elements(
     }
     let mut cur = at;
     let mut entry = table_at;
+    let mut gamma = false;
     for k in 0..w {
         // Every stream of a delta frame may be coded with the base's
         // exponent (top) byte of each element as context.
@@ -980,14 +997,17 @@ fn encode_elements(
                 }
             };
             cur += coded;
+            gamma |= mode == BlockMode::RansGamma;
             let e = mode as u32 | (coded as u32) << 8;
             out[entry..entry + 4].copy_from_slice(&e.to_le_bytes());
             entry += 4;
         }
     }
     out.truncate(cur);
-    if let Some(z) = whole.filter(|&z| table_at + z < cur) {
-        put_whole(out, table_at, &whole_out[..z]);
+    match whole.filter(|&z| table_at + z < cur) {
+        Some(z) => put_whole(out, table_at, &whole_out[..z]),
+        None if gamma => out[2] = GAMMA_VERSION,
+        None => {}
     }
 }
 
@@ -1829,7 +1849,10 @@ fn decode_palette(
     let mut idx = std::mem::take(&mut scratch.palette_idx);
     inner.clear();
     inner.extend_from_slice(&MAGIC);
-    inner.extend_from_slice(&[PLAIN_VERSION, CODEC_GROUPED, DType::U8.code()]);
+    // The palette frame's version is its index frame's (7 before gamma
+    // tables, whatever version the palette frame said).
+    let version = frame[2].max(PLAIN_VERSION);
+    inner.extend_from_slice(&[version, CODEC_GROUPED, DType::U8.code()]);
     inner.push(frame[5] & 0x40);
     leb::write(n as u64, &mut inner);
     let h = inner.len();

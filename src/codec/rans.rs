@@ -59,11 +59,6 @@ pub(crate) fn table_bytes(f: &[u32; 256]) -> usize {
     2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>()
 }
 
-/// Bytes of the frequency table plus the states of a block of `n` symbols.
-pub fn header_bytes(f: &[u32; 256], n: usize) -> usize {
-    table_bytes(f) + 4 * lanes_written(n)
-}
-
 fn varint_len(v: u32) -> usize {
     if v < 128 {
         1
@@ -269,6 +264,138 @@ pub(crate) fn read_freqs(
         return Err(corrupt("rans frequencies do not sum to 4096"));
     }
     Ok(())
+}
+
+/// Bytes of `f`'s gamma-coded table ([`write_freqs_gamma`]).
+pub(crate) fn table_bytes_gamma(f: &[u32; 256]) -> usize {
+    let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
+    let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
+    let mut prev = 0u32;
+    let mut bits = 0usize;
+    for &v in &f[lo..=hi] {
+        bits += gamma_bits(zigzag(v as i32 - prev as i32) + 1);
+        prev = v;
+    }
+    2 + bits.div_ceil(8)
+}
+
+fn zigzag(d: i32) -> u32 {
+    ((d << 1) ^ (d >> 31)) as u32
+}
+
+/// Bits of the Elias gamma code of `v` (>= 1).
+fn gamma_bits(v: u32) -> usize {
+    2 * (31 - v.leading_zeros() as usize) + 1
+}
+
+/// The longest gamma code a table may hold: `k` zeros for a value below
+/// `2^(k+1)`; a frequency difference's zigzag plus one is below 2^13.
+const GAMMA_MAX_ZEROS: u32 = 12;
+
+/// The table of a [`super::block::BlockMode::RansGamma`] block: `lo u8 |
+/// hi u8`, then for each symbol `lo..=hi` its frequency's difference from
+/// the previous symbol's (0 before `lo`), zigzagged, plus one, as an Elias
+/// gamma code (`k` zero bits, a one bit, then the `k` bits below the
+/// value's top one), LSB-first, padded to a byte. Neighbouring symbols of
+/// noise-like bytes have near frequencies: half the bytes of
+/// [`write_freqs`]' table or less.
+pub(crate) fn write_freqs_gamma(f: &[u32; 256], out: &mut Vec<u8>) {
+    let lo = f.iter().position(|&v| v > 0).expect("symbols present");
+    let hi = 255
+        - f.iter()
+            .rev()
+            .position(|&v| v > 0)
+            .expect("symbols present");
+    out.push(lo as u8);
+    out.push(hi as u8);
+    let (mut acc, mut n) = (0u64, 0u32);
+    let mut prev = 0u32;
+    for &v in &f[lo..=hi] {
+        let g = zigzag(v as i32 - prev as i32) + 1;
+        prev = v;
+        let k = 31 - g.leading_zeros();
+        // k zeros, a one, then the k bits below the top one: at most 25
+        // bits, into an accumulator holding fewer than 8.
+        acc |= ((1u64 | (u64::from(g) & ((1 << k) - 1)) << 1) << k) << n;
+        n += 2 * k + 1;
+        while n >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            n -= 8;
+        }
+    }
+    if n > 0 {
+        out.push(acc as u8);
+    }
+}
+
+/// Read a gamma-coded table ([`write_freqs_gamma`]) at `payload[*p..]`
+/// into the first 4096 `slots`, as [`read_freqs`] does, and move `*p`
+/// past it.
+pub(crate) fn read_freqs_gamma(
+    payload: &[u8],
+    p: &mut usize,
+    offset: u64,
+    slots: &mut [u32],
+) -> Result<(), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
+    let lo = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as usize;
+    let hi = *payload.get(*p + 1).ok_or(corrupt("rans table truncated"))? as usize;
+    *p += 2;
+    if lo > hi {
+        return Err(corrupt("rans symbol range is empty"));
+    }
+    let mut r = super::bits::BitReader::new(payload, *p, payload.len());
+    let (mut start, mut prev) = (0u32, 0i64);
+    for s in lo..=hi {
+        let k = (r.peek_safe(GAMMA_MAX_ZEROS + 1) | 1 << (GAMMA_MAX_ZEROS + 1)).trailing_zeros();
+        if k > GAMMA_MAX_ZEROS {
+            return Err(corrupt("rans table code too long"));
+        }
+        r.consume(k + 1);
+        let low = r.peek_safe(k);
+        r.consume(k);
+        let z = ((1u64 << k) | low) - 1;
+        let d = (z >> 1) as i64 ^ -((z & 1) as i64);
+        let v = prev + d;
+        if r.overrun() {
+            return Err(corrupt("rans table truncated"));
+        }
+        if !(0..M as i64).contains(&v) || start as i64 + v > M as i64 {
+            return Err(corrupt("rans frequencies exceed 4096"));
+        }
+        let v = v as u32;
+        for slot in &mut slots[start as usize..(start + v) as usize] {
+            *slot = s as u32 | (v << 8) | (start << 20);
+        }
+        start += v;
+        prev = v as i64;
+    }
+    if start != M {
+        return Err(corrupt("rans frequencies do not sum to 4096"));
+    }
+    *p = r.position().div_ceil(8);
+    Ok(())
+}
+
+/// [`encode`] with a gamma-coded table.
+pub fn encode_gamma(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
+    write_freqs_gamma(f, out);
+    encode_lanes(syms, &[enc_table(f)], None, out);
+}
+
+/// [`decode`] of a block with a gamma-coded table.
+pub fn decode_gamma(
+    payload: &[u8],
+    offset: u64,
+    out: &mut [u8],
+    slots: &mut Vec<u32>,
+    version: u8,
+) -> Result<(), DecodeError> {
+    grow(slots, ALL_SLOTS);
+    let mut p = 0;
+    read_freqs_gamma(payload, &mut p, offset, &mut slots[..M as usize])?;
+    decode_lanes(payload, p, offset, slots, None, out, version)
 }
 
 /// Slot tables of every class, back to back: `class << 12 | slot`.
@@ -529,6 +656,87 @@ mod tests {
         let size = round_trip(&syms);
         // entropy ~0.08 bits/symbol -> ~700 bytes; Huffman would need 8 KiB
         assert!(size < 1200, "{size}");
+    }
+
+    /// The gamma-coded table byte by byte: two symbols of 2048. Their
+    /// differences 2048 and 0, zigzagged and plus one, 4097 and 1: twelve
+    /// zero bits, a one, 4097's twelve bits below its top one (1, then
+    /// eleven zeros), then 1's code, a one bit: 26 bits, LSB-first.
+    #[test]
+    fn gamma_table_known_answer() {
+        let mut f = [0u32; 256];
+        f[0] = 2048;
+        f[1] = 2048;
+        let mut out = Vec::new();
+        write_freqs_gamma(&f, &mut out);
+        assert_eq!(out, [0x00, 0x01, 0x00, 0x30, 0x00, 0x02]);
+        assert_eq!(table_bytes_gamma(&f), out.len());
+        let mut slots = vec![0u32; M as usize];
+        let mut p = 0;
+        read_freqs_gamma(&out, &mut p, 0, &mut slots).unwrap();
+        assert_eq!(p, out.len());
+        assert_eq!(slots[0], 2048 << 8);
+        assert_eq!(slots[4095], 1 | 2048 << 8 | 2048 << 20);
+    }
+
+    /// Broken gamma tables are errors: a code of more than twelve zeros,
+    /// a table cut short, frequencies that pass 4096 or do not reach it, a
+    /// difference below zero.
+    #[test]
+    fn broken_gamma_tables_are_errors() {
+        let mut slots = vec![0u32; M as usize];
+        let mut read = |t: &[u8]| read_freqs_gamma(t, &mut 0, 0, &mut slots);
+        assert!(read(&[0, 0, 0, 0, 0]).is_err());
+        assert!(read(&[0, 1, 0x00, 0x30]).is_err());
+        assert!(read(&[0]).is_err());
+        // one symbol of 4096: difference 4096, zigzag 8192 + 1, 13 zeros
+        assert!(read(&[5, 5, 0x00, 0x00, 0x02, 0x00]).is_err());
+        // 2048 then 2048 - 4096 (zigzag 8191 + 1 = 8192: 13 zeros)
+        let mut f = [0u32; 256];
+        f[0] = 2048;
+        f[1] = 1024;
+        let mut out = Vec::new();
+        write_freqs_gamma(&f, &mut out);
+        assert!(read(&out).is_err(), "sums to 3072");
+    }
+
+    /// Tables of any frequencies round trip through the gamma coding.
+    #[test]
+    fn gamma_tables_round_trip() {
+        let mut r = crate::testing::Rng(7);
+        for _ in 0..200 {
+            let mut h = [0u32; 256];
+            let (lo, hi) = ((r.next_u64() % 256) as usize, (r.next_u64() % 256) as usize);
+            let (lo, hi) = (lo.min(hi).min(254), lo.max(hi).max(lo.min(hi) + 1));
+            for c in &mut h[lo..=hi] {
+                *c = (r.next_u64() % 1000) as u32 * (r.next_u64() % 2) as u32;
+            }
+            // Two symbols at least, as every rANS block has (one is a
+            // constant block).
+            h[lo] += 1;
+            h[hi] += 1 + (r.next_u64() % 2) as u32 * 100_000;
+            let f = normalize(&h);
+            let mut out = Vec::new();
+            write_freqs_gamma(&f, &mut out);
+            assert_eq!(table_bytes_gamma(&f), out.len());
+            let mut slots = vec![0u32; M as usize];
+            let mut p = 0;
+            read_freqs_gamma(&out, &mut p, 0, &mut slots).unwrap();
+            assert_eq!(p, out.len());
+            let mut want = vec![0u32; M as usize];
+            read_freqs(
+                &{
+                    let mut v = Vec::new();
+                    write_freqs(&f, &mut v);
+                    v
+                },
+                &mut 0,
+                0,
+                &mut want,
+            )
+            .unwrap();
+            assert_eq!(slots, want);
+        }
     }
 
     #[test]

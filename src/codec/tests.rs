@@ -180,7 +180,10 @@ fn symbols_the_sample_misses_are_still_coded() {
                 &mut block::EncodeScratch::default(),
             );
             assert!(
-                matches!(mode, BlockMode::Huffman | BlockMode::Rans),
+                matches!(
+                    mode,
+                    BlockMode::Huffman | BlockMode::Rans | BlockMode::RansGamma
+                ),
                 "skew {skew}: {mode:?}"
             );
             assert!(out.len() < n / 2, "skew {skew}: {} bytes", out.len());
@@ -201,7 +204,10 @@ fn symbols_the_sample_misses_are_still_coded() {
             seen.push(mode);
         }
     }
-    assert!(seen.contains(&BlockMode::Huffman) && seen.contains(&BlockMode::Rans));
+    assert!(
+        seen.contains(&BlockMode::Huffman)
+            && (seen.contains(&BlockMode::Rans) || seen.contains(&BlockMode::RansGamma))
+    );
 }
 
 /// The 1-in-4 sample of a block past the noise screen is the screen's
@@ -243,7 +249,12 @@ fn the_noise_screen_keeps_blocks_that_pay() {
     assert_eq!((mode, out.len()), (BlockMode::Raw, 0));
     out.clear();
     let mode = block::encode(&near, None, &opts, &mut out, &mut scratch);
-    assert_eq!(mode, BlockMode::Huffman);
+    // (rANS with a gamma-coded table since format version 9: 7.91 bits a
+    // symbol take rANS whenever it is the smaller.)
+    assert!(
+        matches!(mode, BlockMode::Huffman | BlockMode::RansGamma),
+        "{mode:?}"
+    );
     assert!(out.len() < n * 995 / 1000, "{} bytes", out.len());
 }
 
@@ -712,10 +723,10 @@ fn header_fields_are_validated() {
     f[0] = b'X';
     assert_eq!(decode(&f, None), Err(DecodeError::BadMagic));
     let mut f = good.clone();
-    f[2] = 9;
+    f[2] = FORMAT_VERSION + 1;
     assert!(matches!(
         decode(&f, None),
-        Err(DecodeError::VersionTooNew { found: 9, .. })
+        Err(DecodeError::VersionTooNew { found: 10, .. })
     ));
     let mut f = good.clone();
     f[3] = 2;
@@ -1072,13 +1083,18 @@ fn rare_outliers() -> Vec<u8> {
 /// no whole-chunk zstd), with the 16-byte header of those versions: the
 /// bytes the encoder of that version wrote, which made the same choices.
 fn fixture_frame(version: u8, dtype: DType, raw: &[u8]) -> Vec<u8> {
+    // Before version 9: no gamma-coded rANS tables.
+    let v7 = Options {
+        gamma_tables: false,
+        ..Options::default()
+    };
     if version == PLAIN_VERSION {
-        return encode(raw, None, dtype, &Options::default());
+        return encode(raw, None, dtype, &v7);
     }
     // Before version 7: no sparse blocks; version 6's header otherwise.
     let opts = Options {
         sparse: false,
-        ..Options::default()
+        ..v7
     };
     if version == 6 {
         let mut f = encode(raw, None, dtype, &opts);
@@ -1124,6 +1140,61 @@ fn write_codec_fixtures() {
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::write(path, row_fixture_frame()).unwrap();
+    let path = format!(
+        "{}/tests/fixtures/codec/i8_quantised_rows.v9.ckf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(path, gamma_fixture_frame()).unwrap();
+}
+
+/// Input of `tests/fixtures/codec/i8_quantised_rows.v9.ckf`: 64 rows of
+/// 1024 Gaussian values quantised to int8 with each row's largest
+/// magnitude at 6 (a narrow band, as 4-bit-like levels or per-tensor
+/// scales with outliers give): one 64 KiB block of 13 values, skewed
+/// enough for rANS over Huffman.
+fn gamma_fixture_input() -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 << 16);
+    for r in 0..64 {
+        let g = gaussian_f32(1024, 100 + r, 1.0);
+        let max = g.iter().fold(0f32, |m, x| m.max(x.abs()));
+        v.extend(g.iter().map(|x| (x / max * 6.0).round() as i8 as u8));
+    }
+    v
+}
+
+fn gamma_fixture_frame() -> Vec<u8> {
+    encode(&gamma_fixture_input(), None, DType::I8, &Options::default())
+}
+
+/// The version 9 fixture decodes, its block is rANS with a gamma-coded
+/// table (mode 8), this build writes it byte for byte again, and the same
+/// frame saying version 8 is an error (no such block before 9).
+#[test]
+fn fixture_frame_of_version_9_decodes() {
+    let f = include_bytes!("../../tests/fixtures/codec/i8_quantised_rows.v9.ckf");
+    let info = FrameInfo::parse(f).unwrap();
+    assert_eq!((info.version, info.dtype), (GAMMA_VERSION, DType::I8));
+    assert_eq!(f[info.header_len], BlockMode::RansGamma as u8);
+    assert_eq!(decode(f, None).unwrap(), gamma_fixture_input());
+    assert_eq!(gamma_fixture_frame(), f);
+    // Smaller than the varint table's frame of version 7.
+    let v7 = encode(
+        &gamma_fixture_input(),
+        None,
+        DType::I8,
+        &Options {
+            gamma_tables: false,
+            ..Options::default()
+        },
+    );
+    assert_eq!(FrameInfo::parse(&v7).unwrap().version, PLAIN_VERSION);
+    assert!(f.len() < v7.len(), "{} vs {}", f.len(), v7.len());
+    let mut old = f.to_vec();
+    old[2] = 8;
+    assert!(matches!(
+        decode(&old, None),
+        Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 9")
+    ));
 }
 
 /// A fixture file of every frame version from 4 on (1 to 3:
