@@ -234,6 +234,32 @@ pub(crate) fn read_freqs(
     offset: u64,
     slots: &mut [u32],
 ) -> Result<(), DecodeError> {
+    read_table(payload, p, offset, slots, |p, _| {
+        let truncated = DecodeError::Corrupt {
+            offset,
+            reason: "rans table truncated",
+        };
+        let b0 = *payload.get(*p).ok_or(truncated.clone())? as u32;
+        *p += 1;
+        if b0 & 128 == 0 {
+            return Ok(b0);
+        }
+        let b1 = *payload.get(*p).ok_or(truncated)? as u32;
+        *p += 1;
+        Ok((b0 & 127) | (b1 << 7))
+    })
+}
+
+/// A table's `lo hi`, then each symbol's frequency from `next` (given
+/// the cursor and the previous symbol's frequency), into the first 4096
+/// `slots`: every frequency below 4096, their sum exactly 4096.
+fn read_table(
+    payload: &[u8],
+    p: &mut usize,
+    offset: u64,
+    slots: &mut [u32],
+    mut next: impl FnMut(&mut usize, u32) -> Result<u32, DecodeError>,
+) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     let lo = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as usize;
     let hi = *payload.get(*p + 1).ok_or(corrupt("rans table truncated"))? as usize;
@@ -241,17 +267,9 @@ pub(crate) fn read_freqs(
     if lo > hi {
         return Err(corrupt("rans symbol range is empty"));
     }
-    let mut start = 0u32;
+    let (mut start, mut prev) = (0u32, 0u32);
     for s in lo..=hi {
-        let b0 = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as u32;
-        *p += 1;
-        let v = if b0 & 128 != 0 {
-            let b1 = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as u32;
-            *p += 1;
-            (b0 & 127) | (b1 << 7)
-        } else {
-            b0
-        };
+        let v = next(p, prev)?;
         if v >= M || start + v > M {
             return Err(corrupt("rans frequencies exceed 4096"));
         }
@@ -259,6 +277,7 @@ pub(crate) fn read_freqs(
             *slot = s as u32 | (v << 8) | (start << 20);
         }
         start += v;
+        prev = v;
     }
     if start != M {
         return Err(corrupt("rans frequencies do not sum to 4096"));
@@ -339,15 +358,9 @@ pub(crate) fn read_freqs_gamma(
     slots: &mut [u32],
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
-    let lo = *payload.get(*p).ok_or(corrupt("rans table truncated"))? as usize;
-    let hi = *payload.get(*p + 1).ok_or(corrupt("rans table truncated"))? as usize;
-    *p += 2;
-    if lo > hi {
-        return Err(corrupt("rans symbol range is empty"));
-    }
-    let mut r = super::bits::BitReader::new(payload, *p, payload.len());
-    let (mut start, mut prev) = (0u32, 0i64);
-    for s in lo..=hi {
+    let mut bits: Option<super::bits::BitReader> = None;
+    read_table(payload, p, offset, slots, |p, prev| {
+        let r = bits.get_or_insert_with(|| super::bits::BitReader::new(payload, *p, payload.len()));
         let k = (r.peek_safe(GAMMA_MAX_ZEROS + 1) | 1 << (GAMMA_MAX_ZEROS + 1)).trailing_zeros();
         if k > GAMMA_MAX_ZEROS {
             return Err(corrupt("rans table code too long"));
@@ -355,27 +368,14 @@ pub(crate) fn read_freqs_gamma(
         r.consume(k + 1);
         let low = r.peek_safe(k);
         r.consume(k);
-        let z = ((1u64 << k) | low) - 1;
-        let d = (z >> 1) as i64 ^ -((z & 1) as i64);
-        let v = prev + d;
         if r.overrun() {
             return Err(corrupt("rans table truncated"));
         }
-        if !(0..M as i64).contains(&v) || start as i64 + v > M as i64 {
-            return Err(corrupt("rans frequencies exceed 4096"));
-        }
-        let v = v as u32;
-        for slot in &mut slots[start as usize..(start + v) as usize] {
-            *slot = s as u32 | (v << 8) | (start << 20);
-        }
-        start += v;
-        prev = v as i64;
-    }
-    if start != M {
-        return Err(corrupt("rans frequencies do not sum to 4096"));
-    }
-    *p = r.position().div_ceil(8);
-    Ok(())
+        *p = r.position().div_ceil(8);
+        let z = ((1u64 << k) | low) - 1;
+        let d = (z >> 1) as i64 ^ -((z & 1) as i64);
+        u32::try_from(i64::from(prev) + d).map_err(|_| corrupt("rans frequency below zero"))
+    })
 }
 
 /// [`encode`] with a gamma-coded table.
