@@ -54,8 +54,7 @@ const L: u32 = 1 << 16;
 
 /// Bytes of the frequency table.
 pub(crate) fn table_bytes(f: &[u32; 256]) -> usize {
-    let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
-    let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
+    let (lo, hi) = present(f);
     2 + f[lo..=hi].iter().map(|&v| varint_len(v)).sum::<usize>()
 }
 
@@ -103,13 +102,16 @@ impl EncSym {
     }
 }
 
+/// The least and greatest symbol of `f` with a frequency (every table
+/// written has two at least).
+fn present(f: &[u32; 256]) -> (usize, usize) {
+    let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
+    let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
+    (lo, hi)
+}
+
 pub(crate) fn write_freqs(f: &[u32; 256], out: &mut Vec<u8>) {
-    let lo = f.iter().position(|&v| v > 0).expect("symbols present");
-    let hi = 255
-        - f.iter()
-            .rev()
-            .position(|&v| v > 0)
-            .expect("symbols present");
+    let (lo, hi) = present(f);
     out.push(lo as u8);
     out.push(hi as u8);
     for &v in &f[lo..=hi] {
@@ -287,8 +289,7 @@ fn read_table(
 
 /// Bytes of `f`'s gamma-coded table ([`write_freqs_gamma`]).
 pub(crate) fn table_bytes_gamma(f: &[u32; 256]) -> usize {
-    let lo = f.iter().position(|&v| v > 0).unwrap_or(0);
-    let hi = 255 - f.iter().rev().position(|&v| v > 0).unwrap_or(0);
+    let (lo, hi) = present(f);
     let mut prev = 0u32;
     let mut bits = 0usize;
     for &v in &f[lo..=hi] {
@@ -319,12 +320,7 @@ const GAMMA_MAX_ZEROS: u32 = 12;
 /// noise-like bytes have near frequencies: half the bytes of
 /// [`write_freqs`]' table or less.
 pub(crate) fn write_freqs_gamma(f: &[u32; 256], out: &mut Vec<u8>) {
-    let lo = f.iter().position(|&v| v > 0).expect("symbols present");
-    let hi = 255
-        - f.iter()
-            .rev()
-            .position(|&v| v > 0)
-            .expect("symbols present");
+    let (lo, hi) = present(f);
     out.push(lo as u8);
     out.push(hi as u8);
     let (mut acc, mut n) = (0u64, 0u32);
@@ -392,9 +388,24 @@ pub fn decode_gamma(
     slots: &mut Vec<u32>,
     version: u8,
 ) -> Result<(), DecodeError> {
+    decode_with(read_freqs_gamma, payload, offset, out, slots, version)
+}
+
+/// A table reader: [`read_freqs`] or [`read_freqs_gamma`].
+type ReadTable = fn(&[u8], &mut usize, u64, &mut [u32]) -> Result<(), DecodeError>;
+
+/// The table by `read`, then the symbols.
+fn decode_with(
+    read: ReadTable,
+    payload: &[u8],
+    offset: u64,
+    out: &mut [u8],
+    slots: &mut Vec<u32>,
+    version: u8,
+) -> Result<(), DecodeError> {
     grow(slots, ALL_SLOTS);
     let mut p = 0;
-    read_freqs_gamma(payload, &mut p, offset, &mut slots[..M as usize])?;
+    read(payload, &mut p, offset, &mut slots[..M as usize])?;
     decode_lanes(payload, p, offset, slots, None, out, version)
 }
 
@@ -565,10 +576,7 @@ pub fn decode(
     slots: &mut Vec<u32>,
     version: u8,
 ) -> Result<(), DecodeError> {
-    grow(slots, ALL_SLOTS);
-    let mut p = 0;
-    read_freqs(payload, &mut p, offset, &mut slots[..M as usize])?;
-    decode_lanes(payload, p, offset, slots, None, out, version)
+    decode_with(read_freqs, payload, offset, out, slots, version)
 }
 
 #[cfg(test)]
