@@ -1,8 +1,10 @@
-//! LSB-first bit reader for the Huffman streams (the writer is the
-//! encoder's four-lane loop in `huffman`).
+//! LSB-first bits: the reader for the Huffman streams and gamma-coded
+//! rANS tables, and the writer of sparse gaps, row indices and gamma
+//! tables (Huffman's writer is the encoder's four-lane loop in `huffman`).
 //!
 //! Owns: reading bits past a buffer's end as zeros without a branch per
-//! read; the callers check where their streams end.
+//! read (the callers check where their streams end), and appending fields
+//! of up to 56 bits, least significant first, to a byte vector.
 
 /// Reads bits LSB-first from `buf[start..end]`. The fast refill may load the
 /// 8 bytes at the cursor even past `end` (they stay inside `buf`); bits past
@@ -68,5 +70,37 @@ impl<'a> BitReader<'a> {
     pub fn overrun(&self) -> bool {
         let consumed = 8 * (self.next - self.start) as u64 - self.nbits as u64;
         consumed > 8 * (self.end - self.start) as u64
+    }
+}
+
+/// Appends bit fields LSB-first to a byte vector: each field starts at
+/// the lowest bit not yet written; [`BitWriter::finish`] pads the last
+/// byte with zeros.
+#[derive(Default)]
+pub struct BitWriter {
+    /// Bits not yet a whole byte (fewer than 8 between calls), and how many.
+    acc: u64,
+    n: u32,
+}
+
+impl BitWriter {
+    /// The low `bits` bits of `v` (at most 56; higher bits must be 0).
+    #[inline(always)]
+    pub fn put(&mut self, v: u64, bits: u32, out: &mut Vec<u8>) {
+        debug_assert!(bits <= 56 && v >> bits == 0);
+        self.acc |= v << self.n;
+        self.n += bits;
+        while self.n >= 8 {
+            out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.n -= 8;
+        }
+    }
+
+    /// The last, partial byte, if any.
+    pub fn finish(self, out: &mut Vec<u8>) {
+        if self.n > 0 {
+            out.push(self.acc as u8);
+        }
     }
 }

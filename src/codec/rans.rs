@@ -323,25 +323,20 @@ pub(crate) fn write_freqs_gamma(f: &[u32; 256], out: &mut Vec<u8>) {
     let (lo, hi) = present(f);
     out.push(lo as u8);
     out.push(hi as u8);
-    let (mut acc, mut n) = (0u64, 0u32);
+    let mut w = super::bits::BitWriter::default();
     let mut prev = 0u32;
     for &v in &f[lo..=hi] {
         let g = zigzag(v as i32 - prev as i32) + 1;
         prev = v;
         let k = 31 - g.leading_zeros();
-        // k zeros, a one, then the k bits below the top one: at most 25
-        // bits, into an accumulator holding fewer than 8.
-        acc |= ((1u64 | (u64::from(g) & ((1 << k) - 1)) << 1) << k) << n;
-        n += 2 * k + 1;
-        while n >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            n -= 8;
-        }
+        // k zeros, a one, then the k bits below the top one: at most 25.
+        w.put(
+            (1u64 | (u64::from(g) & ((1 << k) - 1)) << 1) << k,
+            2 * k + 1,
+            out,
+        );
     }
-    if n > 0 {
-        out.push(acc as u8);
-    }
+    w.finish(out);
 }
 
 /// Read a gamma-coded table ([`write_freqs_gamma`]) at `payload[*p..]`

@@ -18,6 +18,7 @@
 //! is assembled and taken apart in `codec/mod.rs`, which owns the codec.
 //! Stands on `leb`, `dtype` and the codec's error type.
 
+use super::bits::BitWriter;
 use super::{leb, DType, DecodeError};
 
 /// Rows of one root: one root and up to `GROUP - 1` rows coded against it.
@@ -479,20 +480,11 @@ pub fn write_plan(plan: &Plan, out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&bytes);
     let b = index_bits(plan.roots.len());
-    let mut acc = 0u64;
-    let mut have = 0u32;
+    let mut w = BitWriter::default();
     for &x in &plan.of {
-        acc |= u64::from(x) << have;
-        have += b;
-        while have >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            have -= 8;
-        }
+        w.put(u64::from(x), b, out);
     }
-    if have > 0 {
-        out.push(acc as u8);
-    }
+    w.finish(out);
 }
 
 /// The root map and indices of a frame of `count` rows and `roots`

@@ -22,7 +22,7 @@
 //! scattered changes this is within a few hundredths of a bit of their
 //! entropy, with a table of at most 17 symbols.
 
-use super::bits::BitReader;
+use super::bits::{BitReader, BitWriter};
 use super::stats::{entropy_bits, histogram};
 use super::{huffman, leb, packed, DecodeError};
 
@@ -80,9 +80,8 @@ struct Gaps<'a> {
     buckets: &'a mut Vec<u8>,
     values: &'a mut Vec<u8>,
     extra: &'a mut Vec<u8>,
-    /// Verbatim bits not yet a whole byte, and how many.
-    acc: u64,
-    nbits: u32,
+    /// Verbatim bits not yet a whole byte.
+    bits: BitWriter,
     /// The place after the last symbol found.
     next: usize,
 }
@@ -94,13 +93,8 @@ impl Gaps<'_> {
         let (b, e) = bucket(gap);
         self.buckets.push(b);
         self.values.push(v);
-        self.acc |= u64::from(gap & ((1 << e) - 1)) << self.nbits;
-        self.nbits += e;
-        while self.nbits >= 8 {
-            self.extra.push(self.acc as u8);
-            self.acc >>= 8;
-            self.nbits -= 8;
-        }
+        self.bits
+            .put(u64::from(gap & ((1 << e) - 1)), e, self.extra);
         self.next = at + 1;
     }
 }
@@ -133,8 +127,7 @@ pub fn plan(
         buckets,
         values,
         extra,
-        acc: 0,
-        nbits: 0,
+        bits: BitWriter::default(),
         next: 0,
     };
     // Eight symbols at a time: the places where a word differs from eight
@@ -157,9 +150,7 @@ pub fn plan(
             g.put(at, s);
         }
     }
-    if g.nbits > 0 {
-        g.extra.push(g.acc as u8);
-    }
+    g.bits.finish(g.extra);
     let k = buckets.len();
     if k == 0 || k > max_others {
         return None;
