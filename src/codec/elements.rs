@@ -260,13 +260,9 @@ pub fn worth_it(skipped: usize, n: usize, w: usize, map_bytes: usize) -> bool {
 /// under that to pay (runs long enough). A map of scattered skipped
 /// bytes never does.
 fn map_pays_alone(skipped: usize, n: usize, map_bytes: usize) -> bool {
-    let p = skipped as f64 / n as f64;
-    let h = if p <= 0.0 || p >= 1.0 {
-        0.0
-    } else {
-        -(p * p.log2() + (1.0 - p) * (1.0 - p).log2())
-    };
-    (map_bytes * 8) as f64 <= h * n as f64
+    let mut h = [0u32; 256];
+    (h[0], h[1]) = (skipped as u32, (n - skipped) as u32);
+    (map_bytes * 8) as f64 <= super::stats::entropy_bits(&h)
 }
 
 /// Append the map section (`kind u8 | length u32 | data`).
