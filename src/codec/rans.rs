@@ -709,8 +709,8 @@ mod tests {
         let mut r = crate::testing::Rng(7);
         for _ in 0..200 {
             let mut h = [0u32; 256];
-            let (lo, hi) = ((r.next_u64() % 256) as usize, (r.next_u64() % 256) as usize);
-            let (lo, hi) = (lo.min(hi).min(254), lo.max(hi).max(lo.min(hi) + 1));
+            let lo = (r.next_u64() % 255) as usize;
+            let hi = lo + 1 + (r.next_u64() % (255 - lo as u64)) as usize;
             for c in &mut h[lo..=hi] {
                 *c = (r.next_u64() % 1000) as u32 * (r.next_u64() % 2) as u32;
             }
