@@ -599,9 +599,14 @@ pub fn decode(
                 "gamma-table rans block in a frame before format version 9",
             ))
         }
-        BlockMode::RansGamma => {
-            rans::decode_gamma(payload, start as u64, out, &mut tables.rans, version)?
-        }
+        BlockMode::RansGamma => rans::decode_with(
+            rans::read_freqs_gamma,
+            payload,
+            start as u64,
+            out,
+            &mut tables.rans,
+            version,
+        )?,
         BlockMode::Sparse => {
             let Tables {
                 huffman, sparse, ..

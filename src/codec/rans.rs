@@ -375,22 +375,12 @@ pub fn encode_gamma(syms: &[u8], f: &[u32; 256], out: &mut Vec<u8>) {
     encode_lanes(syms, &[enc_table(f)], None, out);
 }
 
-/// [`decode`] of a block with a gamma-coded table.
-pub fn decode_gamma(
-    payload: &[u8],
-    offset: u64,
-    out: &mut [u8],
-    slots: &mut Vec<u32>,
-    version: u8,
-) -> Result<(), DecodeError> {
-    decode_with(read_freqs_gamma, payload, offset, out, slots, version)
-}
-
 /// A table reader: [`read_freqs`] or [`read_freqs_gamma`].
 type ReadTable = fn(&[u8], &mut usize, u64, &mut [u32]) -> Result<(), DecodeError>;
 
-/// The table by `read`, then the symbols.
-fn decode_with(
+/// [`decode`] with the table read by `read` ([`read_freqs_gamma`] for a
+/// gamma-coded one).
+pub(crate) fn decode_with(
     read: ReadTable,
     payload: &[u8],
     offset: u64,
