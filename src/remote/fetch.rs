@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rayon::prelude::*;
 
 use crate::codec;
-use crate::repo::objects::{ChunkRecord, SegmentRef};
+use crate::repo::objects::ChunkRecord;
 use crate::repo::{Import, ImportBase, ObjectKind, Repository, TensorPlace, DOT_DIR};
 use crate::store::{ChunkId, CommitId, Hash32, ObjectId};
 
@@ -821,18 +821,12 @@ fn plan_fetch(
             let m = import.add_manifest(mid, bytes, path, &id)?;
             plan.objects += 1;
             for seg in &m.segments {
-                let chunks = seg.chunks();
-                if let SegmentRef::Tensor { shape, len, .. } = seg {
-                    for (index, c) in chunks.iter().enumerate() {
-                        plan.places.entry(*c).or_insert_with(|| TensorPlace {
-                            shape: shape.clone(),
-                            len: *len,
-                            index,
-                            count: chunks.len(),
-                        });
+                for (index, c) in seg.chunks().iter().enumerate() {
+                    if let Some(place) = TensorPlace::at(seg, index) {
+                        plan.places.entry(*c).or_insert(place);
                     }
                 }
-                named_chunks.extend(chunks.iter().copied());
+                named_chunks.extend(seg.chunks().iter().copied());
             }
         }
     }

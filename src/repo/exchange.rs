@@ -325,10 +325,7 @@ impl Import<'_> {
             };
             self.reencoded.fetch_add(1, Ordering::Relaxed);
             let level = self.repo.config.zstd_level;
-            let rows = dtype
-                .filter(|_| self.repo.config.row_frames)
-                .zip(place)
-                .and_then(|(dt, p)| p.rows(dt, raw.len() as u64));
+            let rows = self.repo.keyframe_rows(dtype, place, raw.len());
             let mut whole = encode_record(&raw, dtype, rows, None, level, scratch)?;
             whole.written = self.written;
             whole.encode()

@@ -773,10 +773,8 @@ impl Repository {
                                 // Its rows in the tensor naming it, as a
                                 // commit gives them: a new keyframe of
                                 // optimizer state may be a row frame.
-                                let rows = dtype
-                                    .filter(|_| self.config.row_frames)
-                                    .zip(live.get(id).and_then(|u| u.place.as_ref()))
-                                    .and_then(|(dt, p)| p.rows(dt, raw.len() as u64));
+                                let place = live.get(id).and_then(|u| u.place.as_ref());
+                                let rows = self.keyframe_rows(dtype, place, raw.len());
                                 let written = rec.written;
                                 rec = encode_record(
                                     &raw,

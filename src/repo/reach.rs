@@ -41,6 +41,22 @@ pub struct TensorPlace {
 }
 
 impl TensorPlace {
+    /// The place of chunk `index` of `seg`, for a tensor segment (none
+    /// for opaque bytes).
+    pub fn at(seg: &SegmentRef, index: usize) -> Option<TensorPlace> {
+        match seg {
+            SegmentRef::Tensor {
+                shape, len, chunks, ..
+            } => Some(TensorPlace {
+                shape: shape.clone(),
+                len: *len,
+                index,
+                count: chunks.len(),
+            }),
+            SegmentRef::Opaque { .. } => None,
+        }
+    }
+
     /// The chunk's rows in its tensor ([`Rows::of_chunk`]), given its
     /// raw length and the tensor's dtype: the last chunk ends the tensor,
     /// every other starts at its index times its length.
@@ -198,25 +214,17 @@ impl Repository {
                     Err(e) => return Err(e),
                 };
                 for seg in &m.segments {
-                    let (tensor, dtype, shape) = match seg {
-                        SegmentRef::Tensor {
-                            name, dtype, shape, ..
-                        } => (Some(name), Some(*dtype), Some(shape)),
-                        SegmentRef::Opaque { .. } => (None, None, None),
+                    let (tensor, dtype) = match seg {
+                        SegmentRef::Tensor { name, dtype, .. } => (Some(name), Some(*dtype)),
+                        SegmentRef::Opaque { .. } => (None, None),
                     };
-                    let count = seg.chunks().len();
                     for (index, c) in seg.chunks().iter().enumerate() {
                         r.chunks.entry(*c).or_insert_with(|| ChunkUse {
                             commit: id,
                             path: path.clone(),
                             tensor: tensor.cloned(),
                             dtype,
-                            place: shape.map(|shape| TensorPlace {
-                                shape: shape.clone(),
-                                len: seg.len(),
-                                index,
-                                count,
-                            }),
+                            place: TensorPlace::at(seg, index),
                         });
                     }
                 }
@@ -384,6 +392,23 @@ fn parents_first(
         }
     }
     out
+}
+
+impl Repository {
+    /// The rows a chunk stored whole is encoded with (gc, a shallow
+    /// fetch), as a commit gives them: from its place in the tensor naming
+    /// it, unless the repository has row frames off.
+    pub(crate) fn keyframe_rows(
+        &self,
+        dtype: Option<DType>,
+        place: Option<&TensorPlace>,
+        raw_len: usize,
+    ) -> Option<Rows> {
+        dtype
+            .filter(|_| self.config.row_frames)
+            .zip(place)
+            .and_then(|(dt, p)| p.rows(dt, raw_len as u64))
+    }
 }
 
 #[cfg(test)]
