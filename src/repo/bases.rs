@@ -20,6 +20,10 @@
 //! the cache (evicted, replaced, refused) goes back to the pool once no
 //! reader holds it, so caching a chunk allocates nothing.
 //!
+//! [`SharedBases`] lets one cache outlive the handle that filled it: the
+//! Python package opens the repository anew for each save, and keeps the
+//! chunks one save committed as the next save's bases.
+//!
 //! Must not: read the store.
 
 use std::borrow::Cow;
@@ -29,6 +33,40 @@ use std::sync::{Arc, Mutex};
 use crate::store::ChunkId;
 
 use super::pool::BufPool;
+
+/// A base cache for the handles one process opens on after another
+/// ([`Repository::use_bases`](super::Repository::use_bases)): what one
+/// commit decoded or committed is there for the next. Entries are keyed by
+/// chunk id (blake3 of the raw bytes), so a cache is never stale, whatever
+/// repository or commit filled it. Cloning shares the cache.
+#[derive(Debug, Clone)]
+pub struct SharedBases(pub(crate) Arc<BaseCache>);
+
+impl SharedBases {
+    /// An empty cache; it holds nothing until a handle sets its cap.
+    pub fn new() -> Self {
+        SharedBases(Arc::new(BaseCache::new(0)))
+    }
+
+    /// Bytes of chunks held now.
+    pub fn held_bytes(&self) -> u64 {
+        self.0.lock().bytes
+    }
+
+    /// Drop every entry (the cap stays; a handle sets it again).
+    pub fn clear(&self) {
+        let cap = self.0.lock().cap;
+        let pool = BufPool::new(0);
+        self.0.set_cap(0, &pool);
+        self.0.set_cap(cap, &pool);
+    }
+}
+
+impl Default for SharedBases {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -131,6 +169,10 @@ impl BaseCache {
     #[cfg(test)]
     fn bytes(&self) -> u64 {
         self.lock().bytes
+    }
+
+    pub(crate) fn cap(&self) -> u64 {
+        self.lock().cap
     }
 }
 

@@ -50,6 +50,7 @@ mod status;
 mod watch;
 
 pub use crate::store::ErrorClass;
+pub use bases::SharedBases;
 pub use checkout::{CheckoutOptions, CheckoutReport, BULK_READ_BYTES};
 pub use commit::{CommitOptions, CommitReport, RunItem, StepSource};
 pub use damage::{CorruptReason, ObjectRef, Place, Site};
@@ -400,8 +401,11 @@ pub struct Repository {
     store: Arc<dyn Store>,
     config: Config,
     /// Decoded chunks kept as the next delta base (a share of the memory
-    /// budget, see [`base_cache_bytes`]).
-    bases: bases::BaseCache,
+    /// budget, see [`base_cache_bytes`]; or one shared with other
+    /// handles, [`Repository::use_bases`]).
+    bases: Arc<bases::BaseCache>,
+    /// `bases` is shared: its cap is the one `use_bases` gave.
+    bases_shared: bool,
     /// Chunk-sized buffers reused by commit and checkout (a share of the
     /// memory budget, see [`pool::pool_bytes`]).
     pool: pool::BufPool,
@@ -613,7 +617,10 @@ impl Repository {
         Ok(Repository {
             root,
             store,
-            bases: bases::BaseCache::new(base_cache_bytes(config.memory_budget)),
+            bases: Arc::new(bases::BaseCache::new(base_cache_bytes(
+                config.memory_budget,
+            ))),
+            bases_shared: false,
             pool: pool::BufPool::new(pool::pool_bytes(config.memory_budget)),
             config,
         })
@@ -629,12 +636,34 @@ impl Repository {
     /// checkouts (the stored setting is unchanged).
     pub fn set_memory_budget(&mut self, bytes: u64) -> Result<(), RepoError> {
         self.config.memory_budget = bytes;
-        self.bases.set_cap(base_cache_bytes(bytes), &self.pool);
+        if !self.bases_shared {
+            self.bases.set_cap(base_cache_bytes(bytes), &self.pool);
+        }
         self.pool.set_cap(pool::pool_bytes(bytes));
         self.store
             .set_write_buffer(Space::Chunks, chunk_memtable_bytes(bytes))?;
         Ok(())
     }
+    /// Keep delta bases in `shared` instead of this handle's own cache:
+    /// the chunks this handle's commits and reads decode or commit stay
+    /// there for the next handle given the same cache. The Python package
+    /// opens the repository for each save and passes the same cache, so a
+    /// save's delta bases are the previous save's chunks, not a decode of
+    /// their whole chain.
+    ///
+    /// `cap` is what the cache and this handle's own buffers may hold
+    /// together: the cache keeps at most `cap` less the memory budget
+    /// (which bounds a commit's buffers), and at least the budget's share.
+    pub fn use_bases(&mut self, shared: &SharedBases, cap: u64) {
+        let budget = self.config.memory_budget;
+        let cap = cap.saturating_sub(budget).max(base_cache_bytes(budget));
+        if shared.0.cap() != cap {
+            shared.0.set_cap(cap, &self.pool);
+        }
+        self.bases = Arc::clone(&shared.0);
+        self.bases_shared = true;
+    }
+
     /// The store underneath, for tests that damage or inspect it on
     /// purpose (the `testing` feature). Everything else goes through the
     /// repository's methods: no module outside `repo` reads or writes the

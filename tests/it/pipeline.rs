@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ckvc::repo::{CheckoutOptions, CommitOptions, Config, Repository};
+use ckvc::repo::{CheckoutOptions, CommitOptions, Config, Repository, SharedBases};
 use ckvc::store::{CommitId, MemStore, ObjectId};
 
 use super::{copy_dir, same_tree, steps, Instrumented};
@@ -104,14 +104,25 @@ fn a_multi_file_commit_stores_the_same_trees_whatever_the_reader_threads() {
 /// A commit's id, tree, stored bytes, new chunks and deepest chain.
 type Stored = (CommitId, ObjectId, u64, u64, u16);
 
+/// How `commit_copies` holds the repository between commits.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Handles {
+    /// One handle throughout: decoded bases kept between commits.
+    Kept,
+    /// A fresh handle per commit.
+    Fresh,
+    /// A fresh handle per commit, all given one `SharedBases` (what the
+    /// Python package does for its saves).
+    Shared,
+}
+
 /// Commits steps of the corpus, each from a copy removed after its commit
 /// (so no delta base is read back from the parent's directory), into a
-/// repository over `store`: with one handle throughout (`keep`: decoded
-/// bases kept between commits) or a fresh handle per commit.
+/// repository over `store`, holding handles as `handles` says.
 fn commit_copies(
     tmp: &Path,
     store: &Arc<Instrumented<MemStore>>,
-    keep: bool,
+    handles: Handles,
 ) -> (Repository, Vec<Stored>) {
     let config = Config {
         chunk_bytes: 64 << 10,
@@ -119,14 +130,18 @@ fn commit_copies(
         memory_budget: 128 << 20,
         ..Config::default()
     };
-    let root = tmp.join(if keep { "kept" } else { "fresh" });
+    let root = tmp.join(format!("{handles:?}"));
     let mut repo = Repository::init_store(root.clone(), store.clone(), config).unwrap();
+    let shared = SharedBases::new();
     let mut rows = Vec::new();
     for (n, (step, dir)) in steps().into_iter().take(4).enumerate() {
-        if !keep {
+        if handles != Handles::Kept {
             repo = Repository::open_store(root.clone(), store.clone()).unwrap();
         }
-        let copy = tmp.join(format!("copy-{keep}-{n}"));
+        if handles == Handles::Shared {
+            repo.use_bases(&shared, 256 << 20);
+        }
+        let copy = tmp.join(format!("copy-{handles:?}-{n}"));
         copy_dir(&dir, &copy);
         let opts = CommitOptions {
             step: Some(step),
@@ -146,21 +161,25 @@ fn commit_copies(
     (repo, rows)
 }
 
+/// The same bases whether kept, shared or decoded: the same records,
+/// trees and stored bytes.
+fn same(v: &[Stored]) -> Vec<(ObjectId, u64, u64, u16)> {
+    v.iter()
+        .map(|&(_, t, s, n, d)| (t, s, n, d))
+        .collect::<Vec<_>>()
+}
+
+fn gets(s: &Arc<Instrumented<MemStore>>) -> u64 {
+    s.chunk_gets.load(Ordering::Relaxed)
+}
+
 #[test]
 fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_fewer_reads() {
     let tmp = tempfile::tempdir().unwrap();
     let kept_store = Arc::new(Instrumented::new(MemStore::default()));
     let fresh_store = Arc::new(Instrumented::new(MemStore::default()));
-    let (kept, a) = commit_copies(tmp.path(), &kept_store, true);
-    let (_, b) = commit_copies(tmp.path(), &fresh_store, false);
-    let gets = |s: &Arc<Instrumented<MemStore>>| s.chunk_gets.load(Ordering::Relaxed);
-    // The same bases whether kept or decoded: the same records, trees
-    // and stored bytes.
-    let same = |v: &[Stored]| {
-        v.iter()
-            .map(|&(_, t, s, n, d)| (t, s, n, d))
-            .collect::<Vec<_>>()
-    };
+    let (kept, a) = commit_copies(tmp.path(), &kept_store, Handles::Kept);
+    let (_, b) = commit_copies(tmp.path(), &fresh_store, Handles::Fresh);
     assert_eq!(same(&a), same(&b));
     assert!(a.iter().any(|&(.., d)| d >= 2), "{a:?}");
     assert!(
@@ -175,7 +194,7 @@ fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_few
     let all = steps();
     let (step, dir) = all[3].clone();
     let (head, ..) = a[3];
-    let warm_handle = Repository::open_store(tmp.path().join("kept"), kept_store.clone()).unwrap();
+    let warm_handle = Repository::open_store(tmp.path().join("Kept"), kept_store.clone()).unwrap();
     let out = tmp.path().join("out-prev");
     warm_handle
         .checkout(&a[2].0, &out, &CheckoutOptions::default())
@@ -191,10 +210,33 @@ fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_few
         gets(&kept_store) - before
     };
     let warm = checkout_reads(&warm_handle, "warm");
-    let fresh = Repository::open_store(tmp.path().join("kept"), kept_store.clone()).unwrap();
+    let fresh = Repository::open_store(tmp.path().join("Kept"), kept_store.clone()).unwrap();
     let cold = checkout_reads(&fresh, "fresh");
     assert!(warm < cold, "warm {warm} cold {cold}");
     drop(kept);
+}
+
+/// The Python package opens the repository for each save; with one
+/// `SharedBases` given to every handle, a delta commit takes its bases
+/// from the chunks the commit before stored instead of decoding their
+/// chains, and stores the same records as fresh handles.
+#[test]
+fn fresh_handles_sharing_bases_commit_the_same_records_without_decoding_chains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shared_store = Arc::new(Instrumented::new(MemStore::default()));
+    let fresh_store = Arc::new(Instrumented::new(MemStore::default()));
+    let (_, a) = commit_copies(tmp.path(), &shared_store, Handles::Shared);
+    let (_, b) = commit_copies(tmp.path(), &fresh_store, Handles::Fresh);
+    assert_eq!(same(&a), same(&b));
+    assert!(a.iter().any(|&(.., d)| d >= 2), "{a:?}");
+    // Fresh handles read every base's chain; shared ones only the small
+    // records that carry no stored head.
+    assert!(
+        2 * gets(&shared_store) < gets(&fresh_store),
+        "shared {} fresh {}",
+        gets(&shared_store),
+        gets(&fresh_store)
+    );
 }
 
 /// The chunk memtable size in the store's newest options file.
