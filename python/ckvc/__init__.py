@@ -306,9 +306,27 @@ class Repository:
     while it commits. Opening a repository raises the process's soft limit
     on open files to its hard limit (the store keeps the blob files it has
     read open, about one per 32 MiB of chunks).
+
+    ``keep_bases`` says how much of what a save stored this object keeps
+    in memory as the next save's delta bases (a save is coded against the
+    tensors of the save before; without them it decodes their chain of up
+    to ``max_chain`` deltas back from the store, the longer the deeper):
+
+    - ``None`` (the default): the bases and the commit's own buffers hold
+      at most one copy of the state beside the staging buffer: a blocking
+      save keeps what it stored; a ``blocking=False`` save, whose staging
+      buffer already is a copy, keeps only the memory budget's share (an
+      eighth of it) and decodes the rest of its bases;
+    - ``True``: up to one copy of the state whatever the saves (beside a
+      staging buffer: two copies), so no save decodes a chain;
+    - ``False``: the memory budget's share.
+
+    The bases are freed with this object.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], branch: Optional[str] = None) -> None:
+    def __init__(
+        self, path: Union[str, os.PathLike], branch: Optional[str] = None, keep_bases: Optional[bool] = None
+    ) -> None:
         self.path = os.fspath(path)
         self.branch = branch
         _ckvc.Reader(self.path)  # raises NotFoundError if not a repository
@@ -316,20 +334,38 @@ class Repository:
         self._inflight: Optional[Tuple[threading.Thread, SaveFuture]] = None
         self._unobserved: List[SaveFuture] = []
         self._staging = _state.Staging()
+        self._keep_bases = keep_bases
+        self._bases = _ckvc.Bases()
+
+    def _bases_cap(self, state_bytes: int, blocking: bool) -> int:
+        """Bytes of delta bases a save of ``state_bytes`` may keep (see
+        ``keep_bases``); at least the budget's share, which the store
+        side adds."""
+        if self._keep_bases is False:
+            return 0
+        if self._keep_bases is True:
+            return state_bytes
+        held = self._staging.host.array.nbytes if self._staging.host is not None else 0
+        if not blocking:
+            held = max(held, state_bytes)
+        return max(0, state_bytes - held)
 
     @classmethod
-    def init(cls, path: Union[str, os.PathLike], row_frames: bool = True) -> "Repository":
+    def init(
+        cls, path: Union[str, os.PathLike], row_frames: bool = True, keep_bases: Optional[bool] = None
+    ) -> "Repository":
         """Create a repository in ``path`` (like ``ckvc init``) and open it.
 
         ``row_frames=False`` (``ckvc init --no-row-frames``) stores whole
         chunks of alike rows (Adam's moments of an embedding) as plain
         frames: a first save of GPT-2 small + AdamW then takes about a
-        tenth less CPU and stores about 1.5% more.
+        tenth less CPU and stores about 1.5% more. ``keep_bases`` as for
+        ``Repository``.
         """
         p = os.fspath(path)
         os.makedirs(p, exist_ok=True)
         _ckvc.init(p, row_frames)
-        return cls(p)
+        return cls(p, keep_bases=keep_bases)
 
     def _reader(self) -> "_ckvc.Reader":
         return _ckvc.Reader(self.path)
@@ -438,6 +474,11 @@ class Repository:
             if failed:
                 _raise_all(failed)
             p = _state.plan(state)
+            bases_cap = self._bases_cap(p.file_len, blocking)
+            if self._bases.held_bytes() > bases_cap:
+                # Let go of the bases before a staging buffer takes the
+                # memory they held (the commit keeps the budget's share).
+                self._bases.clear()
             background = not blocking and staging == "background" and _state._TORCH
             # The first background save (or one whose state outgrew the
             # staging buffer) reads its tensors in place while it commits,
@@ -491,7 +532,16 @@ class Repository:
 
                     def commit() -> Dict[str, Any]:
                         return _ckvc.commit_buffers(
-                            self.path, files, step, now_msg, mets, self.branch, nice=nice, check=check
+                            self.path,
+                            files,
+                            step,
+                            now_msg,
+                            mets,
+                            self.branch,
+                            nice=nice,
+                            check=check,
+                            bases=self._bases,
+                            bases_cap=bases_cap,
                         )
 
                     try:

@@ -65,6 +65,8 @@ def commit_buffers(
     branch: Optional[str] = None,
     nice: int = 0,
     check: Optional[Callable[[], Any]] = None,
+    bases: Optional["Bases"] = None,
+    bases_cap: int = 0,
 ) -> Dict[str, Any]:
     """Internal (``Repository.save`` calls it with its own staging buffer,
     or, for a blocking save, with a list of buffers per file: the header
@@ -91,6 +93,15 @@ def commit_dir(
 ) -> Dict[str, Any]:
     """Commit a checkpoint directory (``ckvc commit DIR``); the same report.
     ``nice`` as for ``commit_buffers`` (the Trainer callback's commits)."""
+
+class Bases:
+    """Internal: the delta bases a ``Repository`` object keeps between its
+    saves (``commit_buffers(bases=, bases_cap=)``: at most ``bases_cap``
+    bytes, at least the memory budget's share)."""
+
+    def __init__(self) -> None: ...
+    def held_bytes(self) -> int: ...
+    def clear(self) -> None: ...
 
 class Reader:
     """A read-only view of the repository at ``path``, as of opening."""

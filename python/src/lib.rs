@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use ckvc::repo::SharedBases;
 use ckvc::repo::{lower_thread_priority, CorruptReason, ObjectRef, RevKind, SegmentShow};
 use ckvc::repo::{CheckoutOptions, CommitOptions, CommitReport, Config, RepoError, Repository};
 use ckvc::store::{CommitId, StoreError};
@@ -419,7 +420,7 @@ impl Bytes {
 /// threads of that priority, so a training loop on the same cores comes
 /// first.
 #[pyfunction]
-#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None))]
+#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None, bases = None, bases_cap = 0))]
 #[allow(clippy::too_many_arguments)]
 fn commit_buffers<'py>(
     py: Python<'py>,
@@ -431,7 +432,10 @@ fn commit_buffers<'py>(
     branch: Option<String>,
     nice: i32,
     check: Option<Py<PyAny>>,
+    bases: Option<PyRef<'py, Bases>>,
+    bases_cap: u64,
 ) -> PyResult<Bound<'py, PyDict>> {
+    let bases = bases.map(|b| b.shared.clone());
     let mut held = Vec::new();
     let mut files_parts: Vec<(String, Vec<Bytes>)> = Vec::with_capacity(files.len());
     for (rel, obj) in &files {
@@ -493,7 +497,10 @@ fn commit_buffers<'py>(
                 (rel.as_str(), parts)
             })
             .collect();
-        let repo = open_repo(&path, true)?;
+        let mut repo = open_repo(&path, true)?;
+        if let Some(b) = &bases {
+            repo.use_bases(b, bases_cap);
+        }
         at_priority(nice, || repo.commit_parts_checked(&slices, &opts, checked))
     });
     drop(held);
@@ -569,6 +576,35 @@ fn commit_dir<'py>(
         at_priority(nice, || repo.commit(&dir, &opts))
     })?;
     report_dict(py, &report)
+}
+
+/// Delta bases kept between the saves of one `ckvc.Repository` object
+/// (each save opens the repository anew): the chunks a save stored are
+/// the next save's bases, so it need not decode their chains. Holds at
+/// most the cap the last save gave (`commit_buffers(bases_cap=)`).
+#[pyclass(frozen, module = "ckvc._ckvc")]
+struct Bases {
+    shared: SharedBases,
+}
+
+#[pymethods]
+impl Bases {
+    #[new]
+    fn new() -> Self {
+        Bases {
+            shared: SharedBases::new(),
+        }
+    }
+
+    /// Bytes of chunks held now.
+    fn held_bytes(&self) -> u64 {
+        self.shared.held_bytes()
+    }
+
+    /// Let go of every chunk held.
+    fn clear(&self) {
+        self.shared.clear()
+    }
 }
 
 /// A read-only view of a repository: resolves revisions and reads
@@ -796,6 +832,7 @@ fn _ckvc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rocksdb_crc_calls, m)?)?;
     m.add_function(wrap_pyfunction!(lower_priority_py, m)?)?;
     m.add_class::<Reader>()?;
+    m.add_class::<Bases>()?;
     m.add("CkvcError", py.get_type::<CkvcError>())?;
     m.add("CorruptError", py.get_type::<CorruptError>())?;
     m.add("LockedError", py.get_type::<LockedError>())?;

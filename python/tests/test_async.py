@@ -92,6 +92,53 @@ def test_delta_against_the_previous_save(repo):
     assert torch.equal(repo.load(2)["w"], w2) and torch.equal(repo.load(1)["w"], w)
 
 
+def test_saves_keep_what_they_stored_as_the_next_saves_bases(tmp_path):
+    """A chain of saves deeper than one delta stores the same records
+    whether its bases are the chunks kept from the save before or decoded
+    from the store, and every step loads back exactly."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(256, 1024, generator=g)
+    m = torch.zeros(256, 1024)
+    kept = ckvc.Repository.init(tmp_path / "kept")
+    decoded = ckvc.Repository.init(tmp_path / "decoded", keep_bases=False)
+    saved = []
+    for step in range(1, 6):
+        w = w + 1e-3 * torch.randn(256, 1024, generator=g)
+        m = 0.9 * m + 0.1 * w
+        state = {"w": w, "m": m, "step": step}
+        a = kept.save(state, step=step)
+        b = decoded.save(state, step=step)
+        assert a.stored_bytes == b.stored_bytes, step
+        # a blocking save keeps (at least) every tensor byte it stored
+        assert kept._bases.held_bytes() >= w.numel() * 8, step
+        saved.append((w.clone(), m.clone()))
+    assert kept.log()[0].stored_bytes < kept.log()[-1].stored_bytes
+    for step, (w_, m_) in enumerate(saved, start=1):
+        s = kept.load(step)
+        assert torch.equal(s["w"], w_) and torch.equal(s["m"], m_) and s["step"] == step
+
+
+def test_bases_kept_stay_within_one_copy_of_the_state_beside_the_staging_buffer(repo, tmp_path):
+    """``keep_bases=None``: a blocking save keeps up to the state's size
+    less the staging buffer; a background save (its staging buffer a copy
+    already) only the budget's share. ``True``: a copy whatever; ``False``:
+    the share."""
+    n = 1 << 20
+    assert repo._bases_cap(n, blocking=True) == n
+    assert repo._bases_cap(n, blocking=False) == 0
+    f = repo.save({"x": np.ones(n // 4, dtype=np.float32)}, step=1, blocking=False)
+    f.result()
+    staged = repo._staging.host.array.nbytes if repo._staging.host is not None else 0
+    assert repo._bases_cap(n, blocking=True) == max(0, n - staged)
+    assert repo._bases_cap(n, blocking=False) == 0
+    always = ckvc.Repository(repo.path, keep_bases=True)
+    never = ckvc.Repository(repo.path, keep_bases=False)
+    for blocking in (True, False):
+        assert always._bases_cap(n, blocking=blocking) == n
+        assert never._bases_cap(n, blocking=blocking) == 0
+
+
 def test_another_writer_holding_the_lock_is_a_locked_error(repo):
     import fcntl
 
