@@ -4,9 +4,13 @@ and torch.distributed.checkpoint.async_save, on a state of >= 1 GiB.
 
 The state: a GPT-2-small-sized model (transformers' GPT2Config defaults,
 ~124M parameters, built from the config, no download) + AdamW after one
-optimizer step (fp32 weights + exp_avg + exp_avg_sq: ~1.4 GiB). Two rounds:
-a first save, then a second save after another optimizer step (ckvc codes
-it as a delta against the first).
+optimizer step (fp32 weights + exp_avg + exp_avg_sq: ~1.4 GiB). Rounds
+(--rounds, 4 by default): a first save, then a save after each further
+optimizer step (ckvc codes each as a delta against the save before,
+three deep by the fourth: a later round shows whether a save's cost grows
+with the depth of its chain). Disk: about 4 GiB per round (torch.save's
+file and DCP's directory are removed after their round; the three ckvc
+repositories keep every save) and 3.5 GiB for the memory runs.
 
 Per method and round: stall (the time the training loop loses: the call
 until it returns, plus how much longer the training step run right after
@@ -18,7 +22,8 @@ and, after a first background save, until its staging buffer is faulted
 in (over the RSS before it, sampled every 5 ms). The RSS is measured on a
 second run of the same save with no training step beside it (a step's
 activations and gradients would hide it), on repositories of their own
-(so the first save there takes the first-save path too).
+(so the first save there takes the first-save path too), in the first two
+rounds (later ones are deltas as the second is; "-" in the table).
 
 ckvc runs three times, each on its own repository (so each first save
 stages into fresh memory): a blocking save (the call returns when the
@@ -35,7 +40,12 @@ place (on the gradients of the last real backward). With --compute cpu
 (the default) training computes on the CPU, and a background save's work
 competes with it for the same cores.
 
-    python3 scripts/bench_python.py [--work DIR] [--json] [--compute cpu|idle]
+With --keep-bases every repository keeps what a save stored as the next
+save's delta bases (``Repository(keep_bases=True)``; by default only a
+blocking save does): background saves then hold a second copy of the state
+beside their staging buffer, and a delta save decodes no chain.
+
+    python3 scripts/bench_python.py [--work DIR] [--json] [--compute cpu|idle] [--rounds N] [--keep-bases]
 
 Needs torch, transformers and the ckvc package (pip install .).
 """
@@ -110,6 +120,12 @@ def main() -> int:
     ap.add_argument("--work", default=None, help="directory for the files (default: a temporary one in /work or /tmp)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-dcp", action="store_true", help="skip torch.distributed.checkpoint.async_save")
+    ap.add_argument(
+        "--keep-bases",
+        action="store_true",
+        help="Repository(keep_bases=True): background saves keep a copy of what they stored as the next save's bases too",
+    )
+    ap.add_argument("--rounds", type=int, default=4, help="saves per method (the first full, then deltas)")
     ap.add_argument("--layers", type=int, default=12, help="transformer layers (12: GPT-2 small; fewer for a quick smoke run)")
     ap.add_argument(
         "--compute",
@@ -190,8 +206,9 @@ def main() -> int:
 
         modes = ("blocking", "sync", "background")
         rf = not a.no_row_frames
-        repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-{mode}"), row_frames=rf) for mode in modes}
-        mem_repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-mem-{mode}"), row_frames=rf) for mode in modes}
+        kb = True if a.keep_bases else None
+        repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-{mode}"), row_frames=rf, keep_bases=kb) for mode in modes}
+        mem_repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-mem-{mode}"), row_frames=rf, keep_bases=kb) for mode in modes}
         steps = {}
         dcp_ok, dcp_why = False, ""
         if not a.no_dcp:
@@ -209,8 +226,9 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 dcp_why = f"{type(e).__name__}: {e}"
 
-        for rnd in (1, 2):
-            if rnd == 2:
+        rounds = range(1, max(1, a.rounds) + 1)
+        for rnd in rounds:
+            if rnd > 1:
                 train_step(a.compute)
             base_step = steps[rnd] = plain_step()
             s = state()
@@ -225,6 +243,7 @@ def main() -> int:
                 fsync_dir(work)
                 t1 = time.perf_counter()
             rows.append(dict(round=rnd, method="torch.save + fsync", call=t1 - t0, step_delay=0.0, stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
+            os.remove(path)
             # ckvc save(blocking=False), each staging mode on its own repository
             for mode in modes:
                 repo = repos[mode]
@@ -259,17 +278,20 @@ def main() -> int:
                 # peak, 1.83-1.92x the state in four of six runs).
                 repo.wait()
                 join_staging_warm()
-                with PeakRss() as m:
-                    if mode == "blocking":
-                        mem_repos[mode].save(s, step=rnd)
-                    else:
-                        mem_repos[mode].save(s, step=rnd, blocking=False, staging=mode).result()
-                        # and the staging buffer a first background save
-                        # faults in after it is durable
-                        mem_repos[mode].wait()
-                        join_staging_warm()
+                peak_extra = None
+                if rnd <= 2:
+                    with PeakRss() as m:
+                        if mode == "blocking":
+                            mem_repos[mode].save(s, step=rnd)
+                        else:
+                            mem_repos[mode].save(s, step=rnd, blocking=False, staging=mode).result()
+                            # and the staging buffer a first background save
+                            # faults in after it is durable
+                            mem_repos[mode].wait()
+                            join_staging_warm()
+                    peak_extra = m.extra
                 method = "ckvc save (blocking)" if mode == "blocking" else f"ckvc staging={mode}"
-                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=m.extra))
+                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=peak_extra))
             # DCP async_save
             if dcp_ok:
                 import torch.distributed.checkpoint as dcp
@@ -284,9 +306,14 @@ def main() -> int:
                     t2 = time.perf_counter()
                     delay = step_time - base_step
                     stored = dir_bytes(ck)
-                    with PeakRss() as m:
-                        dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
-                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=m.extra))
+                    peak_extra = None
+                    if rnd <= 2:
+                        with PeakRss() as m:
+                            dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
+                        peak_extra = m.extra
+                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=peak_extra))
+                    shutil.rmtree(ck, ignore_errors=True)
+                    shutil.rmtree(ck + "-mem", ignore_errors=True)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as e:  # noqa: BLE001 (DCP's CheckpointException is a BaseException)
@@ -303,14 +330,15 @@ def main() -> int:
             print(f"compute idle: each forward/backward is a sleep of {sorted(fb)[len(fb) // 2]:.3f} s (a real one's median); optimizer.step() runs on the CPU")
         else:
             print("compute cpu: forward/backward and optimizer.step() on the CPU, beside any background save")
-        for rnd in (1, 2):
-            print(f"{'first' if rnd == 1 else 'second'} round: a training step with no save running takes {steps[rnd]:.3f} s")
+        for rnd in rounds:
+            print(f"round {rnd}: a training step with no save running takes {steps[rnd]:.3f} s")
         print(f"{'round':<6} {'method':<26} {'call s':>7} {'+step s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
         for r in rows:
             w = f"{r['waited']:>9.3f}" if "waited" in r else f"{'-':>9}"
+            rss_mib = f"{r['peak_extra'] / 2**20:>19.1f}" if r["peak_extra"] is not None else f"{'-':>19}"
             print(
-                f"{('first' if r['round'] == 1 else 'second'):<6} {r['method']:<26} {r['call']:>7.3f} {r['step_delay']:>8.3f} {w} {r['stall']:>8.3f} "
-                f"{r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {r['peak_extra'] / 2**20:>19.1f}"
+                f"{r['round']:<6} {r['method']:<26} {r['call']:>7.3f} {r['step_delay']:>8.3f} {w} {r['stall']:>8.3f} "
+                f"{r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {rss_mib}"
             )
         print(
             "(+step = how much longer the training step right after the call took than the median of three with no save\n"
@@ -318,13 +346,13 @@ def main() -> int:
             " that step spent in optimizer.step() waiting for the background copy. stall = call + +step when that is\n"
             " positive, else call + waited.)"
         )
-        for rnd in (1, 2):
+        for rnd in rounds:
             ts = next(r for r in rows if r["round"] == rnd and r["method"].startswith("torch"))
             for ck in (r for r in rows if r["round"] == rnd and r["method"].startswith("ckvc")):
                 print(
-                    f"{'first' if rnd == 1 else 'second'} {ck['method']}: stall / torch.save+fsync = {ck['stall'] / ts['durable']:.3f} (target <= 0.25), "
-                    f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5), "
-                    f"peak extra RSS / state = {ck['peak_extra'] / tensor_bytes:.2f} (target <= 1.0)"
+                    f"round {rnd} {ck['method']}: stall / torch.save+fsync = {ck['stall'] / ts['durable']:.3f} (target <= 0.25), "
+                    f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5)"
+                    + (f", peak extra RSS / state = {ck['peak_extra'] / tensor_bytes:.2f} (target <= 1.0)" if ck["peak_extra"] is not None else "")
                 )
         if dcp_why:
             print(f"dcp.async_save: {dcp_why}")
