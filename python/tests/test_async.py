@@ -137,6 +137,9 @@ def test_bases_kept_stay_within_one_copy_of_the_state_beside_the_staging_buffer(
     for blocking in (True, False):
         assert always._bases_cap(n, blocking=blocking) == n
         assert never._bases_cap(n, blocking=blocking) == 0
+    # a background save reading its tensors in place copies nothing more
+    # while optimizer.step() waits for it
+    assert always._bases_cap(n, blocking=False, in_place=True) == 0
 
 
 def test_another_writer_holding_the_lock_is_a_locked_error(repo):
