@@ -173,20 +173,31 @@ fn gets(s: &Arc<Instrumented<MemStore>>) -> u64 {
     s.chunk_gets.load(Ordering::Relaxed)
 }
 
+/// Commits the copies with `handles` and with fresh handles, each into a
+/// store of its own; checks they stored the same records through chains
+/// at least two deep. Returns the first's repository, store and rows,
+/// and the chunk records the fresh handles read.
+fn beside_fresh_handles(
+    tmp: &Path,
+    handles: Handles,
+) -> (Repository, Arc<Instrumented<MemStore>>, Vec<Stored>, u64) {
+    let store = Arc::new(Instrumented::new(MemStore::default()));
+    let fresh_store = Arc::new(Instrumented::new(MemStore::default()));
+    let (repo, a) = commit_copies(tmp, &store, handles);
+    let (_, b) = commit_copies(tmp, &fresh_store, Handles::Fresh);
+    assert_eq!(same(&a), same(&b));
+    assert!(a.iter().any(|&(.., d)| d >= 2), "{a:?}");
+    (repo, store, a, gets(&fresh_store))
+}
+
 #[test]
 fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_fewer_reads() {
     let tmp = tempfile::tempdir().unwrap();
-    let kept_store = Arc::new(Instrumented::new(MemStore::default()));
-    let fresh_store = Arc::new(Instrumented::new(MemStore::default()));
-    let (kept, a) = commit_copies(tmp.path(), &kept_store, Handles::Kept);
-    let (_, b) = commit_copies(tmp.path(), &fresh_store, Handles::Fresh);
-    assert_eq!(same(&a), same(&b));
-    assert!(a.iter().any(|&(.., d)| d >= 2), "{a:?}");
+    let (kept, kept_store, a, fresh_gets) = beside_fresh_handles(tmp.path(), Handles::Kept);
     assert!(
-        gets(&kept_store) < gets(&fresh_store),
-        "kept {} fresh {}",
-        gets(&kept_store),
-        gets(&fresh_store)
+        gets(&kept_store) < fresh_gets,
+        "kept {} fresh {fresh_gets}",
+        gets(&kept_store)
     );
     // A checkout after one of the step before takes its bases from what
     // that one decoded; a fresh handle decodes their chains; both
@@ -223,19 +234,13 @@ fn decoded_bases_kept_between_commits_and_checkouts_give_the_same_bytes_with_few
 #[test]
 fn fresh_handles_sharing_bases_commit_the_same_records_without_decoding_chains() {
     let tmp = tempfile::tempdir().unwrap();
-    let shared_store = Arc::new(Instrumented::new(MemStore::default()));
-    let fresh_store = Arc::new(Instrumented::new(MemStore::default()));
-    let (_, a) = commit_copies(tmp.path(), &shared_store, Handles::Shared);
-    let (_, b) = commit_copies(tmp.path(), &fresh_store, Handles::Fresh);
-    assert_eq!(same(&a), same(&b));
-    assert!(a.iter().any(|&(.., d)| d >= 2), "{a:?}");
+    let (_, shared_store, _, fresh_gets) = beside_fresh_handles(tmp.path(), Handles::Shared);
     // Fresh handles read every base's chain; shared ones only the small
     // records that carry no stored head.
     assert!(
-        2 * gets(&shared_store) < gets(&fresh_store),
-        "shared {} fresh {}",
-        gets(&shared_store),
-        gets(&fresh_store)
+        2 * gets(&shared_store) < fresh_gets,
+        "shared {} fresh {fresh_gets}",
+        gets(&shared_store)
     );
 }
 
