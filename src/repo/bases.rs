@@ -53,12 +53,15 @@ impl SharedBases {
         self.0.lock().bytes
     }
 
-    /// Drop every entry (the cap stays; a handle sets it again).
+    /// Drop every entry (the cap stays).
     pub fn clear(&self) {
-        let cap = self.0.lock().cap;
-        let pool = BufPool::new(0);
-        self.0.set_cap(0, &pool);
-        self.0.set_cap(cap, &pool);
+        let gone: Vec<_> = {
+            let mut g = self.0.lock();
+            g.bytes = 0;
+            g.order.clear();
+            g.map.drain().map(|(_, raw)| raw).collect()
+        };
+        drop(gone);
     }
 }
 
@@ -220,6 +223,21 @@ mod tests {
     fn chunk(n: u8, len: usize) -> (ChunkId, Vec<u8>) {
         let raw = vec![n; len];
         (ChunkId::digest(&raw), raw)
+    }
+
+    #[test]
+    fn a_cleared_shared_cache_holds_nothing_and_keeps_its_cap() {
+        let shared = SharedBases::new();
+        shared.0.set_cap(1 << 20, &pool());
+        let (id, raw) = chunk(1, 1000);
+        shared.0.insert(id, raw.as_slice().into(), None, &pool());
+        assert_eq!(shared.held_bytes(), 1000);
+        shared.clear();
+        assert_eq!(shared.held_bytes(), 0);
+        assert!(shared.0.get(&id).is_none());
+        assert_eq!(shared.0.cap(), 1 << 20);
+        shared.0.insert(id, raw.as_slice().into(), None, &pool());
+        assert_eq!(shared.held_bytes(), 1000);
     }
 
     #[test]
