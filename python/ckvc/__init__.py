@@ -346,7 +346,7 @@ class Repository:
         only the share: copying them would lengthen the wait of
         ``optimizer.step()`` (3.6 s against 1.2 s for a first save of
         GPT-2 small + AdamW with ``keep_bases=True``)."""
-        if self._keep_bases is False or (in_place and not blocking):
+        if self._keep_bases is False or in_place:
             return 0
         if self._keep_bases is True:
             return state_bytes
@@ -487,7 +487,8 @@ class Repository:
             bases_cap = self._bases_cap(p.file_len, blocking, in_place)
             if self._bases.held_bytes() > bases_cap:
                 # Let go of the bases before a staging buffer takes the
-                # memory they held (the commit keeps the budget's share).
+                # memory they held (the commit fills the budget's share
+                # again).
                 self._bases.clear()
             tensors: Any
             if blocking:
