@@ -227,6 +227,9 @@ def main() -> int:
                 dcp_why = f"{type(e).__name__}: {e}"
 
         rounds = range(1, max(1, a.rounds) + 1)
+        # Rounds with a memory run: the first save, and one delta (later
+        # deltas take the second's path).
+        mem_rounds = 2
         for rnd in rounds:
             if rnd > 1:
                 train_step(a.compute)
@@ -279,7 +282,7 @@ def main() -> int:
                 repo.wait()
                 join_staging_warm()
                 peak_extra = None
-                if rnd <= 2:
+                if rnd <= mem_rounds:
                     with PeakRss() as m:
                         if mode == "blocking":
                             mem_repos[mode].save(s, step=rnd)
@@ -307,7 +310,7 @@ def main() -> int:
                     delay = step_time - base_step
                     stored = dir_bytes(ck)
                     peak_extra = None
-                    if rnd <= 2:
+                    if rnd <= mem_rounds:
                         with PeakRss() as m:
                             dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
                         peak_extra = m.extra
