@@ -530,13 +530,26 @@ impl Repository {
     }
 
     /// Open the repository whose root is `root`.
+    ///
+    /// A writer reads its table and blob files with `O_DIRECT` where the
+    /// file system takes it: what a commit reads (its delta bases) was
+    /// written with `O_DIRECT`, so the page cache does not hold it, and
+    /// copying it through the cache cost more than the read. A Python
+    /// background delta save of GPT-2 small + AdamW (1.4 GiB, bases
+    /// decoded from the store) spent 3.9 s in the kernel against 0.8 s,
+    /// and was durable in 4.9-6.1 s against 3.3-3.5 s; a CLI commit of
+    /// the same size measured the same either way.
     pub fn open(root: &Path, write: bool) -> Result<Repository, RepoError> {
-        let mode = if write {
-            Mode::ReadWrite
+        let (mode, options) = if write {
+            let options = crate::store::RocksOptions {
+                direct_reads: true,
+                ..crate::store::RocksOptions::default()
+            };
+            (Mode::ReadWrite, options)
         } else {
-            Mode::ReadOnly
+            (Mode::ReadOnly, crate::store::RocksOptions::default())
         };
-        Self::open_rocks(root, mode, &crate::store::RocksOptions::default())
+        Self::open_rocks(root, mode, &options)
     }
 
     /// Open the repository whose root is `root` to read far more than

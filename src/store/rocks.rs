@@ -80,15 +80,17 @@ pub struct RocksOptions {
     /// memtable to the disk without a copy into the page cache, which cost
     /// more CPU than the rest of a commit (measured on 1.39 GiB).
     pub direct_writes: bool,
-    /// Read table and blob files with `O_DIRECT` (a reader only, where
-    /// the file system accepts it). Default `false`: for a reader that
-    /// reads far more than the page cache would usefully keep, such as a
-    /// checkout of many gigabytes. On these VMs a page-cache page the
+    /// Read table and blob files with `O_DIRECT` (where the file system
+    /// accepts it, probed on the store's `CURRENT` file). Default `false`:
+    /// for a reader that reads far more than the page cache would usefully
+    /// keep, such as a checkout of many gigabytes, or for a writer, whose
+    /// reads (a delta's bases) are of files written with `O_DIRECT`, which
+    /// the page cache does not hold. On these VMs a page-cache page the
     /// guest has not touched for a while costs ~10 us to fault in, so
     /// buffered reads of a 10 GiB checkout's blobs spent 12-17 s in the
     /// kernel, direct reads 1.5-1.9 s. Reads the page cache already holds
-    /// are faster buffered: the repository asks for this for checkouts of
-    /// many gigabytes only.
+    /// are faster buffered: the repository asks for this for writers and
+    /// for checkouts of many gigabytes only.
     pub direct_reads: bool,
 }
 
@@ -372,7 +374,7 @@ fn direct_io_works(_: &Path) -> bool {
 /// Whether the store's files can be read with `O_DIRECT`: one aligned
 /// block of its `CURRENT` file is (a reader writes no probe).
 #[cfg(target_os = "linux")]
-fn direct_reads_work(store: &Path) -> bool {
+pub(super) fn direct_reads_work(store: &Path) -> bool {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     let mut buf = vec![0u8; 2 * PROBE_BLOCK];
@@ -397,7 +399,7 @@ fn aligned_block(buf: &mut [u8]) -> &mut [u8] {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn direct_reads_work(_: &Path) -> bool {
+pub(super) fn direct_reads_work(_: &Path) -> bool {
     false
 }
 
@@ -497,6 +499,11 @@ impl RocksStore {
                 std::fs::create_dir_all(&path).map_err(|e| io(&path, e))?;
                 if options.direct_writes && direct_io_works(path.parent().unwrap_or(&path)) {
                     db_opts.set_use_direct_io_for_flush_and_compaction(true);
+                }
+                // A fresh store has no `CURRENT` to probe: its first
+                // commit has no bases to read.
+                if options.direct_reads && direct_reads_work(&path) {
+                    db_opts.set_use_direct_reads(true);
                 }
                 db_opts.create_if_missing(fresh);
                 db_opts.create_missing_column_families(fresh);

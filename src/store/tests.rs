@@ -780,3 +780,57 @@ fn size_on_disk_ignores_files_deleted_while_it_walks() {
         }
     });
 }
+
+/// A writer asked for direct reads reads its table and blob files with
+/// `O_DIRECT` where the file system takes it (RocksDB's OPTIONS file says
+/// which), and reads back every value, before and after a flush and a
+/// compaction.
+#[test]
+fn rocks_writer_with_direct_reads_reads_back_every_value() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    let value = |i: u8| vec![i; 100_000 + usize::from(i)];
+    {
+        let s = RocksStore::open_with(&path, Mode::ReadWrite, &fast()).unwrap();
+        for i in 0..20u8 {
+            put1(&s, Space::Chunks, &[i; 32], &value(i));
+        }
+        put1(&s, Space::Refs, b"HEAD", b"ref: refs/heads/main");
+        s.flush().unwrap();
+    }
+    let opts = RocksOptions {
+        direct_reads: true,
+        ..fast()
+    };
+    let s = RocksStore::open_with(&path, Mode::ReadWrite, &opts).unwrap();
+    let newest_options = std::fs::read_dir(&path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("OPTIONS-"))
+        .max_by_key(|n| n[8..].parse::<u64>().unwrap_or(0))
+        .expect("an OPTIONS file");
+    let text = std::fs::read_to_string(path.join(newest_options)).unwrap();
+    let direct = super::rocks::direct_reads_work(&path);
+    assert!(
+        text.contains(&format!("use_direct_reads={direct}")),
+        "direct reads work here: {direct}"
+    );
+    let check = |s: &RocksStore, n: u8| {
+        for i in 0..n {
+            assert_eq!(s.get_vec(Space::Chunks, &[i; 32]).unwrap(), Some(value(i)));
+        }
+        assert_eq!(
+            s.get_vec(Space::Refs, b"HEAD").unwrap().as_deref(),
+            Some(&b"ref: refs/heads/main"[..])
+        );
+    };
+    check(&s, 20);
+    for i in 20..30u8 {
+        put1(&s, Space::Chunks, &[i; 32], &value(i));
+    }
+    check(&s, 30);
+    s.flush().unwrap();
+    check(&s, 30);
+    s.compact().unwrap();
+    check(&s, 30);
+}
