@@ -465,6 +465,12 @@ fn commit_buffers<'py>(
         message,
         branch,
         metrics,
+        // A save's bases are kept from the save before when the cap lets
+        // them be; the rest are coded against their chain's keyframe
+        // rather than decoding the chain (a background delta save of
+        // GPT-2 small + AdamW was durable in 3.0-3.3 s at every depth
+        // against 3.3-6.5 s, and stored 2.4% more over five saves).
+        shallow_bases: true,
         ..CommitOptions::default()
     };
     // `check()` is called (with the GIL) once every buffer has been read

@@ -119,6 +119,29 @@ def test_saves_keep_what_they_stored_as_the_next_saves_bases(tmp_path):
         assert torch.equal(s["w"], w_) and torch.equal(s["m"], m_) and s["step"] == step
 
 
+def test_saves_with_no_base_kept_code_against_the_keyframe_not_the_save_before(tmp_path):
+    """A save whose bases are not kept codes its tensors against the
+    chain's keyframe instead of decoding the save before through its
+    chain: no commit's chain is deeper than one delta, the save after four
+    delta saves (``max_chain``) is a keyframe, and every step loads back
+    exactly."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(256, 1024, generator=g)
+    repo = ckvc.Repository.init(tmp_path / "r", keep_bases=False)
+    saved = []
+    for step in range(1, 8):
+        w = w + 1e-3 * torch.randn(256, 1024, generator=g)
+        repo._bases.clear()  # nothing kept: every base comes from the store
+        repo.save({"w": w, "step": step}, step=step, blocking=False).result()
+        saved.append(w.clone())
+    r = repo._reader()
+    depths = [r.commit(c.id)["max_depth"] for c in reversed(repo.log())]
+    assert depths == [0, 1, 1, 1, 1, 0, 1]
+    for step, w_ in enumerate(saved, start=1):
+        assert torch.equal(repo.load(step)["w"], w_), step
+
+
 def test_bases_kept_stay_within_one_copy_of_the_state_beside_the_staging_buffer(repo, tmp_path):
     """``keep_bases=None``: a blocking save keeps up to the state's size
     less the staging buffer; a background save (its staging buffer a copy

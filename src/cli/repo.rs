@@ -414,6 +414,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 allow_step_order,
                 code,
                 metrics,
+                // The parent's directory is usually still there to read
+                // bases from; where it is not, the smaller deltas win.
+                shallow_bases: false,
             };
             if run {
                 let mut failure = None;

@@ -54,6 +54,16 @@ pub struct CommitOptions {
     /// Metrics to record beside (and over) those of `trainer_state.json`,
     /// for trainers that write none.
     pub metrics: Vec<(String, f64)>,
+    /// Where a new chunk's parent bytes are not at hand (neither kept from
+    /// an earlier commit nor in the parent's directory), code it against
+    /// the nearest chunk down the parent's delta chain that is, else
+    /// against the chain's keyframe, instead of decoding the parent's
+    /// chain: at most one record (a whole chunk) is decoded per base,
+    /// whatever the depth. The deltas are then against an older tensor
+    /// and a little larger; after `max_chain` delta commits the next
+    /// commit is a keyframe. For commits whose bases are rarely at hand
+    /// (the Python package's background saves).
+    pub shallow_bases: bool,
 }
 
 /// Where a commit's step number came from.
@@ -289,6 +299,20 @@ struct BaseRef {
     file: Option<(Arc<AtFile>, u64)>,
 }
 
+/// How a commit finds its new chunks' delta bases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BaseMode {
+    /// The parent's chunk, decoded through its chain when not at hand.
+    Parent,
+    /// The parent's chunk when at hand, else the nearest chunk down its
+    /// chain that is, else the chain's keyframe
+    /// ([`CommitOptions::shallow_bases`]).
+    Shallow,
+    /// None: `max_chain` delta commits of shallow bases came since the
+    /// last keyframe commit.
+    Keyframe,
+}
+
 /// `Meta/commit-source`: the last commit made by `commit` in this
 /// repository (32-byte id) followed by the canonical path of the directory
 /// it was made from (UTF-8). The next commit on top of it reads its delta
@@ -447,6 +471,16 @@ impl Repository {
             parent_files.insert(rel.clone(), self.manifest(mid, rel)?);
         }
         let parents = ParentFiles::new(&parent_files, source);
+        let base_mode = match &parent {
+            Some(p) if opts.shallow_bases => {
+                if self.delta_commits_since_keyframe(p)? >= self.config.max_chain {
+                    BaseMode::Keyframe
+                } else {
+                    BaseMode::Shallow
+                }
+            }
+            _ => BaseMode::Parent,
+        };
         let budget = self.config.memory_budget;
         let readers = reader_threads(files.len());
         let (queue, batch) = pipeline_sizes(budget, self.config.chunk_bytes, readers);
@@ -468,7 +502,7 @@ impl Repository {
         };
         let (read, encoded, written) = std::thread::scope(|s| {
             let writer = s.spawn(|| self.write_stream(erx, batch));
-            let encoder = s.spawn(|| self.encode_stream(rx, etx));
+            let encoder = s.spawn(|| self.encode_stream(rx, etx, base_mode));
             // Files are taken in order by `readers` threads, each parsing,
             // hashing and queueing one file at a time; the manifests are put
             // back in file order below, so the tree never depends on which
@@ -1154,17 +1188,17 @@ impl Repository {
         &self,
         rx: Receiver<Job<'_>>,
         out: SyncSender<Encoded>,
+        mode: BaseMode,
     ) -> Result<(), RepoError> {
-        let max_chain = self.config.max_chain;
         let level = self.config.zstd_level;
         let pool = &self.pool;
         rx.into_iter().par_bridge().try_for_each(|job| {
             let mut base_raw = Vec::new();
             let base = match (job.dtype, &job.base) {
-                (Some(_), Some(b)) => match self.delta_base(b, max_chain, job.raw.len()) {
-                    Ok(Some((raw, depth))) => {
+                (Some(_), Some(b)) => match self.delta_base(b, mode, job.raw.len()) {
+                    Ok(Some((id, raw, depth))) => {
                         base_raw = raw;
-                        Some((b.id, depth))
+                        Some((id, depth))
                     }
                     Ok(None) => None,
                     // A damaged base: store the chunk whole.
@@ -1244,25 +1278,32 @@ impl Repository {
         Ok(())
     }
 
-    /// A new chunk's delta base: its raw bytes and stored depth, or `None`
-    /// when its chain is `max_chain` deep already or its length is not
-    /// `raw_len`. The bytes come from the parent's file when they are still
-    /// there and hash to the base's id, else from decoding its chain.
+    /// A new chunk's delta base: its id, raw bytes and stored depth, or
+    /// `None` when its chain is `max_chain` deep already, its length is
+    /// not `raw_len` or `mode` is [`BaseMode::Keyframe`]. The base is the
+    /// parent's chunk `b`, its bytes kept from an earlier commit, else
+    /// from the parent's file when they are still there and hash to its
+    /// id, else ([`BaseMode::Shallow`]) [`Repository::shallow_base`], else
+    /// from decoding its chain.
     fn delta_base(
         &self,
         b: &BaseRef,
-        max_chain: u16,
+        mode: BaseMode,
         raw_len: usize,
-    ) -> Result<Option<(Vec<u8>, u16)>, RepoError> {
+    ) -> Result<Option<(ChunkId, Vec<u8>, u16)>, RepoError> {
+        if mode == BaseMode::Keyframe {
+            return Ok(None);
+        }
+        let max_chain = self.config.max_chain;
         let pool = &self.pool;
         // The header decides: from the chunk's head when it has one, else
         // from its record, read once and decoded only when the bytes are
         // neither kept nor in the parent's file.
-        let (depth, len, mut rec) = match self.chunk_head(&b.id)? {
-            Some(h) => (h.depth, h.raw_len, None),
+        let (depth, len, below, mut rec) = match self.chunk_head(&b.id)? {
+            Some(h) => (h.depth, h.raw_len, h.base, None),
             None => {
                 let rec = self.chunk_record(&b.id)?;
-                (rec.depth, rec.raw_len, Some(rec))
+                (rec.depth, rec.raw_len, rec.base, Some(rec))
             }
         };
         let give_back = |rec: Option<ChunkRecord>| {
@@ -1278,22 +1319,103 @@ impl Repository {
             give_back(rec);
             let mut buf = pool.take(raw.len());
             buf.extend_from_slice(&raw);
-            return Ok(Some((buf, depth)));
+            return Ok(Some((b.id, buf, depth)));
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
             if file.read_exact_at(&mut buf, *off).is_ok() && ChunkId::digest(&buf) == b.id {
                 give_back(rec);
-                return Ok(Some((buf, depth)));
+                return Ok(Some((b.id, buf, depth)));
             }
             pool.put(buf);
+        }
+        if mode == BaseMode::Shallow {
+            if let Some(base) = below.map(|c| self.shallow_base(c, raw_len)).transpose()? {
+                give_back(rec);
+                return Ok(base);
+            }
         }
         let rec = match rec.take() {
             Some(rec) => rec,
             None => self.chunk_record(&b.id)?,
         };
         // The record, not the head, says how deep the bytes decoded are.
-        self.decode_record(&b.id, rec, None).map(Some)
+        self.decode_record(&b.id, rec, None)
+            .map(|(raw, depth)| Some((b.id, raw, depth)))
+    }
+
+    /// The base [`BaseMode::Shallow`] takes for a chunk whose parent is a
+    /// delta against `id`: the first chunk down `id`'s chain whose bytes
+    /// are kept, else the chain's keyframe, decoded (one whole record).
+    /// `None` where the chain is not as its heads say (a base missing, of
+    /// another length, or longer than a reader follows).
+    fn shallow_base(
+        &self,
+        mut id: ChunkId,
+        raw_len: usize,
+    ) -> Result<Option<(ChunkId, Vec<u8>, u16)>, RepoError> {
+        for _ in 0..super::HARD_MAX_CHAIN {
+            let (depth, len, base, rec) = match self.chunk_head(&id)? {
+                Some(h) => (h.depth, h.raw_len, h.base, None),
+                None => {
+                    let rec = self.chunk_record(&id)?;
+                    (rec.depth, rec.raw_len, rec.base, Some(rec))
+                }
+            };
+            if len != raw_len as u64 {
+                return Ok(None);
+            }
+            if let Some(raw) = self.bases.get(&id) {
+                if let Some(rec) = rec {
+                    self.pool.put(rec.data);
+                }
+                let mut buf = self.pool.take(raw.len());
+                buf.extend_from_slice(&raw);
+                return Ok(Some((id, buf, depth)));
+            }
+            match base {
+                Some(below) if depth > 0 => {
+                    if let Some(rec) = rec {
+                        self.pool.put(rec.data);
+                    }
+                    id = below;
+                }
+                _ => {
+                    let rec = match rec {
+                        Some(rec) => rec,
+                        None => self.chunk_record(&id)?,
+                    };
+                    let (raw, depth) = self.decode_record(&id, rec, None)?;
+                    return Ok(Some((id, raw, depth)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Delta commits from `parent` back to the last keyframe commit (one
+    /// whose new chunks are all whole), up to `max_chain`; commits that
+    /// stored nothing new do not count, and a history with no keyframe
+    /// within `max_chain` + 64 commits counts as `max_chain`.
+    fn delta_commits_since_keyframe(&self, parent: &CommitId) -> Result<u16, RepoError> {
+        let max_chain = self.config.max_chain;
+        let mut age = 0;
+        let mut next = Some(*parent);
+        for _ in 0..usize::from(max_chain) + 64 {
+            let Some(id) = next else { return Ok(age) };
+            if age >= max_chain {
+                return Ok(max_chain);
+            }
+            let c = self.commit_object(&id)?;
+            if c.stats.new_chunks > 0 {
+                if c.stats.max_depth == 0 {
+                    return Ok(age);
+                }
+                age += 1;
+            }
+            next = c.parents.first().copied();
+        }
+        Ok(max_chain)
     }
 
     /// The directory the commit `parent` was made from, if this repository

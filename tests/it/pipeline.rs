@@ -244,6 +244,81 @@ fn fresh_handles_sharing_bases_commit_the_same_records_without_decoding_chains()
     );
 }
 
+/// Commits five steps of the corpus, each from a copy removed after its
+/// commit and by a fresh handle (no base at hand), with `max_chain` 2:
+/// the commits' deepest chains and the large chunk records read.
+fn commit_copies_with_fresh_handles(tmp: &Path, shallow: bool) -> (Vec<Stored>, u64) {
+    let store = Arc::new(Instrumented::new(MemStore::default()));
+    let config = Config {
+        chunk_bytes: 64 << 10,
+        max_chain: 2,
+        ..Config::default()
+    };
+    let root = tmp.join(format!("shallow-{shallow}"));
+    Repository::init_store(root.clone(), store.clone(), config).unwrap();
+    let mut rows = Vec::new();
+    for (n, (step, dir)) in steps().into_iter().take(5).enumerate() {
+        let repo = Repository::open_store(root.clone(), store.clone()).unwrap();
+        let copy = tmp.join(format!("copy-shallow-{shallow}-{n}"));
+        copy_dir(&dir, &copy);
+        let opts = CommitOptions {
+            step: Some(step),
+            shallow_bases: shallow,
+            ..CommitOptions::default()
+        };
+        let r = repo.commit(&copy, &opts).unwrap();
+        std::fs::remove_dir_all(&copy).unwrap();
+        let out = tmp.join(format!("out-shallow-{shallow}-{n}"));
+        repo.checkout(&r.id, &out, &CheckoutOptions::default())
+            .unwrap();
+        same_tree(&dir, &out);
+        let c = repo.commit_object(&r.id).unwrap();
+        rows.push((
+            r.id,
+            c.tree,
+            r.stats.stored_bytes,
+            r.stats.new_chunks,
+            r.stats.max_depth,
+        ));
+    }
+    (rows, store.large_chunk_reads.load(Ordering::Relaxed))
+}
+
+/// With shallow bases a commit whose bases are not at hand codes each
+/// new chunk against its parent's keyframe instead of decoding the
+/// parent's chain: no chain is ever deeper than one, every `max_chain`
+/// delta commits the next is a keyframe, fewer records are read, every
+/// step checks out byte-exact, and the deltas against the older tensor
+/// cost a little more room.
+#[test]
+fn shallow_bases_code_against_the_keyframe_and_keyframe_every_max_chain_commits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (chain, chain_reads) = commit_copies_with_fresh_handles(tmp.path(), false);
+    let (shallow, shallow_reads) = commit_copies_with_fresh_handles(tmp.path(), true);
+    let depths = |rows: &[Stored]| rows.iter().map(|&(.., d)| d).collect::<Vec<_>>();
+    assert_eq!(
+        depths(&shallow),
+        [0, 1, 1, 0, 1],
+        "chain {:?}",
+        depths(&chain)
+    );
+    assert_eq!(depths(&chain)[..3], [0, 1, 2]);
+    assert!(shallow.iter().all(|&(_, _, _, n, _)| n > 0), "{shallow:?}");
+    // The same trees: the chunks are cut and named alike.
+    let trees = |rows: &[Stored]| rows.iter().map(|&(_, t, ..)| t).collect::<Vec<_>>();
+    assert_eq!(trees(&chain), trees(&shallow));
+    // Only the third commit's bases differ: chain decodes its parent
+    // through two records, shallow reads the keyframe's.
+    assert!(
+        shallow_reads < chain_reads,
+        "shallow {shallow_reads} chain {chain_reads}"
+    );
+    let stored = |rows: &[Stored]| rows.iter().map(|&(_, _, s, ..)| s).collect::<Vec<_>>();
+    let (c, s) = (stored(&chain), stored(&shallow));
+    assert_eq!(c[..2], s[..2]);
+    assert!(s[2] > c[2], "shallow {s:?} chain {c:?}");
+}
+
 /// The chunk memtable size in the store's newest options file.
 fn chunk_memtable(root: &Path) -> u64 {
     let db = root.join(".ckvc/db");
