@@ -142,23 +142,32 @@ fn commit_copies(
             repo.use_bases(&shared, 256 << 20);
         }
         let copy = tmp.join(format!("copy-{handles:?}-{n}"));
-        copy_dir(&dir, &copy);
-        let opts = CommitOptions {
-            step: Some(step),
-            ..CommitOptions::default()
-        };
-        let r = repo.commit(&copy, &opts).unwrap();
-        std::fs::remove_dir_all(&copy).unwrap();
-        let c = repo.commit_object(&r.id).unwrap();
-        rows.push((
-            r.id,
-            c.tree,
-            r.stats.stored_bytes,
-            r.stats.new_chunks,
-            r.stats.max_depth,
-        ));
+        rows.push(commit_copy(&repo, &copy, step, &dir, false));
     }
     (repo, rows)
+}
+
+/// Commits `dir` as `step` from a copy at `copy`, removed after the
+/// commit (so no delta base is read back from the parent's directory):
+/// the commit's row.
+fn commit_copy(repo: &Repository, copy: &Path, step: u64, dir: &Path, shallow: bool) -> Stored {
+    copy_dir(dir, copy);
+    let opts = CommitOptions {
+        step: Some(step),
+        shallow_bases: shallow,
+        ..CommitOptions::default()
+    };
+    let r = repo.commit(copy, &opts).unwrap();
+    std::fs::remove_dir_all(copy).unwrap();
+    let c = repo.commit_object(&r.id).unwrap();
+    let stats = &r.stats;
+    (
+        r.id,
+        c.tree,
+        stats.stored_bytes,
+        stats.new_chunks,
+        stats.max_depth,
+    )
 }
 
 /// The same bases whether kept, shared or decoded: the same records,
@@ -260,26 +269,12 @@ fn commit_copies_with_fresh_handles(tmp: &Path, shallow: bool) -> (Vec<Stored>, 
     for (n, (step, dir)) in steps().into_iter().take(5).enumerate() {
         let repo = Repository::open_store(root.clone(), store.clone()).unwrap();
         let copy = tmp.join(format!("copy-shallow-{shallow}-{n}"));
-        copy_dir(&dir, &copy);
-        let opts = CommitOptions {
-            step: Some(step),
-            shallow_bases: shallow,
-            ..CommitOptions::default()
-        };
-        let r = repo.commit(&copy, &opts).unwrap();
-        std::fs::remove_dir_all(&copy).unwrap();
+        let row = commit_copy(&repo, &copy, step, &dir, shallow);
         let out = tmp.join(format!("out-shallow-{shallow}-{n}"));
-        repo.checkout(&r.id, &out, &CheckoutOptions::default())
+        repo.checkout(&row.0, &out, &CheckoutOptions::default())
             .unwrap();
         same_tree(&dir, &out);
-        let c = repo.commit_object(&r.id).unwrap();
-        rows.push((
-            r.id,
-            c.tree,
-            r.stats.stored_bytes,
-            r.stats.new_chunks,
-            r.stats.max_depth,
-        ));
+        rows.push(row);
     }
     (rows, store.large_chunk_reads.load(Ordering::Relaxed))
 }
