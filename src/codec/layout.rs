@@ -84,8 +84,15 @@ fn group_parts(raw: &[u8], w: usize, rotate: bool, parts: &mut [&mut [MaybeUnini
                 d.write(if rotate { b.rotate_left(1) } else { b });
             }
         }
-        (2, [s0, s1]) => group2(raw, s0, s1, rotate),
-        (4, [s0, s1, s2, s3]) => group4(raw, [s0, s1, s2, s3], rotate),
+        (2, [s0, s1]) => {
+            let done = group_simd::<2>(raw, [s0, s1], rotate);
+            group2(&raw[2 * done..], &mut s0[done..], &mut s1[done..], rotate)
+        }
+        (4, [s0, s1, s2, s3]) => {
+            let done = group_simd::<4>(raw, [s0, s1, s2, s3], rotate);
+            let rest = [s0, s1, s2, s3].map(|p| &mut p[done..]);
+            group4(&raw[4 * done..], rest, rotate)
+        }
         (8, [s0, s1, s2, s3, s4, s5, s6, s7]) => {
             // Each part cut to exactly `n`: no bounds checks in the loop.
             let mut s = [s0, s1, s2, s3, s4, s5, s6, s7].map(|p| &mut p[..n]);
@@ -127,6 +134,18 @@ fn group_parts(raw: &[u8], w: usize, rotate: bool, parts: &mut [&mut [MaybeUnini
         }
         _ => unreachable!("element width is 1, 2, 4 or 8"),
     }
+}
+
+/// The leading elements of `raw` grouped into `s` by the AVX2 kernel
+/// (a multiple of 32; none without AVX2); the caller groups the rest.
+fn group_simd<const W: usize>(raw: &[u8], s: [&mut [MaybeUninit<u8>]; W], rotate: bool) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, just detected.
+        return unsafe { super::simd::group_avx2::<W>(raw, s, rotate) };
+    }
+    let _ = (raw, s, rotate);
+    0
 }
 
 /// Transpose the 8 x 8 bytes of `r` (byte `j` of word `i` becomes byte
