@@ -28,7 +28,7 @@ use super::objects::{
     FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
 use super::pool::{with_scratch, BufPool};
-use super::{branch_ref, check_branch_name, RepoError, Repository, Site};
+use super::{branch_ref, chain, check_branch_name, RepoError, Repository, Site};
 
 /// What to commit besides the directory.
 #[derive(Debug, Clone, Default)]
@@ -297,6 +297,14 @@ struct Job<'d> {
 struct BaseRef {
     id: ChunkId,
     file: Option<(Arc<AtFile>, u64)>,
+}
+
+/// What a commit asks of a delta base before using it
+/// ([`Repository::base_header`]).
+struct BaseHead {
+    depth: u16,
+    raw_len: u64,
+    base: Option<ChunkId>,
 }
 
 /// How a commit finds its new chunks' delta bases.
@@ -1294,48 +1302,29 @@ impl Repository {
         if mode == BaseMode::Keyframe {
             return Ok(None);
         }
-        let max_chain = self.config.max_chain;
         let pool = &self.pool;
-        // The header decides: from the chunk's head when it has one, else
-        // from its record, read once and decoded only when the bytes are
-        // neither kept nor in the parent's file.
-        let (depth, len, below, mut rec) = match self.chunk_head(&b.id)? {
-            Some(h) => (h.depth, h.raw_len, h.base, None),
-            None => {
-                let rec = self.chunk_record(&b.id)?;
-                (rec.depth, rec.raw_len, rec.base, Some(rec))
-            }
-        };
-        let give_back = |rec: Option<ChunkRecord>| {
-            if let Some(rec) = rec {
-                pool.put(rec.data);
-            }
-        };
-        if depth >= max_chain || len != raw_len as u64 {
-            give_back(rec);
+        let (h, rec) = self.base_header(&b.id)?;
+        if h.depth >= self.config.max_chain || h.raw_len != raw_len as u64 {
+            self.give_back(rec);
             return Ok(None);
         }
-        if let Some(raw) = self.bases.get(&b.id) {
-            give_back(rec);
-            let mut buf = pool.take(raw.len());
-            buf.extend_from_slice(&raw);
-            return Ok(Some((b.id, buf, depth)));
+        if let Some(buf) = self.kept_copy(&b.id) {
+            self.give_back(rec);
+            return Ok(Some((b.id, buf, h.depth)));
         }
         if let Some((file, off)) = &b.file {
             let mut buf = pool.get(raw_len);
             if file.read_exact_at(&mut buf, *off).is_ok() && ChunkId::digest(&buf) == b.id {
-                give_back(rec);
-                return Ok(Some((b.id, buf, depth)));
+                self.give_back(rec);
+                return Ok(Some((b.id, buf, h.depth)));
             }
             pool.put(buf);
         }
-        if mode == BaseMode::Shallow {
-            if let Some(base) = below.map(|c| self.shallow_base(c, raw_len)).transpose()? {
-                give_back(rec);
-                return Ok(base);
-            }
+        if let (BaseMode::Shallow, Some(below)) = (mode, h.base) {
+            self.give_back(rec);
+            return self.shallow_base(below, raw_len);
         }
-        let rec = match rec.take() {
+        let rec = match rec {
             Some(rec) => rec,
             None => self.chunk_record(&b.id)?,
         };
@@ -1345,52 +1334,80 @@ impl Repository {
     }
 
     /// The base [`BaseMode::Shallow`] takes for a chunk whose parent is a
-    /// delta against `id`: the first chunk down `id`'s chain whose bytes
-    /// are kept, else the chain's keyframe, decoded (one whole record).
-    /// `None` where the chain is not as its heads say (a base missing, of
-    /// another length, or longer than a reader follows).
+    /// delta against `below`: the first chunk down `below`'s chain (walked
+    /// by [`chain::base_chain`]) whose bytes are kept, else the chain's
+    /// keyframe, decoded (one whole record). `None` where a chunk of the
+    /// chain has another length.
     fn shallow_base(
         &self,
-        mut id: ChunkId,
+        below: ChunkId,
         raw_len: usize,
     ) -> Result<Option<(ChunkId, Vec<u8>, u16)>, RepoError> {
-        for _ in 0..super::HARD_MAX_CHAIN {
-            let (depth, len, base, rec) = match self.chunk_head(&id)? {
-                Some(h) => (h.depth, h.raw_len, h.base, None),
-                None => {
-                    let rec = self.chunk_record(&id)?;
-                    (rec.depth, rec.raw_len, rec.base, Some(rec))
-                }
-            };
-            if len != raw_len as u64 {
+        // The base of the chunk the walk yielded last, read with its head.
+        let next = std::cell::Cell::new(None);
+        for id in chain::base_chain(below, |_| Ok(next.get())) {
+            let id = id?;
+            let (h, rec) = self.base_header(&id)?;
+            if h.raw_len != raw_len as u64 {
+                self.give_back(rec);
                 return Ok(None);
             }
-            if let Some(raw) = self.bases.get(&id) {
-                if let Some(rec) = rec {
-                    self.pool.put(rec.data);
-                }
-                let mut buf = self.pool.take(raw.len());
-                buf.extend_from_slice(&raw);
-                return Ok(Some((id, buf, depth)));
+            if let Some(buf) = self.kept_copy(&id) {
+                self.give_back(rec);
+                return Ok(Some((id, buf, h.depth)));
             }
-            match base {
-                Some(below) if depth > 0 => {
-                    if let Some(rec) = rec {
-                        self.pool.put(rec.data);
-                    }
-                    id = below;
-                }
-                _ => {
-                    let rec = match rec {
-                        Some(rec) => rec,
-                        None => self.chunk_record(&id)?,
-                    };
-                    let (raw, depth) = self.decode_record(&id, rec, None)?;
-                    return Ok(Some((id, raw, depth)));
-                }
+            if h.depth == 0 || h.base.is_none() {
+                let rec = match rec {
+                    Some(rec) => rec,
+                    None => self.chunk_record(&id)?,
+                };
+                let (raw, depth) = self.decode_record(&id, rec, None)?;
+                return Ok(Some((id, raw, depth)));
             }
+            self.give_back(rec);
+            next.set(h.base);
         }
         Ok(None)
+    }
+
+    /// A stored chunk's depth, raw length and base: from its head when it
+    /// has one, else from its record, returned too so that it is read
+    /// once and decoded only when its bytes are needed.
+    fn base_header(&self, id: &ChunkId) -> Result<(BaseHead, Option<ChunkRecord>), RepoError> {
+        Ok(match self.chunk_head(id)? {
+            Some(h) => (
+                BaseHead {
+                    depth: h.depth,
+                    raw_len: h.raw_len,
+                    base: h.base,
+                },
+                None,
+            ),
+            None => {
+                let rec = self.chunk_record(id)?;
+                let h = BaseHead {
+                    depth: rec.depth,
+                    raw_len: rec.raw_len,
+                    base: rec.base,
+                };
+                (h, Some(rec))
+            }
+        })
+    }
+
+    /// A record's payload buffer back to the pool.
+    fn give_back(&self, rec: Option<ChunkRecord>) {
+        if let Some(rec) = rec {
+            self.pool.put(rec.data);
+        }
+    }
+
+    /// The kept bytes of chunk `id`, copied into a pool buffer.
+    fn kept_copy(&self, id: &ChunkId) -> Option<Vec<u8>> {
+        let raw = self.bases.get(id)?;
+        let mut buf = self.pool.take(raw.len());
+        buf.extend_from_slice(&raw);
+        Some(buf)
     }
 
     /// Delta commits from `parent` back to the last keyframe commit (one
