@@ -537,17 +537,17 @@ impl Repository {
     /// copying it through the cache cost more than the read. A Python
     /// background delta save of GPT-2 small + AdamW (1.4 GiB, bases
     /// decoded from the store) spent 3.9 s in the kernel against 0.8 s,
-    /// and was durable in 4.9-6.1 s against 3.3-3.5 s; a CLI commit of
+    /// and was durable in 4.7-6.1 s against 3.1-3.5 s; a CLI commit of
     /// the same size measured the same either way.
     pub fn open(root: &Path, write: bool) -> Result<Repository, RepoError> {
-        let (mode, options) = if write {
-            let options = crate::store::RocksOptions {
-                direct_reads: true,
-                ..crate::store::RocksOptions::default()
-            };
-            (Mode::ReadWrite, options)
+        let mode = if write {
+            Mode::ReadWrite
         } else {
-            (Mode::ReadOnly, crate::store::RocksOptions::default())
+            Mode::ReadOnly
+        };
+        let options = crate::store::RocksOptions {
+            direct_reads: write,
+            ..crate::store::RocksOptions::default()
         };
         Self::open_rocks(root, mode, &options)
     }
@@ -657,6 +657,7 @@ impl Repository {
             .set_write_buffer(Space::Chunks, chunk_memtable_bytes(bytes))?;
         Ok(())
     }
+
     /// Keep delta bases in `shared` instead of this handle's own cache:
     /// the chunks this handle's commits and reads decode or commit stay
     /// there for the next handle given the same cache. The Python package
