@@ -6,9 +6,10 @@ The state: a GPT-2-small-sized model (transformers' GPT2Config defaults,
 ~124M parameters, built from the config, no download) + AdamW after one
 optimizer step (fp32 weights + exp_avg + exp_avg_sq: ~1.4 GiB). Rounds
 (--rounds, 4 by default): a first save, then a save after each further
-optimizer step (ckvc codes each as a delta against the save before,
-three deep by the fourth: a later round shows whether a save's cost grows
-with the depth of its chain). Disk: about 4 GiB per round (torch.save's
+optimizer step (ckvc codes each as a delta: against the save before
+where it kept that save's tensors, as a blocking save does, else against
+the first save, its chain's keyframe; a later round shows whether a
+save's cost grows with the depth of its chain). Disk: about 4 GiB per round (torch.save's
 file and DCP's directory are removed after their round; the three ckvc
 repositories keep every save) and 3.5 GiB for the memory runs.
 
@@ -43,7 +44,7 @@ competes with it for the same cores.
 With --keep-bases every repository keeps what a save stored as the next
 save's delta bases (``Repository(keep_bases=True)``; by default only a
 blocking save does): background saves then hold a second copy of the state
-beside their staging buffer, and a delta save decodes no chain.
+beside their staging buffer, and each delta is against the save before.
 
     python3 scripts/bench_python.py [--work DIR] [--json] [--compute cpu|idle] [--rounds N] [--keep-bases]
 

@@ -93,9 +93,11 @@ def test_delta_against_the_previous_save(repo):
 
 
 def test_saves_keep_what_they_stored_as_the_next_saves_bases(tmp_path):
-    """A chain of saves deeper than one delta stores the same records
-    whether its bases are the chunks kept from the save before or decoded
-    from the store, and every step loads back exactly."""
+    """A blocking save keeps every tensor byte it stored as the next
+    save's bases; a chain of saves deeper than one delta stores the same
+    records as one whose repository keeps only the memory budget's share
+    (which holds this small state), and every step loads back exactly.
+    (Without any base kept: the test after this one.)"""
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(2)
     w = torch.randn(256, 1024, generator=g)
