@@ -14,10 +14,12 @@ file and DCP's directory are removed after their round; the three ckvc
 repositories keep every save) and 3.5 GiB for the memory runs.
 
 Per method and round: stall (the time the training loop loses: the call
-until it returns, plus how much longer the training step run right after
-it takes than a step with no save running: waiting in optimizer.step() for
-a background copy, and sharing the cores with the background work), time
-until durable (fsynced / committed; the step runs meanwhile), bytes stored
+until it returns, plus how much longer the training steps run after it,
+until the save is durable, take than steps with no save running: waiting
+in optimizer.step() for a background copy, and sharing the cores with the
+background work; the loop trains on while a save is in flight, as a real
+one does, so work left after the first step is charged too), time
+until durable (fsynced / committed; the steps run meanwhile), bytes stored
 (on disk for the new save), peak extra RSS from the call until durable
 and, after a first background save, until its staging buffer is faulted
 in (over the RSS before it, sampled every 5 ms). The RSS is measured on a
@@ -62,6 +64,9 @@ import tempfile
 import threading
 import time
 
+# Steps a loop runs beside one background save before it waits for it.
+MAX_STEPS = 30
+
 
 def join_staging_warm() -> None:
     """Wait for every thread faulting in a staging buffer."""
@@ -95,6 +100,27 @@ class PeakRss:
         self._t.join()
         self.peak = max(self.peak, rss())
         self.extra = self.peak - self.base
+
+
+class DoneAt:
+    """Polls ``fut.done()`` every 2 ms in a thread: ``at`` is the
+    first time it was seen done (``None`` until then). The training loop
+    goes on meanwhile and the thread never takes the future's result."""
+
+    def __init__(self, fut) -> None:
+        self.at = None
+        self._fut = fut
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._fut.done():
+            time.sleep(0.002)
+        self.at = time.perf_counter()
+
+    def join(self) -> float:
+        self._t.join()
+        return self.at
 
 
 def dir_bytes(path: str) -> int:
@@ -189,6 +215,27 @@ def main() -> int:
             train_step(a.compute)
             return time.perf_counter() - t0
 
+        def steps_until(fut) -> tuple:
+            """Train, as a loop would, until ``fut`` is done (at most
+            ``MAX_STEPS`` steps; then wait for it, and that wait is lost
+            too). Returns (seconds lost: each step's time over the plain
+            step's, or its wait for the background copy in
+            optimizer.step() when that is longer, summed over the steps,
+            plus the final wait; the first step's wait; steps run; the time
+            it was done)."""
+            done = DoneAt(fut)
+            lost, first_wait, n = 0.0, None, 0
+            while done.at is None and n < MAX_STEPS:
+                delay = timed_step() - base_step
+                wait = marks["hook"] - marks["step"]
+                first_wait = wait if first_wait is None else first_wait
+                lost += max(delay, wait)
+                n += 1
+            t = time.perf_counter()
+            at = done.join()
+            lost += max(0.0, at - t)
+            return lost, first_wait or 0.0, n, at
+
         def plain_step() -> tuple:
             """Median time of steps with no save running."""
             return sorted(timed_step() for _ in range(3))[1]
@@ -246,7 +293,7 @@ def main() -> int:
                     os.fsync(f.fileno())
                 fsync_dir(work)
                 t1 = time.perf_counter()
-            rows.append(dict(round=rnd, method="torch.save + fsync", call=t1 - t0, step_delay=0.0, stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
+            rows.append(dict(round=rnd, method="torch.save + fsync", call=t1 - t0, step_delay=0.0, steps=0, stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
             os.remove(path)
             # ckvc save(blocking=False), each staging mode on its own repository
             for mode in modes:
@@ -258,19 +305,13 @@ def main() -> int:
                     t0 = time.perf_counter()
                     c = repo.save(s, step=rnd)
                     t1 = t2 = time.perf_counter()
-                    delay, waited, lost = 0.0, 0.0, 0.0
+                    lost, waited, n = 0.0, 0.0, 0
                 else:
                     t0 = time.perf_counter()
                     fut = repo.save(s, step=rnd, blocking=False, staging=mode)
                     t1 = time.perf_counter()
-                    step_time = timed_step()
-                    waited = marks["hook"] - marks["step"]
+                    lost, waited, n, t2 = steps_until(fut)
                     c = fut.result()
-                    t2 = time.perf_counter()
-                    delay = step_time - base_step
-                    # +step is what the loop lost; when the load swings more
-                    # than that, the wait for the copy is still lost time
-                    lost = max(delay, waited)
                 stored = dir_bytes(repo.path) - before
                 s = state()
                 # The timed save's staging buffer may still be faulting in
@@ -295,7 +336,7 @@ def main() -> int:
                             join_staging_warm()
                     peak_extra = m.extra
                 method = "ckvc save (blocking)" if mode == "blocking" else f"ckvc staging={mode}"
-                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=delay, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=peak_extra))
+                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=lost, steps=n, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=peak_extra))
             # DCP async_save
             if dcp_ok:
                 import torch.distributed.checkpoint as dcp
@@ -305,17 +346,15 @@ def main() -> int:
                     t0 = time.perf_counter()
                     f = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck)
                     t1 = time.perf_counter()
-                    step_time = timed_step()
+                    delay, _, n, t2 = steps_until(f)
                     f.result()
-                    t2 = time.perf_counter()
-                    delay = step_time - base_step
                     stored = dir_bytes(ck)
                     peak_extra = None
                     if rnd <= mem_rounds:
                         with PeakRss() as m:
                             dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
                         peak_extra = m.extra
-                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=peak_extra))
+                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, steps=n, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=peak_extra))
                     shutil.rmtree(ck, ignore_errors=True)
                     shutil.rmtree(ck + "-mem", ignore_errors=True)
                 except (KeyboardInterrupt, SystemExit):
@@ -336,19 +375,20 @@ def main() -> int:
             print("compute cpu: forward/backward and optimizer.step() on the CPU, beside any background save")
         for rnd in rounds:
             print(f"round {rnd}: a training step with no save running takes {steps[rnd]:.3f} s")
-        print(f"{'round':<6} {'method':<26} {'call s':>7} {'+step s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
+        print(f"{'round':<6} {'method':<26} {'call s':>7} {'steps':>5} {'+steps s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
         for r in rows:
             w = f"{r['waited']:>9.3f}" if "waited" in r else f"{'-':>9}"
             rss_mib = f"{r['peak_extra'] / 2**20:>19.1f}" if r["peak_extra"] is not None else f"{'-':>19}"
             print(
-                f"{r['round']:<6} {r['method']:<26} {r['call']:>7.3f} {r['step_delay']:>8.3f} {w} {r['stall']:>8.3f} "
+                f"{r['round']:<6} {r['method']:<26} {r['call']:>7.3f} {r['steps']:>5} {r['step_delay']:>8.3f} {w} {r['stall']:>8.3f} "
                 f"{r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {rss_mib}"
             )
         print(
-            "(+step = how much longer the training step right after the call took than the median of three with no save\n"
-            " running, just before; negative when the machine's load moved more than the save did. waited = the part of\n"
-            " that step spent in optimizer.step() waiting for the background copy. stall = call + +step when that is\n"
-            " positive, else call + waited.)"
+            "(steps = training steps run after the call until the save was durable, as a loop goes on. +steps = what\n"
+            " they lost: how much longer each took than the median of three with no save running, just before (or its\n"
+            " wait in optimizer.step() for the background copy, when longer), summed, plus any wait for the save after\n"
+            f" {MAX_STEPS} steps; negative when the machine's load moved more than the save did. waited = the first\n"
+            " step's wait for the copy. stall = call + +steps when that is positive, else call.)"
         )
         for rnd in rounds:
             ts = next(r for r in rows if r["round"] == rnd and r["method"].startswith("torch"))
