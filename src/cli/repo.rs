@@ -417,6 +417,7 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
                 // The parent's directory is usually still there to read
                 // bases from; where it is not, the smaller deltas win.
                 shallow_bases: false,
+                pause: None,
             };
             if run {
                 let mut failure = None;

@@ -27,6 +27,7 @@ use super::objects::{
     check_path, chunk_head_key, corrupt, object_key, stored_head, ChunkRecord, Commit, CommitStats,
     FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
 };
+use super::pause::Pause;
 use super::pool::{with_scratch, BufPool};
 use super::{branch_ref, chain, check_branch_name, RepoError, Repository, Site};
 
@@ -64,6 +65,11 @@ pub struct CommitOptions {
     /// commit is a keyframe. For commits whose bases are rarely at hand
     /// (the Python package's background saves).
     pub shallow_bases: bool,
+    /// Held by another thread while the job beside the commit needs the
+    /// machine: the commit's readers and coders wait before their next
+    /// chunk (the Python package's background saves, held for each
+    /// `optimizer.step()`).
+    pub pause: Option<Arc<Pause>>,
 }
 
 /// Where a commit's step number came from.
@@ -365,13 +371,15 @@ fn reader_threads(files: usize) -> usize {
 }
 
 /// What the reading threads of a commit share.
-struct Shared {
+struct Shared<'p> {
     /// Chunks of this commit already queued or stored.
     seen: Mutex<HashSet<ChunkId>>,
     /// The index of the next file to read.
     next: AtomicUsize,
     /// A reader failed: the others stop at their next chunk.
     failed: AtomicBool,
+    /// [`CommitOptions::pause`].
+    pause: Option<&'p Pause>,
 }
 
 impl Repository {
@@ -507,10 +515,12 @@ impl Repository {
             seen: Mutex::new(HashSet::new()),
             next: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
+            pause: opts.pause.as_deref(),
         };
         let (read, encoded, written) = std::thread::scope(|s| {
             let writer = s.spawn(|| self.write_stream(erx, batch));
-            let encoder = s.spawn(|| self.encode_stream(rx, etx, base_mode));
+            let pause = opts.pause.as_deref();
+            let encoder = s.spawn(move || self.encode_stream(rx, etx, base_mode, pause));
             // Files are taken in order by `readers` threads, each parsing,
             // hashing and queueing one file at a time; the manifests are put
             // back in file order below, so the tree never depends on which
@@ -858,7 +868,7 @@ impl<T: Read + Seek> ReadSeek for T {}
 /// ([`Repository::encode_stream`]), which runs beside it.
 struct Writer<'a, 'd> {
     repo: &'a Repository,
-    shared: &'a Shared,
+    shared: &'a Shared<'a>,
     stats: CommitStats,
     /// The queue to the encoder (bounded); `None` once closed.
     tx: Option<SyncSender<Job<'d>>>,
@@ -1080,6 +1090,9 @@ impl<'d> Writer<'_, 'd> {
                 if self.shared.failed.load(Ordering::Relaxed) {
                     return Err(stopped("another reader"));
                 }
+                if let Some(p) = self.shared.pause {
+                    p.wait();
+                }
                 let n = left.min(piece as u64) as usize;
                 let raw = match whole {
                     Some(b) => {
@@ -1197,10 +1210,14 @@ impl Repository {
         rx: Receiver<Job<'_>>,
         out: SyncSender<Encoded>,
         mode: BaseMode,
+        pause: Option<&Pause>,
     ) -> Result<(), RepoError> {
         let level = self.config.zstd_level;
         let pool = &self.pool;
         rx.into_iter().par_bridge().try_for_each(|job| {
+            if let Some(p) = pause {
+                p.wait();
+            }
             let mut base_raw = Vec::new();
             let base = match (job.dtype, &job.base) {
                 (Some(_), Some(b)) => match self.delta_base(b, mode, job.raw.len()) {

@@ -36,6 +36,7 @@ mod infile;
 mod log;
 pub mod objects;
 mod outfile;
+mod pause;
 mod pool;
 mod priority;
 mod progress;
@@ -61,6 +62,7 @@ pub use gc::{parse_duration, BestBy, Dropped, GcOptions, GcReport, KeepPolicy, R
 pub use log::LogEntry;
 use objects::{corrupt, object_key, ChunkHeader, ChunkRecord, Commit, FileManifest, Tree};
 pub use objects::{ObjectDecodeError, PathError, PathProblem, RefLogEntry};
+pub use pause::Pause;
 pub use priority::lower_thread_priority;
 pub use progress::{NoProgress, Progress};
 pub use reach::{ChunkUse, Reachable, TensorPlace, WalkOptions};

@@ -3,10 +3,13 @@
 //! which file.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use ckvc::repo::{CheckoutOptions, CommitOptions, Config, Repository, SharedBases};
+use ckvc::repo::{
+    CheckoutOptions, CommitOptions, Config, Pause, Progress, Repository, SharedBases,
+};
 use ckvc::store::{CommitId, MemStore, ObjectId};
 
 use super::{copy_dir, same_tree, steps, Instrumented};
@@ -394,4 +397,63 @@ fn a_checkout_through_direct_reads_gives_every_step_back_byte_exact() {
         "a bulk reader writes nothing"
     );
     assert!(bulk.fsck(false).unwrap().is_clean());
+}
+
+/// Bytes a commit reported read.
+#[derive(Default)]
+struct BytesRead(AtomicU64);
+
+impl Progress for BytesRead {
+    fn advance(&self, bytes: u64, _items: u64) {
+        self.0.fetch_add(bytes, Ordering::SeqCst);
+    }
+}
+
+/// A commit given a held pause reads no chunk until the pause is resumed,
+/// then stores the checkpoint as any commit does; a hold nobody resumes
+/// lapses at its deadline instead of hanging the commit.
+#[test]
+fn a_held_pause_holds_a_commit_until_resumed_or_its_deadline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let all = steps();
+    let (step, dir) = &all[0];
+    let repo = Repository::init(&tmp.path().join("r"), Config::default()).unwrap();
+    let pause = Arc::new(Pause::new());
+    pause.hold(Duration::from_secs(600));
+    let opts = CommitOptions {
+        step: Some(*step),
+        pause: Some(pause.clone()),
+        ..CommitOptions::default()
+    };
+    let read = BytesRead::default();
+    let report = std::thread::scope(|s| {
+        let h = s.spawn(|| repo.commit_with_progress(dir, &opts, &read));
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            read.0.load(Ordering::SeqCst),
+            0,
+            "a chunk was read while held"
+        );
+        assert!(!h.is_finished());
+        pause.resume();
+        h.join().unwrap().unwrap()
+    });
+    assert!(read.0.load(Ordering::SeqCst) > 0);
+    let out = tmp.path().join("out");
+    repo.checkout(&report.id, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(dir, &out);
+
+    // Held and never resumed: the next commit waits out the deadline.
+    let (step, dir) = &all[1];
+    pause.hold(Duration::from_millis(200));
+    let opts = CommitOptions {
+        step: Some(*step),
+        pause: Some(pause.clone()),
+        ..CommitOptions::default()
+    };
+    let t = Instant::now();
+    repo.commit(dir, &opts).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(150));
+    assert!(!pause.is_held());
 }
