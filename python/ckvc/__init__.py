@@ -75,6 +75,15 @@ BACKGROUND_NICE = 10
 #: fast at either.
 IN_PLACE_NICE = 19
 
+#: Background commits wait while an ``optimizer.step()`` runs (once the
+#: step may change the tensors: after any copy or in-place read it waits
+#: for), and go on when it returns: the step's threads meet at barriers
+#: and stream the whole state through memory, and a commit beside them on
+#: the same cores slows them more than the CPU it takes. A step that
+#: raises before it returns holds them at most this many seconds (or
+#: until the next ``save``/``wait``/``result``).
+STEP_PAUSE_LIMIT = 10.0
+
 
 def _in_thread(fn: Callable[[], Any], name: str) -> Any:
     """``fn()`` on a thread of its own, joined: its result, or its
@@ -143,6 +152,8 @@ class SaveFuture:
     def _finish(self, commit: Optional[Commit], error: Optional[BaseException]) -> None:
         self._commit, self._error = commit, error
         self._event.set()
+        with _hooks_lock:
+            _background.discard(self)
 
     def done(self) -> bool:
         """True once the save is durable or has failed."""
@@ -167,6 +178,7 @@ class SaveFuture:
     def result(self, timeout: Optional[float] = None) -> Commit:
         """Wait until the save is durable and return its ``Commit``; raise
         its error if it failed (``TimeoutError`` after ``timeout`` s)."""
+        _release_pause()
         if not self._event.wait(timeout):
             raise TimeoutError("the save is still running")
         _remove_finished_hooks()
@@ -214,6 +226,55 @@ def _add_step_hook(fut: "SaveFuture") -> None:
     with _hooks_lock:
         handle = register_optimizer_step_pre_hook(wait_for_staging)
         _hooks.append((handle, fut, threading.get_ident()))
+
+
+# The pause of this process's background commits (``_ckvc.Pause``), held
+# for each optimizer step by global step hooks installed with it (on the
+# first background save, when torch is there), and the background saves
+# not yet done, whose copies or in-place reads a step waits for before it
+# holds the pause.
+_pause: Optional["_ckvc.Pause"] = None
+_background: "set[SaveFuture]" = set()
+_step_held = threading.local()
+
+
+def _step_pause() -> "_ckvc.Pause":
+    global _pause
+    with _hooks_lock:
+        if _pause is not None:
+            return _pause
+        _pause = pause = _ckvc.Pause()
+    if not _state._TORCH:
+        return pause
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def hold(optimizer: Any, args: Any, kwargs: Any) -> None:
+        with _hooks_lock:
+            running = [f for f in _background if not f.done()]
+        if not running:
+            return
+        # A commit still reading the tensors in place must not be held
+        # while the step waits for it (nor a copy, which is not a commit's).
+        for f in running:
+            f._staged.wait()
+        pause.hold(STEP_PAUSE_LIMIT)
+        _step_held.held = getattr(_step_held, "held", 0) + 1
+
+    def resume(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if getattr(_step_held, "held", 0) > 0:
+            _step_held.held -= 1
+            pause.resume()
+
+    register_optimizer_step_pre_hook(hold)
+    register_optimizer_step_post_hook(resume)
+    return pause
+
+
+def _release_pause() -> None:
+    """End every hold: the caller waits for the commits itself."""
+    if _pause is not None:
+        _pause.clear()
+        _step_held.held = 0
 
 
 # Guards of background stagings (``_guard.StagingGuard``: an in-place change
@@ -503,6 +564,12 @@ class Repository:
             else:
                 tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()
+            # A background commit waits while an optimizer step runs.
+            pause = None
+            if not blocking:
+                pause = _step_pause()
+                with _hooks_lock:
+                    _background.add(fut)
             if any(clone is None for _, _, clone in deferred):
                 _add_step_hook(fut)
                 _add_guard(fut, deferred)
@@ -552,6 +619,7 @@ class Repository:
                             check=check,
                             bases=self._bases,
                             bases_cap=bases_cap,
+                            pause=pause,
                         )
 
                     try:
@@ -580,6 +648,7 @@ class Repository:
         return fut
 
     def _wait_inflight(self) -> None:
+        _release_pause()
         if self._inflight is not None:
             t, _ = self._inflight
             t.join()

@@ -67,6 +67,7 @@ def commit_buffers(
     check: Optional[Callable[[], Any]] = None,
     bases: Optional["Bases"] = None,
     bases_cap: int = 0,
+    pause: Optional["Pause"] = None,
 ) -> Dict[str, Any]:
     """Internal (``Repository.save`` calls it with its own staging buffer,
     or, for a blocking save, with a list of buffers per file: the header
@@ -79,7 +80,8 @@ def commit_buffers(
     priority. ``check`` is called (with the GIL) once every buffer has
     been read and stored, before the commit is published: an exception it
     raises abandons the commit (the branch stays where it was) and is
-    raised by this call. Returns the commit
+    raised by this call. With ``pause``, the commit's reading and coding
+    wait while it is held. Returns the commit
     report: id, step, branch, already_committed, logical_bytes,
     stored_bytes, files, new_chunks, max_depth."""
 
@@ -102,6 +104,18 @@ class Bases:
     def __init__(self) -> None: ...
     def held_bytes(self) -> int: ...
     def clear(self) -> None: ...
+
+class Pause:
+    """Internal: holds the reading and coding of the commits given it
+    (``commit_buffers(pause=)``) while an optimizer step runs: until
+    ``resume`` (once per ``hold``) or ``clear``, and at most ``limit``
+    seconds from the last ``hold``."""
+
+    def __init__(self) -> None: ...
+    def hold(self, limit: float) -> None: ...
+    def resume(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_held(self) -> bool: ...
 
 class Reader:
     """A read-only view of the repository at ``path``, as of opening."""

@@ -10,6 +10,8 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use ckvc::repo::SharedBases;
 use ckvc::repo::{lower_thread_priority, CorruptReason, ObjectRef, RevKind, SegmentShow};
@@ -17,7 +19,7 @@ use ckvc::repo::{CheckoutOptions, CommitOptions, CommitReport, Config, RepoError
 use ckvc::store::{CommitId, StoreError};
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use pyo3::BoundObject;
@@ -418,9 +420,10 @@ impl Bytes {
 /// background save) the calling thread's nice value is set that much
 /// above the process's, for good, and the commit runs on a pool of
 /// threads of that priority, so a training loop on the same cores comes
-/// first.
+/// first. With `pause`, the commit's reading and coding wait while it is
+/// held (`Pause.hold`).
 #[pyfunction]
-#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None, bases = None, bases_cap = 0))]
+#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None, bases = None, bases_cap = 0, pause = None))]
 #[allow(clippy::too_many_arguments)]
 fn commit_buffers<'py>(
     py: Python<'py>,
@@ -434,8 +437,10 @@ fn commit_buffers<'py>(
     check: Option<Py<PyAny>>,
     bases: Option<PyRef<'py, Bases>>,
     bases_cap: u64,
+    pause: Option<PyRef<'py, Pause>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let bases = bases.map(|b| b.shared.clone());
+    let pause = pause.map(|p| p.inner.clone());
     let mut held = Vec::new();
     let mut files_parts: Vec<(String, Vec<Bytes>)> = Vec::with_capacity(files.len());
     for (rel, obj) in &files {
@@ -471,6 +476,7 @@ fn commit_buffers<'py>(
         // GPT-2 small + AdamW was durable in 3.0-3.3 s at every depth
         // against 3.3-6.5 s, and stored 2.4% more over five saves).
         shallow_bases: true,
+        pause,
         ..CommitOptions::default()
     };
     // `check()` is called (with the GIL) once every buffer has been read
@@ -610,6 +616,48 @@ impl Bases {
     /// Let go of every chunk held.
     fn clear(&self) {
         self.shared.clear()
+    }
+}
+
+/// Holds the reading and coding of the commits given it (`commit_buffers(
+/// pause=)`) while the training step beside them runs; see
+/// `ckvc::repo::Pause`.
+#[pyclass(frozen, module = "ckvc._ckvc")]
+struct Pause {
+    inner: Arc<ckvc::repo::Pause>,
+}
+
+#[pymethods]
+impl Pause {
+    #[new]
+    fn new() -> Self {
+        Pause {
+            inner: Arc::new(ckvc::repo::Pause::new()),
+        }
+    }
+
+    /// Hold the commits' work until `resume` (once per hold) or `clear`,
+    /// and at most `limit` seconds.
+    fn hold(&self, limit: f64) -> PyResult<()> {
+        let limit = Duration::try_from_secs_f64(limit)
+            .map_err(|e| PyValueError::new_err(format!("limit: {e}")))?;
+        self.inner.hold(limit);
+        Ok(())
+    }
+
+    /// End one hold.
+    fn resume(&self) {
+        self.inner.resume()
+    }
+
+    /// End every hold.
+    fn clear(&self) {
+        self.inner.clear()
+    }
+
+    /// True while a hold is in force.
+    fn is_held(&self) -> bool {
+        self.inner.is_held()
     }
 }
 
@@ -839,6 +887,7 @@ fn _ckvc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lower_priority_py, m)?)?;
     m.add_class::<Reader>()?;
     m.add_class::<Bases>()?;
+    m.add_class::<Pause>()?;
     m.add("CkvcError", py.get_type::<CkvcError>())?;
     m.add("CorruptError", py.get_type::<CorruptError>())?;
     m.add("LockedError", py.get_type::<LockedError>())?;

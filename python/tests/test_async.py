@@ -237,3 +237,65 @@ def test_a_background_commit_runs_below_the_trainers_priority(repo):
     assert seen[7] == want and seen[8] == want
     assert main == seen["before"]
     assert repo.steps()[-2:] == [7, 8]
+
+
+class _RecordingOptimizer:
+    """A torch optimizer whose ``step()`` records, at its start, whether
+    the save ``fut`` was still running and whether ckvc held its commits;
+    with ``fail``, the step raises."""
+
+    @staticmethod
+    def make(torch, params, fail=False):
+        class Recording(torch.optim.Optimizer):
+            def __init__(self):
+                super().__init__(params, {})
+                self.seen = []
+                self.fut = None
+
+            def step(self, closure=None):
+                self.seen.append((self.fut is not None and not self.fut.done(), ckvc._pause.is_held()))
+                if fail:
+                    raise RuntimeError("the step failed")
+
+        return Recording()
+
+
+def test_a_background_commit_is_held_while_an_optimizer_step_runs(repo):
+    torch = pytest.importorskip("torch")
+    w = torch.nn.Parameter(torch.randn(4096, 4096))  # 64 MiB: a commit of some time
+    opt = _RecordingOptimizer.make(torch, [w])
+    held_while_running = 0
+    saved = []
+    for step in range(1, 4):
+        saved.append(w.detach().clone())
+        opt.fut = repo.save({"w": w.detach()}, step=step, blocking=False)
+        opt.step()
+        running, held = opt.seen[-1]
+        # the pre-hook held the commits of a running save; the post-hook
+        # let them go when the step returned
+        assert held or not running
+        held_while_running += running
+        assert not ckvc._pause.is_held()
+        opt.fut.result(timeout=120)
+        with torch.no_grad():
+            w.add_(1.0)
+    assert held_while_running > 0, "no step ran beside a save"
+    for step in range(1, 4):
+        assert torch.equal(repo.load(step)["w"], saved[step - 1])
+
+
+def test_a_step_that_raises_does_not_hold_a_background_save(repo):
+    torch = pytest.importorskip("torch")
+    import time
+
+    w = torch.nn.Parameter(torch.randn(4096, 4096))
+    opt = _RecordingOptimizer.make(torch, [w], fail=True)
+    opt.fut = f = repo.save({"w": w.detach()}, step=1, blocking=False)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        opt.step()
+    # the post-hook never ran: waiting for the save lets its commit go on
+    t = time.monotonic()
+    assert f.result(timeout=120).step == 1
+    assert time.monotonic() - t < ckvc.STEP_PAUSE_LIMIT
+    assert not ckvc._pause.is_held()
+    assert torch.equal(repo.load(1)["w"], w.detach())
