@@ -469,7 +469,9 @@ class Repository:
         on ``result()`` and ``wait()`` (and at interpreter exit), never
         silently. The tensors are copied into one reused host staging
         buffer laid out as the file, so the state stored is the one at the
-        call.
+        call. The commit waits while an ``optimizer.step()`` runs (once
+        the step has waited for the copy) and goes on when it returns
+        (``STEP_PAUSE_LIMIT``).
 
         The first background save of a ``Repository`` object (and one whose
         state has outgrown the buffer) copies nothing when its large
@@ -493,7 +495,9 @@ class Repository:
         next save.
         ``scripts/bench_python.py --compute idle`` (GPT-2 small + AdamW):
         first save's stall 0.83x ``torch.save`` + fsync with a copy into a
-        fresh buffer, 0.13-0.32x (0.5-0.9 s) reading in place.
+        fresh buffer, 0.13-0.32x (0.5-0.9 s) reading in place, charged
+        with the step after the call; 0.25-0.39x (1.0-1.4 s) charged with
+        every step until it is durable.
 
         ``staging`` (with ``blocking=False``) says when the tensors are
         copied into the staging buffer:
