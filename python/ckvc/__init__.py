@@ -81,7 +81,7 @@ IN_PLACE_NICE = 19
 #: and stream the whole state through memory, and a commit beside them on
 #: the same cores slows them more than the CPU it takes. A step that
 #: raises before it returns holds them at most this many seconds (or
-#: until the next ``save``/``wait``/``result``).
+#: until the next ``save``/``wait``/``result``); 0 turns the pause off.
 STEP_PAUSE_LIMIT = 10.0
 
 
@@ -249,6 +249,9 @@ def _step_pause() -> "_ckvc.Pause":
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def hold(optimizer: Any, args: Any, kwargs: Any) -> None:
+        limit = STEP_PAUSE_LIMIT
+        if not limit > 0:  # 0 (or NaN) turns the pause off
+            return
         with _hooks_lock:
             running = [f for f in _background if not f.done()]
         if not running:
@@ -257,7 +260,7 @@ def _step_pause() -> "_ckvc.Pause":
         # while the step waits for it (nor a copy, which is not a commit's).
         for f in running:
             f._staged.wait()
-        pause.hold(STEP_PAUSE_LIMIT)
+        pause.hold(limit)
         _step_held.held = getattr(_step_held, "held", 0) + 1
 
     def resume(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -569,11 +572,7 @@ class Repository:
                 tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()
             # A background commit waits while an optimizer step runs.
-            pause = None
-            if not blocking:
-                pause = _step_pause()
-                with _hooks_lock:
-                    _background.add(fut)
+            pause = _step_pause() if not blocking else None
             if any(clone is None for _, _, clone in deferred):
                 _add_step_hook(fut)
                 _add_guard(fut, deferred)
@@ -646,7 +645,23 @@ class Repository:
             self._unobserved.append(fut)
             with _pending_lock:
                 _pending.add(self)
-            t.start()
+            try:
+                t.start()
+            except BaseException as e:
+                # No thread will end the staging the step hooks and
+                # guards wait for: end it here, and raise the error now
+                # (not again on wait()).
+                self._inflight = None
+                fut._staged.set()
+                fut._finish(None, e)
+                fut._observed = True
+                raise
+            if pause is not None:
+                # Only a save whose thread runs: a step waits for its
+                # staging, which only that thread ends.
+                with _hooks_lock:
+                    if not fut.done():
+                        _background.add(fut)
         if blocking:
             return fut.result()
         return fut

@@ -299,3 +299,29 @@ def test_a_step_that_raises_does_not_hold_a_background_save(repo):
     assert time.monotonic() - t < ckvc.STEP_PAUSE_LIMIT
     assert not ckvc._pause.is_held()
     assert torch.equal(repo.load(1)["w"], w.detach())
+
+
+def test_a_save_whose_thread_cannot_start_does_not_hang_the_next_step(repo, monkeypatch):
+    torch = pytest.importorskip("torch")
+    w = torch.nn.Parameter(torch.randn(1024, 1024))
+    opt = torch.optim.SGD([w], lr=0.1)
+    w.grad = torch.ones_like(w)
+    start = threading.Thread.start
+
+    def refuse(self):
+        if self.name.startswith("ckvc-save-"):
+            raise RuntimeError("can't start new thread")
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        repo.save({"w": w.detach()}, step=1, blocking=False)
+    monkeypatch.undo()
+    # the save's step hook and guard wait for a staging no thread would end
+    stepped = threading.Event()
+    threading.Thread(target=lambda: (opt.step(), stepped.set()), daemon=True).start()
+    assert stepped.wait(60), "optimizer.step() hung on a save that never started"
+    repo.wait()  # raised once already: not again
+    f = repo.save({"w": w.detach()}, step=2, blocking=False)
+    assert f.result(timeout=120).step == 2
+    assert torch.equal(repo.load(2)["w"], w.detach())
