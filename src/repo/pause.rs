@@ -100,6 +100,13 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    /// A pause held for `limit`.
+    fn held(limit: Duration) -> Arc<Pause> {
+        let p = Arc::new(Pause::new());
+        p.hold(limit);
+        p
+    }
+
     /// A waiter on `p` in a thread; the flag turns true when it returns.
     fn waiter(p: &Arc<Pause>) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
         let (p, done) = (p.clone(), Arc::new(AtomicBool::new(false)));
@@ -120,8 +127,7 @@ mod tests {
 
     #[test]
     fn a_held_pause_stops_work_until_resumed() {
-        let p = Arc::new(Pause::new());
-        p.hold(Duration::from_secs(60));
+        let p = held(Duration::from_secs(60));
         assert!(p.is_held());
         let (h, done) = waiter(&p);
         std::thread::sleep(Duration::from_millis(100));
@@ -134,8 +140,7 @@ mod tests {
 
     #[test]
     fn two_holds_end_with_the_second_resume() {
-        let p = Arc::new(Pause::new());
-        p.hold(Duration::from_secs(60));
+        let p = held(Duration::from_secs(60));
         p.hold(Duration::from_secs(60));
         let (h, done) = waiter(&p);
         p.resume();
@@ -156,8 +161,7 @@ mod tests {
 
     #[test]
     fn a_hold_never_resumed_lapses_at_its_deadline() {
-        let p = Arc::new(Pause::new());
-        p.hold(Duration::from_millis(50));
+        let p = held(Duration::from_millis(50));
         let t = Instant::now();
         p.wait();
         assert!(t.elapsed() >= Duration::from_millis(40));
@@ -168,8 +172,7 @@ mod tests {
 
     #[test]
     fn clear_lets_every_waiter_go() {
-        let p = Arc::new(Pause::new());
-        p.hold(Duration::from_secs(60));
+        let p = held(Duration::from_secs(60));
         p.hold(Duration::from_secs(60));
         let waiters: Vec<_> = (0..3).map(|_| waiter(&p)).collect();
         p.clear();

@@ -419,12 +419,13 @@ fn a_held_pause_holds_a_commit_until_resumed_or_its_deadline() {
     let (step, dir) = &all[0];
     let repo = Repository::init(&tmp.path().join("r"), Config::default()).unwrap();
     let pause = Arc::new(Pause::new());
-    pause.hold(Duration::from_secs(600));
-    let opts = CommitOptions {
-        step: Some(*step),
+    let paused = |step: u64| CommitOptions {
+        step: Some(step),
         pause: Some(pause.clone()),
         ..CommitOptions::default()
     };
+    pause.hold(Duration::from_secs(600));
+    let opts = paused(*step);
     let read = BytesRead::default();
     let report = std::thread::scope(|s| {
         let h = s.spawn(|| repo.commit_with_progress(dir, &opts, &read));
@@ -447,13 +448,8 @@ fn a_held_pause_holds_a_commit_until_resumed_or_its_deadline() {
     // Held and never resumed: the next commit waits out the deadline.
     let (step, dir) = &all[1];
     pause.hold(Duration::from_millis(200));
-    let opts = CommitOptions {
-        step: Some(*step),
-        pause: Some(pause.clone()),
-        ..CommitOptions::default()
-    };
     let t = Instant::now();
-    repo.commit(dir, &opts).unwrap();
+    repo.commit(dir, &paused(*step)).unwrap();
     assert!(t.elapsed() >= Duration::from_millis(150));
     assert!(!pause.is_held());
 }
