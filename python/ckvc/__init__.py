@@ -24,6 +24,7 @@ import atexit
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -83,6 +84,12 @@ IN_PLACE_NICE = 19
 #: raises before it returns holds them at most this many seconds (or
 #: until the next ``save``/``wait``/``result``); 0 turns the pause off.
 STEP_PAUSE_LIMIT = 10.0
+
+#: The most of a background save's time (since its call) that steps may
+#: hold its commit: a loop of back-to-back optimizer steps would otherwise
+#: let it on only between them. A step that would take it past this share
+#: runs beside the commit.
+STEP_PAUSE_SHARE = 0.5
 
 
 def _in_thread(fn: Callable[[], Any], name: str) -> Any:
@@ -148,6 +155,10 @@ class SaveFuture:
         self._commit: Optional[Commit] = None
         self._error: Optional[BaseException] = None
         self._observed = False
+        # When the save was made, and how long optimizer steps have held
+        # its commit since (``STEP_PAUSE_SHARE``).
+        self._started = time.monotonic()
+        self._held = 0.0
 
     def _finish(self, commit: Optional[Commit], error: Optional[BaseException]) -> None:
         self._commit, self._error = commit, error
@@ -238,6 +249,12 @@ _background: "set[SaveFuture]" = set()
 _step_held = threading.local()
 
 
+def _may_hold(running: "List[SaveFuture]", now: float) -> bool:
+    """True when no save of ``running`` has been held for more than
+    ``STEP_PAUSE_SHARE`` of its time so far."""
+    return all(f._held <= STEP_PAUSE_SHARE * (now - f._started) for f in running)
+
+
 def _step_pause() -> "_ckvc.Pause":
     global _pause
     with _hooks_lock:
@@ -260,12 +277,19 @@ def _step_pause() -> "_ckvc.Pause":
         # while the step waits for it (nor a copy, which is not a commit's).
         for f in running:
             f._staged.wait()
+        now = time.monotonic()
+        if not _may_hold(running, now):
+            return
         pause.hold(limit)
-        _step_held.held = getattr(_step_held, "held", 0) + 1
+        _holds().append((now, running))
 
     def resume(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if getattr(_step_held, "held", 0) > 0:
-            _step_held.held -= 1
+        holds = _holds()
+        if holds:
+            since, running = holds.pop()
+            held = time.monotonic() - since
+            for f in running:
+                f._held += held
             pause.resume()
 
     register_optimizer_step_pre_hook(hold)
@@ -273,11 +297,19 @@ def _step_pause() -> "_ckvc.Pause":
     return pause
 
 
+def _holds() -> "List[Tuple[float, List[SaveFuture]]]":
+    """This thread's holds not yet resumed: when each began and the saves
+    it held (a step inside a step holds twice)."""
+    if not hasattr(_step_held, "holds"):
+        _step_held.holds = []
+    return _step_held.holds
+
+
 def _release_pause() -> None:
     """End every hold: the caller waits for the commits itself."""
     if _pause is not None:
         _pause.clear()
-        _step_held.held = 0
+        _holds().clear()
 
 
 # Guards of background stagings (``_guard.StagingGuard``: an in-place change

@@ -325,3 +325,21 @@ def test_a_save_whose_thread_cannot_start_does_not_hang_the_next_step(repo, monk
     f = repo.save({"w": w.detach()}, step=2, blocking=False)
     assert f.result(timeout=120).step == 2
     assert torch.equal(repo.load(2)["w"], w.detach())
+
+
+def test_steps_hold_a_save_for_at_most_its_share_of_the_time():
+    import time
+
+    f = ckvc.SaveFuture()
+    now = time.monotonic()
+    f._started = now - 10.0
+    share = ckvc.STEP_PAUSE_SHARE * 10.0
+    f._held = share - 0.1
+    assert ckvc._may_hold([f], now)
+    f._held = share + 0.1
+    assert not ckvc._may_hold([f], now)
+    # one save past its share: no step holds the others either
+    g = ckvc.SaveFuture()
+    g._started = now - 10.0
+    assert not ckvc._may_hold([g, f], now)
+    assert ckvc._may_hold([g], now)
