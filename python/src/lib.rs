@@ -637,11 +637,15 @@ impl Pause {
     }
 
     /// Hold the commits' work until `resume` (once per hold) or `clear`,
-    /// and at most `limit` seconds.
+    /// and at most `limit` seconds (`inf`: no deadline).
     fn hold(&self, limit: f64) -> PyResult<()> {
-        let limit = Duration::try_from_secs_f64(limit)
-            .map_err(|e| PyValueError::new_err(format!("limit: {e}")))?;
-        self.inner.hold(limit);
+        if limit.is_nan() || limit < 0.0 {
+            return Err(PyValueError::new_err(format!(
+                "limit is a number of seconds, not {limit}"
+            )));
+        }
+        self.inner
+            .hold(Duration::try_from_secs_f64(limit).unwrap_or(Duration::MAX));
         Ok(())
     }
 

@@ -343,3 +343,15 @@ def test_steps_hold_a_save_for_at_most_its_share_of_the_time():
     g._started = now - 10.0
     assert not ckvc._may_hold([g, f], now)
     assert ckvc._may_hold([g], now)
+
+
+def test_a_pause_holds_for_seconds_or_without_deadline_and_refuses_nan():
+    p = ckvc._ckvc.Pause()
+    p.hold(float("inf"))  # no deadline, not an error in a step hook
+    assert p.is_held()
+    p.resume()
+    assert not p.is_held()
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="number of seconds"):
+            p.hold(bad)
+    assert not p.is_held()
