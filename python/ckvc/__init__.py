@@ -305,6 +305,16 @@ def _holds() -> "List[Tuple[float, List[SaveFuture]]]":
     return _step_held.holds
 
 
+def _abandon(fut: "SaveFuture", error: BaseException) -> None:
+    """A save that fails before its thread runs: no thread will end the
+    staging its step hook and guard wait for, so end it here, and finish
+    the save with ``error``, which its caller raises now (marked seen: not
+    again on ``wait()``)."""
+    fut._staged.set()
+    fut._finish(None, error)
+    fut._observed = True
+
+
 def _release_pause() -> None:
     """End every hold: the caller waits for the commits itself."""
     if _pause is not None:
@@ -606,8 +616,12 @@ class Repository:
             # A background commit waits while an optimizer step runs.
             pause = _step_pause() if not blocking else None
             if any(clone is None for _, _, clone in deferred):
-                _add_step_hook(fut)
-                _add_guard(fut, deferred)
+                try:
+                    _add_step_hook(fut)
+                    _add_guard(fut, deferred)
+                except BaseException as e:
+                    _abandon(fut, e)
+                    raise
             else:
                 # only clones left to put in place: the caller's tensors
                 # may change already
@@ -680,13 +694,8 @@ class Repository:
             try:
                 t.start()
             except BaseException as e:
-                # No thread will end the staging the step hooks and
-                # guards wait for: end it here, and raise the error now
-                # (not again on wait()).
                 self._inflight = None
-                fut._staged.set()
-                fut._finish(None, e)
-                fut._observed = True
+                _abandon(fut, e)
                 raise
             if pause is not None:
                 # Only a save whose thread runs: a step waits for its

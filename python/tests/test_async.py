@@ -355,3 +355,24 @@ def test_a_pause_holds_for_seconds_or_without_deadline_and_refuses_nan():
         with pytest.raises(ValueError, match="number of seconds"):
             p.hold(bad)
     assert not p.is_held()
+
+
+def test_a_save_whose_step_guard_fails_does_not_hang_the_next_step(repo, monkeypatch):
+    torch = pytest.importorskip("torch")
+    w = torch.nn.Parameter(torch.randn(1024, 1024))
+    opt = torch.optim.SGD([w], lr=0.1)
+    w.grad = torch.ones_like(w)
+
+    def fail(fut, deferred):
+        raise RuntimeError("no guard")
+
+    monkeypatch.setattr(ckvc, "_add_guard", fail)
+    with pytest.raises(RuntimeError, match="no guard"):
+        repo.save({"w": w.detach()}, step=1, blocking=False)
+    monkeypatch.undo()
+    # the step hook went in before the guard failed
+    stepped = threading.Event()
+    threading.Thread(target=lambda: (opt.step(), stepped.set()), daemon=True).start()
+    assert stepped.wait(60), "optimizer.step() hung on a save that never started"
+    repo.wait()
+    assert repo.save({"w": w.detach()}, step=2, blocking=False).result(timeout=120).step == 2
