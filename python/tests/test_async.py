@@ -301,11 +301,23 @@ def test_a_step_that_raises_does_not_hold_a_background_save(repo):
     assert torch.equal(repo.load(1)["w"], w.detach())
 
 
+def _param_and_optimizer(torch):
+    """A parameter with a gradient and an SGD optimizer over it."""
+    w = torch.nn.Parameter(torch.randn(1024, 1024))
+    w.grad = torch.ones_like(w)
+    return w, torch.optim.SGD([w], lr=0.1)
+
+
+def _steps_in_time(opt) -> bool:
+    """True when ``opt.step()``, run on another thread, returns within 60 s."""
+    stepped = threading.Event()
+    threading.Thread(target=lambda: (opt.step(), stepped.set()), daemon=True).start()
+    return stepped.wait(60)
+
+
 def test_a_save_whose_thread_cannot_start_does_not_hang_the_next_step(repo, monkeypatch):
     torch = pytest.importorskip("torch")
-    w = torch.nn.Parameter(torch.randn(1024, 1024))
-    opt = torch.optim.SGD([w], lr=0.1)
-    w.grad = torch.ones_like(w)
+    w, opt = _param_and_optimizer(torch)
     start = threading.Thread.start
 
     def refuse(self):
@@ -318,9 +330,7 @@ def test_a_save_whose_thread_cannot_start_does_not_hang_the_next_step(repo, monk
         repo.save({"w": w.detach()}, step=1, blocking=False)
     monkeypatch.undo()
     # the save's step hook and guard wait for a staging no thread would end
-    stepped = threading.Event()
-    threading.Thread(target=lambda: (opt.step(), stepped.set()), daemon=True).start()
-    assert stepped.wait(60), "optimizer.step() hung on a save that never started"
+    assert _steps_in_time(opt), "optimizer.step() hung on a save that never started"
     repo.wait()  # raised once already: not again
     f = repo.save({"w": w.detach()}, step=2, blocking=False)
     assert f.result(timeout=120).step == 2
@@ -359,9 +369,7 @@ def test_a_pause_holds_for_seconds_or_without_deadline_and_refuses_nan():
 
 def test_a_save_whose_step_guard_fails_does_not_hang_the_next_step(repo, monkeypatch):
     torch = pytest.importorskip("torch")
-    w = torch.nn.Parameter(torch.randn(1024, 1024))
-    opt = torch.optim.SGD([w], lr=0.1)
-    w.grad = torch.ones_like(w)
+    w, opt = _param_and_optimizer(torch)
 
     def fail(fut, deferred):
         raise RuntimeError("no guard")
@@ -371,8 +379,6 @@ def test_a_save_whose_step_guard_fails_does_not_hang_the_next_step(repo, monkeyp
         repo.save({"w": w.detach()}, step=1, blocking=False)
     monkeypatch.undo()
     # the step hook went in before the guard failed
-    stepped = threading.Event()
-    threading.Thread(target=lambda: (opt.step(), stepped.set()), daemon=True).start()
-    assert stepped.wait(60), "optimizer.step() hung on a save that never started"
+    assert _steps_in_time(opt), "optimizer.step() hung on a save that never started"
     repo.wait()
     assert repo.save({"w": w.detach()}, step=2, blocking=False).result(timeout=120).step == 2
