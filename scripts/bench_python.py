@@ -18,8 +18,9 @@ until it returns, plus how much longer the training steps run after it,
 until the save is durable, take than steps with no save running: waiting
 in optimizer.step() for a background copy, and sharing the cores with the
 background work; the loop trains on while a save is in flight, as a real
-one does, so work left after the first step is charged too), time
-until durable (fsynced / committed; the steps run meanwhile), bytes stored
+one does, so work left after the first step is charged too, and so are
+the steps beside the fault-in of the staging buffer that a first
+background save starts once it is durable), time until durable (fsynced / committed; the steps run meanwhile), bytes stored
 (on disk for the new save), peak extra RSS from the call until durable
 and, after a first background save, until its staging buffer is faulted
 in (over the RSS before it, sampled every 5 ms). The RSS is measured on a
@@ -43,12 +44,22 @@ place (on the gradients of the last real backward). With --compute cpu
 (the default) training computes on the CPU, and a background save's work
 competes with it for the same cores.
 
+The page cache matters on these VMs: while the guest holds ~10 GiB of it,
+memory it touches for the first time faults in slowly (the hypervisor
+reclaims), and that slows every step of the loop after a save that
+leaves 1.4 GiB more resident (AdamW's optimizer.step() maps and faults in
+~290 MiB of temporaries each step: 0.3 s steps took 0.6-0.8 s, at random,
+for 20 steps and more, with no save at all, after a 1.4 GiB buffer was
+faulted in; with the cache dropped they stayed at 0.3 s). Each round
+prints the cache's size; --drop-caches (root) drops it before each round,
+so runs start from the same state.
+
 With --keep-bases every repository keeps what a save stored as the next
 save's delta bases (``Repository(keep_bases=True)``; by default only a
 blocking save does): background saves then hold a second copy of the state
 beside their staging buffer, and each delta is against the save before.
 
-    python3 scripts/bench_python.py [--work DIR] [--json] [--compute cpu|idle] [--rounds N] [--keep-bases]
+    python3 scripts/bench_python.py [--work DIR] [--json] [--compute cpu|idle] [--rounds N] [--keep-bases] [--drop-caches]
 
 Needs torch, transformers and the ckvc package (pip install .).
 """
@@ -73,6 +84,32 @@ def join_staging_warm() -> None:
     for t in threading.enumerate():
         if t.name == "ckvc-staging-warm":
             t.join()
+
+
+def ckvc_busy() -> bool:
+    """True while a save's thread (its commit included) or a staging
+    buffer's fault-in, which a first background save starts once it is
+    durable, still runs."""
+    return any(t.name.startswith("ckvc-save-") or t.name == "ckvc-staging-warm" for t in threading.enumerate())
+
+
+def page_cache_bytes() -> int:
+    """The page cache's size (``Cached`` in /proc/meminfo); 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("Cached:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def drop_page_cache() -> None:
+    """Write back dirty pages and drop the clean page cache (root only)."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1")
 
 
 def rss() -> int:
@@ -161,6 +198,11 @@ def main() -> int:
         help="cpu: forward/backward on the CPU; idle: a sleep as long as one (an accelerator trainer's host)",
     )
     ap.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="drop the machine's page cache before each round (root only): see the module docs",
+    )
+    ap.add_argument(
         "--no-row-frames",
         action="store_true",
         help="repositories made with Repository.init(row_frames=False): less CPU per first save, a little more stored",
@@ -216,16 +258,18 @@ def main() -> int:
             return time.perf_counter() - t0
 
         def steps_until(fut) -> tuple:
-            """Train, as a loop would, until ``fut`` is done (at most
-            ``MAX_STEPS`` steps; then wait for it, and that wait is lost
-            too). Returns (seconds lost: each step's time over the plain
-            step's, or its wait for the background copy in
+            """Train, as a loop would, until ``fut`` is done and ckvc's
+            threads have ended (a first background save faults its staging
+            buffer in after it is durable, beside the steps that follow),
+            at most ``MAX_STEPS`` steps; then wait for it, and that wait
+            is lost too. Returns (seconds lost: each step's time over the
+            plain step's, or its wait for the background copy in
             optimizer.step() when that is longer, summed over the steps,
             plus the final wait; the first step's wait; steps run; the time
             it was done)."""
             done = DoneAt(fut)
             lost, first_wait, n = 0.0, None, 0
-            while done.at is None and n < MAX_STEPS:
+            while (done.at is None or ckvc_busy()) and n < MAX_STEPS:
                 delay = timed_step() - base_step
                 wait = marks["hook"] - marks["step"]
                 first_wait = wait if first_wait is None else first_wait
@@ -278,9 +322,16 @@ def main() -> int:
         # Rounds with a memory run: the first save, and one delta (later
         # deltas take the second's path).
         mem_rounds = 2
+        cache = {}
         for rnd in rounds:
             if rnd > 1:
                 train_step(a.compute)
+            if a.drop_caches:
+                try:
+                    drop_page_cache()
+                except OSError as e:
+                    sys.exit(f"--drop-caches: cannot drop the page cache ({e}); it needs root")
+            cache[rnd] = page_cache_bytes()
             base_step = steps[rnd] = plain_step()
             s = state()
             # torch.save + fsync
@@ -363,7 +414,7 @@ def main() -> int:
                     dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {str(e).strip().splitlines()[-1:]}"
             del s
 
-        report = {"compute": a.compute, "state_bytes": tensor_bytes, "plain_step": steps, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
+        report = {"compute": a.compute, "state_bytes": tensor_bytes, "plain_step": steps, "page_cache_bytes": cache, "drop_caches": a.drop_caches, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
         if a.json:
             print(json.dumps(report, indent=1))
             return 0
@@ -373,8 +424,9 @@ def main() -> int:
             print(f"compute idle: each forward/backward is a sleep of {sorted(fb)[len(fb) // 2]:.3f} s (a real one's median); optimizer.step() runs on the CPU")
         else:
             print("compute cpu: forward/backward and optimizer.step() on the CPU, beside any background save")
+        dropped = ", dropped before each round (--drop-caches)" if a.drop_caches else ""
         for rnd in rounds:
-            print(f"round {rnd}: a training step with no save running takes {steps[rnd]:.3f} s")
+            print(f"round {rnd}: a training step with no save running takes {steps[rnd]:.3f} s; page cache {cache[rnd] / gib:.1f} GiB{dropped}")
         print(f"{'round':<6} {'method':<26} {'call s':>7} {'steps':>5} {'+steps s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
         for r in rows:
             w = f"{r['waited']:>9.3f}" if "waited" in r else f"{'-':>9}"
@@ -384,9 +436,10 @@ def main() -> int:
                 f"{r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {rss_mib}"
             )
         print(
-            "(steps = training steps run after the call until the save was durable, as a loop goes on. +steps = what\n"
-            " they lost: how much longer each took than the median of three with no save running, just before (or its\n"
-            " wait in optimizer.step() for the background copy, when longer), summed, plus any wait for the save after\n"
+            "(steps = training steps run after the call until the save was durable and ckvc's threads had ended (after a\n"
+            " first background save, the fault-in of its staging buffer), as a loop goes on. +steps = what they lost: how\n"
+            " much longer each took than the median of three with no save running, just before (or its wait in\n"
+            " optimizer.step() for the background copy, when longer), summed, plus any wait for the save after\n"
             f" {MAX_STEPS} steps; negative when the machine's load moved more than the save did. waited = the first\n"
             " step's wait for the copy. stall = call + +steps when that is positive, else call.)"
         )
