@@ -191,6 +191,8 @@ def main() -> int:
     )
     ap.add_argument("--rounds", type=int, default=4, help="saves per method (the first full, then deltas)")
     ap.add_argument("--layers", type=int, default=12, help="transformer layers (12: GPT-2 small; fewer for a quick smoke run)")
+    ap.add_argument("--vocab", type=int, default=50257, help="vocabulary size (50257: GPT-2's; smaller for a quick smoke run)")
+    ap.add_argument("--n-embd", type=int, default=768, help="model width (768: GPT-2 small's; smaller for a quick smoke run)")
     ap.add_argument(
         "--compute",
         choices=("cpu", "idle"),
@@ -218,7 +220,7 @@ def main() -> int:
     base = a.work or ("/work" if os.path.isdir("/work") else None)
     work = tempfile.mkdtemp(prefix="ckvc-bench-py-", dir=base)
     try:
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=a.layers))
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=a.layers, vocab_size=a.vocab, n_embd=a.n_embd))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randint(0, model.config.vocab_size, (2, 64))
 
@@ -419,7 +421,8 @@ def main() -> int:
             print(json.dumps(report, indent=1))
             return 0
         gib = 1 << 30
-        print(f"state: GPT-2 small (GPT2Config defaults) + AdamW after one step: {tensor_bytes / gib:.2f} GiB of tensors; work dir {work}")
+        shape = "GPT-2 small (GPT2Config defaults)" if (a.layers, a.vocab, a.n_embd) == (12, 50257, 768) else f"GPT-2 of {a.layers} layers, vocabulary {a.vocab}, width {a.n_embd}"
+        print(f"state: {shape} + AdamW after one step: {tensor_bytes / gib:.2f} GiB of tensors; work dir {work}")
         if a.compute == "idle":
             print(f"compute idle: each forward/backward is a sleep of {sorted(fb)[len(fb) // 2]:.3f} s (a real one's median); optimizer.step() runs on the CPU")
         else:
