@@ -20,8 +20,9 @@ in optimizer.step() for a background copy, and sharing the cores with the
 background work; the loop trains on while a save is in flight, as a real
 one does, so work left after the first step is charged too, and so are
 the steps beside the fault-in of the staging buffer that a first
-background save starts once it is durable), time until durable (fsynced / committed; the steps run meanwhile), bytes stored
-(on disk for the new save), peak extra RSS from the call until durable
+background save starts once it is durable), time until durable
+(fsynced / committed; the steps run meanwhile), bytes stored (on disk
+for the new save), peak extra RSS from the call until durable
 and, after a first background save, until its staging buffer is faulted
 in (over the RSS before it, sampled every 5 ms). The RSS is measured on a
 second run of the same save with no training step beside it (a step's
