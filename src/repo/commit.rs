@@ -519,7 +519,7 @@ impl Repository {
         };
         let (read, encoded, written) = std::thread::scope(|s| {
             let writer = s.spawn(|| self.write_stream(erx, batch));
-            let pause = opts.pause.as_deref();
+            let pause = shared.pause;
             let encoder = s.spawn(move || self.encode_stream(rx, etx, base_mode, pause));
             // Files are taken in order by `readers` threads, each parsing,
             // hashing and queueing one file at a time; the manifests are put
