@@ -80,10 +80,16 @@ import time
 MAX_STEPS = 30
 
 
+# The names ckvc gives its threads: a save's (and its commit's), and the
+# one faulting a staging buffer in.
+SAVE_THREAD_PREFIX = "ckvc-save-"
+WARM_THREAD = "ckvc-staging-warm"
+
+
 def join_staging_warm() -> None:
     """Wait for every thread faulting in a staging buffer."""
     for t in threading.enumerate():
-        if t.name == "ckvc-staging-warm":
+        if t.name == WARM_THREAD:
             t.join()
 
 
@@ -91,7 +97,7 @@ def ckvc_busy() -> bool:
     """True while a save's thread (its commit included) or a staging
     buffer's fault-in, which a first background save starts once it is
     durable, still runs."""
-    return any(t.name.startswith("ckvc-save-") or t.name == "ckvc-staging-warm" for t in threading.enumerate())
+    return any(t.name.startswith(SAVE_THREAD_PREFIX) or t.name == WARM_THREAD for t in threading.enumerate())
 
 
 def page_cache_bytes() -> int:
