@@ -28,7 +28,12 @@ in (over the RSS before it, sampled every 5 ms). The RSS is measured on a
 second run of the same save with no training step beside it (a step's
 activations and gradients would hide it), on repositories of their own
 (so the first save there takes the first-save path too), in the first two
-rounds (later ones are deltas as the second is; "-" in the table).
+rounds (later ones are deltas as the second is; "-" in the table). And
+the save's CPU time: the process's, from the call until durable, less
+the training steps' run meanwhile (a plain step's each). Its CPU time
+over the cores the training loop leaves free (all of them for a blocking
+save, which holds the loop) is a floor under its time until durable,
+printed beside the durable target.
 
 ckvc runs three times, each on its own repository (so each first save
 stages into fresh memory): a blocking save (the call returns when the
@@ -98,6 +103,12 @@ def ckvc_busy() -> bool:
     buffer's fault-in, which a first background save starts once it is
     durable, still runs."""
     return any(t.name.startswith(SAVE_THREAD_PREFIX) or t.name == WARM_THREAD for t in threading.enumerate())
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of every thread of this process so far."""
+    t = os.times()
+    return t.user + t.system
 
 
 def page_cache_bytes() -> int:
@@ -290,8 +301,14 @@ def main() -> int:
             return lost, first_wait or 0.0, n, at
 
         def plain_step() -> tuple:
-            """Median time of steps with no save running."""
-            return sorted(timed_step() for _ in range(3))[1]
+            """Median time and median CPU time (every thread's) of steps
+            with no save running."""
+            wall, cpu = [], []
+            for _ in range(3):
+                c0 = cpu_seconds()
+                wall.append(timed_step())
+                cpu.append(cpu_seconds() - c0)
+            return sorted(wall)[1], sorted(cpu)[1]
 
         def state():
             return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 1}
@@ -310,7 +327,8 @@ def main() -> int:
         kb = True if a.keep_bases else None
         repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-{mode}"), row_frames=rf, keep_bases=kb) for mode in modes}
         mem_repos = {mode: ckvc.Repository.init(os.path.join(work, f"repo-mem-{mode}"), row_frames=rf, keep_bases=kb) for mode in modes}
-        steps = {}
+        steps, steps_cpu = {}, {}
+        cores = len(os.sched_getaffinity(0))
         dcp_ok, dcp_why = False, ""
         if not a.no_dcp:
             try:
@@ -341,11 +359,13 @@ def main() -> int:
                 except OSError as e:
                     sys.exit(f"--drop-caches: cannot drop the page cache ({e}); it needs root")
             cache[rnd] = page_cache_bytes()
-            base_step = steps[rnd] = plain_step()
+            base_step, step_cpu = plain_step()
+            steps[rnd], steps_cpu[rnd] = base_step, step_cpu
             s = state()
             # torch.save + fsync
             path = os.path.join(work, f"torch-{rnd}.pt")
             with PeakRss() as m:
+                c0 = cpu_seconds()
                 t0 = time.perf_counter()
                 with open(path, "wb") as f:
                     torch.save(s, f)
@@ -353,13 +373,15 @@ def main() -> int:
                     os.fsync(f.fileno())
                 fsync_dir(work)
                 t1 = time.perf_counter()
-            rows.append(dict(round=rnd, method="torch.save + fsync", call=t1 - t0, step_delay=0.0, steps=0, stall=t1 - t0, durable=t1 - t0, stored=os.path.getsize(path), peak_extra=m.extra))
+                cpu = cpu_seconds() - c0
+            rows.append(dict(round=rnd, method="torch.save + fsync", call=t1 - t0, step_delay=0.0, steps=0, stall=t1 - t0, durable=t1 - t0, cpu=cpu, stored=os.path.getsize(path), peak_extra=m.extra))
             os.remove(path)
             # ckvc save(blocking=False), each staging mode on its own repository
             for mode in modes:
                 repo = repos[mode]
                 s = state()
                 before = dir_bytes(repo.path)
+                c0 = cpu_seconds()
                 if mode == "blocking":
                     # save() returns when durable: the loop waits for all of it
                     t0 = time.perf_counter()
@@ -372,6 +394,9 @@ def main() -> int:
                     t1 = time.perf_counter()
                     lost, waited, n, t2 = steps_until(fut)
                     c = fut.result()
+                # What the save used: the process's CPU time less the
+                # training steps' (each a plain step's).
+                cpu = cpu_seconds() - c0 - n * step_cpu
                 stored = dir_bytes(repo.path) - before
                 s = state()
                 # The timed save's staging buffer may still be faulting in
@@ -396,25 +421,27 @@ def main() -> int:
                             join_staging_warm()
                     peak_extra = m.extra
                 method = "ckvc save (blocking)" if mode == "blocking" else f"ckvc staging={mode}"
-                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=lost, steps=n, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, stored=stored, stored_commit=c.stored_bytes, peak_extra=peak_extra))
+                rows.append(dict(round=rnd, method=method, call=t1 - t0, step_delay=lost, steps=n, waited=waited, stall=t1 - t0 + max(0.0, lost), durable=t2 - t0, cpu=cpu, stored=stored, stored_commit=c.stored_bytes, peak_extra=peak_extra))
             # DCP async_save
             if dcp_ok:
                 import torch.distributed.checkpoint as dcp
 
                 ck = os.path.join(work, f"dcp-{rnd}")
                 try:
+                    c0 = cpu_seconds()
                     t0 = time.perf_counter()
                     f = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck)
                     t1 = time.perf_counter()
                     delay, _, n, t2 = steps_until(f)
                     f.result()
+                    cpu = cpu_seconds() - c0 - n * step_cpu
                     stored = dir_bytes(ck)
                     peak_extra = None
                     if rnd <= mem_rounds:
                         with PeakRss() as m:
                             dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=ck + "-mem").result()
                         peak_extra = m.extra
-                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, steps=n, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, stored=stored, peak_extra=peak_extra))
+                    rows.append(dict(round=rnd, method="dcp.async_save", call=t1 - t0, step_delay=delay, steps=n, stall=t1 - t0 + max(0.0, delay), durable=t2 - t0, cpu=cpu, stored=stored, peak_extra=peak_extra))
                     shutil.rmtree(ck, ignore_errors=True)
                     shutil.rmtree(ck + "-mem", ignore_errors=True)
                 except (KeyboardInterrupt, SystemExit):
@@ -423,7 +450,7 @@ def main() -> int:
                     dcp_ok, dcp_why = False, f"async_save failed: {type(e).__name__}: {str(e).strip().splitlines()[-1:]}"
             del s
 
-        report = {"compute": a.compute, "state_bytes": tensor_bytes, "plain_step": steps, "page_cache_bytes": cache, "drop_caches": a.drop_caches, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
+        report = {"compute": a.compute, "state_bytes": tensor_bytes, "plain_step": steps, "plain_step_cpu": steps_cpu, "cores": cores, "page_cache_bytes": cache, "drop_caches": a.drop_caches, "rows": rows, "dcp": dcp_why or "ran single-process (gloo, world size 1)"}
         if a.json:
             print(json.dumps(report, indent=1))
             return 0
@@ -436,14 +463,17 @@ def main() -> int:
             print("compute cpu: forward/backward and optimizer.step() on the CPU, beside any background save")
         dropped = ", dropped before each round (--drop-caches)" if a.drop_caches else ""
         for rnd in rounds:
-            print(f"round {rnd}: a training step with no save running takes {steps[rnd]:.3f} s; page cache {cache[rnd] / gib:.1f} GiB{dropped}")
-        print(f"{'round':<6} {'method':<26} {'call s':>7} {'steps':>5} {'+steps s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
+            print(
+                f"round {rnd}: a training step with no save running takes {steps[rnd]:.3f} s and {steps_cpu[rnd]:.3f} CPU-s "
+                f"({steps_cpu[rnd] / steps[rnd]:.2f} of the {cores} cores); page cache {cache[rnd] / gib:.1f} GiB{dropped}"
+            )
+        print(f"{'round':<6} {'method':<26} {'call s':>7} {'steps':>5} {'+steps s':>8} {'waited s':>9} {'stall s':>8} {'durable s':>10} {'cpu s':>6} {'stored MiB':>11} {'peak extra RSS MiB':>19}")
         for r in rows:
             w = f"{r['waited']:>9.3f}" if "waited" in r else f"{'-':>9}"
             rss_mib = f"{r['peak_extra'] / 2**20:>19.1f}" if r["peak_extra"] is not None else f"{'-':>19}"
             print(
                 f"{r['round']:<6} {r['method']:<26} {r['call']:>7.3f} {r['steps']:>5} {r['step_delay']:>8.3f} {w} {r['stall']:>8.3f} "
-                f"{r['durable']:>10.3f} {r['stored'] / 2**20:>11.1f} {rss_mib}"
+                f"{r['durable']:>10.3f} {r['cpu']:>6.2f} {r['stored'] / 2**20:>11.1f} {rss_mib}"
             )
         print(
             "(steps = training steps run after the call until the save was durable and ckvc's threads had ended (after a\n"
@@ -451,14 +481,21 @@ def main() -> int:
             " much longer each took than the median of three with no save running, just before (or its wait in\n"
             " optimizer.step() for the background copy, when longer), summed, plus any wait for the save after\n"
             f" {MAX_STEPS} steps; negative when the machine's load moved more than the save did. waited = the first\n"
-            " step's wait for the copy. stall = call + +steps when that is positive, else call.)"
+            " step's wait for the copy. stall = call + +steps when that is positive, else call. cpu = the process's CPU\n"
+            " time from the call until durable (and the steps had ended), less the steps' (a plain step's each).)"
         )
         for rnd in rounds:
             ts = next(r for r in rows if r["round"] == rnd and r["method"].startswith("torch"))
             for ck in (r for r in rows if r["round"] == rnd and r["method"].startswith("ckvc")):
+                # The save's CPU time can run no faster than on the cores
+                # the training steps leave free (all of them while a
+                # blocking save holds the loop): a floor under durable.
+                free = cores if ck["method"].endswith("(blocking)") else cores - steps_cpu[rnd] / steps[rnd]
+                floor = ck["cpu"] / free if free > 0 else float("inf")
                 print(
                     f"round {rnd} {ck['method']}: stall / torch.save+fsync = {ck['stall'] / ts['durable']:.3f} (target <= 0.25), "
-                    f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5)"
+                    f"durable / torch.save+fsync = {ck['durable'] / ts['durable']:.2f} (target <= 1.5; "
+                    f"its CPU on the {free:.2f} free cores alone: {floor / ts['durable']:.2f})"
                     + (f", peak extra RSS / state = {ck['peak_extra'] / tensor_bytes:.2f} (target <= 1.0)" if ck["peak_extra"] is not None else "")
                 )
         if dcp_why:

@@ -31,9 +31,17 @@ def test_bench_python_runs_and_reports_every_method_of_every_round(tmp_path):
         if r["method"].startswith("ckvc"):
             # every ckvc save stored a commit of its own
             assert r["stored_commit"] > 0, r
+        # CPU time is reported for every save; a save the loop waits for
+        # whole (nothing subtracted) used some
+        assert isinstance(r["cpu"], float), r
+        if r["method"] in ("torch.save + fsync", "ckvc save (blocking)"):
+            assert r["cpu"] > 0, r
     # the first two rounds measure memory
     assert all(r["peak_extra"] is not None for r in report["rows"])
     assert sorted(report["page_cache_bytes"]) == ["1", "2"]
+    assert sorted(report["plain_step_cpu"]) == ["1", "2"]
+    assert all(c >= 0 for c in report["plain_step_cpu"].values())
+    assert report["cores"] >= 1
     assert report["drop_caches"] is False
     # the bench's work directory is gone
     assert os.listdir(tmp_path) == []
