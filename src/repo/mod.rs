@@ -533,25 +533,21 @@ impl Repository {
 
     /// Open the repository whose root is `root`.
     ///
-    /// A writer reads its table and blob files with `O_DIRECT` where the
-    /// file system takes it: what a commit reads (its delta bases) was
-    /// written with `O_DIRECT`, so the page cache does not hold it, and
-    /// copying it through the cache cost more than the read. A Python
-    /// background delta save of GPT-2 small + AdamW (1.4 GiB, bases
-    /// decoded from the store) spent 3.9 s in the kernel against 0.8 s,
-    /// and was durable in 4.7-6.1 s against 3.1-3.5 s; a CLI commit of
-    /// the same size measured the same either way.
+    /// A writer reads and writes its table and blob files buffered: the
+    /// newest commits' chunks stay in the page cache (older ones are
+    /// dropped from it, see [`crate::store::Store::keep_cached`]), so the
+    /// next commit reads its delta bases from memory instead of from the
+    /// disk beside its own writes (numbers at
+    /// [`crate::store::RocksOptions::direct_writes`]). `O_DIRECT` reads
+    /// were the writer's while its writes were `O_DIRECT` too, so that
+    /// nothing it read was cached.
     pub fn open(root: &Path, write: bool) -> Result<Repository, RepoError> {
         let mode = if write {
             Mode::ReadWrite
         } else {
             Mode::ReadOnly
         };
-        let options = crate::store::RocksOptions {
-            direct_reads: write,
-            ..crate::store::RocksOptions::default()
-        };
-        Self::open_rocks(root, mode, &options)
+        Self::open_rocks(root, mode, &crate::store::RocksOptions::default())
     }
 
     /// Open the repository whose root is `root` to read far more than
@@ -622,13 +618,18 @@ impl Repository {
     }
 
     /// A handle over `store` with `config`: its caches and the store's
-    /// chunk memtable sized from the memory budget.
+    /// chunk memtable sized from the memory budget, the store's page cache
+    /// kept for the commits a delta chain reaches back.
     fn with_store(
         root: PathBuf,
         store: Arc<dyn Store>,
         config: Config,
     ) -> Result<Repository, RepoError> {
         store.set_write_buffer(Space::Chunks, chunk_memtable_bytes(config.memory_budget))?;
+        // A chunk's delta chain reaches back `max_chain` commits: the next
+        // commit decodes its bases from the records of that many and the
+        // keyframe's.
+        store.keep_cached(usize::from(config.max_chain) + 1);
         Ok(Repository {
             root,
             store,

@@ -392,6 +392,16 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
+    /// Keeps in the page cache the values written since the newest
+    /// `flushes` [`Store::flush`]es that wrote any (for RocksDB: their blob
+    /// files), dropping the older ones after each such flush, so a writer
+    /// reads the values it wrote lately from memory and the cache does not
+    /// grow with every commit. Values are unchanged. A no-op by default
+    /// and on read-only stores.
+    fn keep_cached(&self, flushes: usize) {
+        let _ = flushes;
+    }
+
     /// Refuses with [`StoreError::Full`] when the device could not hold a
     /// [`Store::compact`] (which may rewrite every live value before the
     /// old files go), so a caller can refuse before it changes anything.
@@ -459,6 +469,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn set_write_buffer(&self, space: Space, bytes: usize) -> Result<(), StoreError> {
         (**self).set_write_buffer(space, bytes)
+    }
+    fn keep_cached(&self, flushes: usize) {
+        (**self).keep_cached(flushes)
     }
     fn ensure_room_to_compact(&self) -> Result<(), StoreError> {
         (**self).ensure_room_to_compact()

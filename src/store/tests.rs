@@ -744,6 +744,133 @@ fn rocks_compact_reclaims_deleted_blobs_direct_or_buffered() {
     }
 }
 
+/// Pages of the file at `path` the page cache holds (`mincore` over a
+/// read-only mapping, which reads nothing in).
+#[cfg(target_os = "linux")]
+fn resident_pages(path: &std::path::Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    if len == 0 {
+        return 0;
+    }
+    // SAFETY: sysconf takes no pointers.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let mut flags = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a fresh shared read-only mapping of `len` bytes of an open
+    // file; mincore writes one byte per page of it into `flags`, which
+    // has that many; the mapping is unmapped before `f` closes.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap {}", path.display());
+        let rc = libc::mincore(p, len, flags.as_mut_ptr());
+        libc::munmap(p, len);
+        assert_eq!(rc, 0, "mincore {}", path.display());
+    }
+    flags.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+/// A writer keeps its newest `keep_cached` flushes' blob files in the page
+/// cache and drops older ones after each flush that wrote blob files; a
+/// flush that wrote none ends nothing; and the next writer (a new handle,
+/// as each Python save opens) goes on from the epochs the last one left
+/// in `<store>.cached`.
+#[cfg(target_os = "linux")]
+#[test]
+fn rocks_writer_keeps_its_newest_flushes_blob_files_in_the_page_cache() {
+    let dir = tmp();
+    let path = dir.path().join("db");
+    // tmpfs has no backing store to drop pages to: only the bookkeeping
+    // is checked there.
+    let evicts = {
+        let c = std::ffi::CString::new(dir.path().as_os_str().to_str().unwrap()).unwrap();
+        let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+        // SAFETY: a NUL-terminated path and a statfs-sized buffer.
+        let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: statfs returned 0, so it filled the struct.
+        unsafe { st.assume_init() }.f_type != libc::TMPFS_MAGIC
+    };
+    let blobs = || -> Vec<(u64, std::path::PathBuf)> {
+        let mut v: Vec<_> = std::fs::read_dir(&path)
+            .unwrap()
+            .filter_map(|e| {
+                let e = e.unwrap();
+                let n = e
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".blob")?
+                    .parse()
+                    .ok()?;
+                Some((n, e.path()))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let newest = || blobs().last().map_or(0, |b| b.0);
+    // One epoch: chunks in blob files, then the flush that ends it.
+    let epoch = |s: &RocksStore, i: u8| {
+        for k in 0..4u8 {
+            put1(s, Space::Chunks, &[i, k, 0, 0], &vec![i ^ k; 300_000]);
+        }
+        s.flush().unwrap();
+        newest()
+    };
+    let cached = |from: u64, through: u64| -> Vec<bool> {
+        blobs()
+            .into_iter()
+            .filter(|b| b.0 > from && b.0 <= through)
+            .map(|b| resident_pages(&b.1) > 0)
+            .collect()
+    };
+    let s = RocksStore::open_with(&path, Mode::ReadWrite, &fast()).unwrap();
+    s.keep_cached(2);
+    let e1 = epoch(&s, 1);
+    let e2 = epoch(&s, 2);
+    assert!(0 < e1 && e1 < e2, "{e1} {e2}");
+    assert!(cached(0, e2).iter().all(|&c| c), "both epochs kept");
+    let e3 = epoch(&s, 3);
+    if evicts {
+        assert!(cached(0, e1).iter().all(|&c| !c), "the first epoch dropped");
+    }
+    assert!(cached(e1, e3).iter().all(|&c| c), "the newest two kept");
+    // No blob file written: the epoch goes on.
+    put1(&s, Space::Refs, b"HEAD", b"x");
+    s.flush().unwrap();
+    assert!(cached(e1, e3).iter().all(|&c| c));
+    drop(s);
+    let s = RocksStore::open_with(&path, Mode::ReadWrite, &fast()).unwrap();
+    s.keep_cached(2);
+    let e4 = epoch(&s, 4);
+    if evicts {
+        assert!(
+            cached(0, e2).iter().all(|&c| !c),
+            "the next handle drops the second"
+        );
+    }
+    assert!(cached(e2, e4).iter().all(|&c| c));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("db.cached")).unwrap(),
+        format!("ckvc-cached 1\n{e2}\n{e3}\n{e4}\n")
+    );
+    for i in 1..=4u8 {
+        for k in 0..4u8 {
+            assert_eq!(
+                s.get_vec(Space::Chunks, &[i, k, 0, 0]).unwrap(),
+                Some(vec![i ^ k; 300_000])
+            );
+        }
+    }
+}
+
 /// Bug (CI, stop 25): `gc` failed with "No such file or directory" on an
 /// SST that RocksDB's background compaction deleted between the store's
 /// directory listing and the size read. Files (and directories) vanishing
