@@ -99,14 +99,14 @@ pub struct RocksOptions {
     /// Read table and blob files with `O_DIRECT` (where the file system
     /// accepts it, probed on the store's `CURRENT` file). Default `false`:
     /// for a reader that reads far more than the page cache would usefully
-    /// keep, such as a checkout of many gigabytes, or for a writer, whose
-    /// reads (a delta's bases) are of files written with `O_DIRECT`, which
-    /// the page cache does not hold. On these VMs a page-cache page the
-    /// guest has not touched for a while costs ~10 us to fault in, so
-    /// buffered reads of a 10 GiB checkout's blobs spent 12-17 s in the
-    /// kernel, direct reads 1.5-1.9 s. Reads the page cache already holds
-    /// are faster buffered: the repository asks for this for checkouts of
-    /// many gigabytes only.
+    /// keep, such as a checkout of many gigabytes, or for a writer with
+    /// [`direct_writes`](Self::direct_writes), whose reads (a delta's
+    /// bases) the page cache then does not hold. On these VMs a page-cache
+    /// page the guest has not touched for a while costs ~10 us to fault
+    /// in, so buffered reads of a 10 GiB checkout's blobs spent 12-17 s in
+    /// the kernel, direct reads 1.5-1.9 s. Reads the page cache already
+    /// holds are faster buffered: the repository asks for this for
+    /// checkouts of many gigabytes only.
     pub direct_reads: bool,
 }
 
