@@ -268,9 +268,7 @@ const MAX_CACHED_EPOCHS: usize = 1024;
 
 /// `<store>.cached`, beside the store directory (`.ckvc/db.cached`).
 fn cached_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".cached");
-    path.with_file_name(name)
+    beside(path, ".cached")
 }
 
 /// The number of a RocksDB blob file (`000123.blob`).
@@ -278,8 +276,8 @@ fn blob_number(name: &std::ffi::OsStr) -> Option<u64> {
     name.to_str()?.strip_suffix(".blob")?.parse().ok()
 }
 
-/// The blob files of a store directory, with their numbers.
-fn blob_files(dir: &Path) -> Vec<(u64, PathBuf)> {
+/// The blob files of a store directory, with their numbers (in no order).
+pub(super) fn blob_files(dir: &Path) -> Vec<(u64, PathBuf)> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
@@ -447,8 +445,13 @@ impl ManifestMark {
 
 /// The lock file of the store at `path`: `<path>.lock`, beside it.
 fn lock_path(path: &Path) -> PathBuf {
+    beside(path, ".lock")
+}
+
+/// `<store><suffix>`: a file beside the store directory.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".lock");
+    name.push(suffix);
     path.with_file_name(name)
 }
 

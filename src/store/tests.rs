@@ -798,20 +798,8 @@ fn rocks_writer_keeps_its_newest_flushes_blob_files_in_the_page_cache() {
         // SAFETY: statfs returned 0, so it filled the struct.
         unsafe { st.assume_init() }.f_type != libc::TMPFS_MAGIC
     };
-    let blobs = || -> Vec<(u64, std::path::PathBuf)> {
-        let mut v: Vec<_> = std::fs::read_dir(&path)
-            .unwrap()
-            .filter_map(|e| {
-                let e = e.unwrap();
-                let n = e
-                    .file_name()
-                    .to_str()?
-                    .strip_suffix(".blob")?
-                    .parse()
-                    .ok()?;
-                Some((n, e.path()))
-            })
-            .collect();
+    let blobs = || {
+        let mut v = super::rocks::blob_files(&path);
         v.sort();
         v
     };
