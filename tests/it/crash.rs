@@ -97,10 +97,16 @@ fn sigkill_during_commit_and_gc_never_loses_a_committed_step() {
     let repo = tmp.path().join("repo");
     std::fs::create_dir_all(&repo).unwrap();
     assert_eq!(run_ckvc(&repo, &["init", "--max-chain", "100"]).0, Some(0));
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    // CKVC_CRASH_SEED replays the draws of a seed a failure printed.
+    let seed = std::env::var("CKVC_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
         | 1;
     let mut rng = Rng(seed);
     let ctx = |what: &str| format!("seed {seed}: {what}");
@@ -138,39 +144,70 @@ fn sigkill_during_commit_and_gc_never_loses_a_committed_step() {
     done.insert(dirs[1].0);
     attempted.insert(dirs[1].0);
     next += 1;
-    let t_compact = time(&gc_compact).max(Duration::from_millis(50));
-    let t_keep = time(&gc_keep).max(Duration::from_millis(50));
+    let t_compact = time(&gc_compact);
+    let t_keep = time(&gc_keep);
 
+    // Each operation is killed at a random moment in [0, 1.2 t), t being
+    // how long it last ran unkilled (widened by a tenth at each kill).
+    // t follows the operation as the run goes on: a calibration slowed by
+    // the tests running beside this one would otherwise leave the window
+    // far wider than the operation, the kills would stop landing, and the
+    // rounds run on (the likely way a CI run reached a 600 s deadline
+    // that 20-50 s here keep far from). The deadline only bounds a hang.
+    let floor = Duration::from_millis(50);
+    let mut t = [t_commit, t_compact, t_keep].map(|t| t.max(floor));
     let mut kills = [0usize; 3];
     let mut round = 0usize;
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut trail: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(1200);
     while kills.iter().any(|&k| k < KILLS_PER_OP) {
-        assert!(Instant::now() < deadline, "{}", ctx("took too long"));
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            ctx(&format!(
+                "took too long: {round} rounds, kills {kills:?}, windows {t:?}; last rounds:\n{}",
+                trail[trail.len().saturating_sub(12)..].join("\n")
+            ))
+        );
         let op = round % 3;
         round += 1;
         // Steps are reused with new step numbers once the corpus runs out.
         let (base_step, dir) = &dirs[next % dirs.len()];
         let step = *base_step + 1000 * (next / dirs.len()) as u64;
-        let (args, t) = match op {
-            0 => (commit_args(step, dir), t_commit),
-            1 => (gc_compact.clone(), t_compact),
-            _ => (gc_keep.clone(), t_keep),
+        let args = match op {
+            0 => commit_args(step, dir),
+            1 => gc_compact.clone(),
+            _ => gc_keep.clone(),
         };
-        let delay = Duration::from_micros(rng.next_u64() % (t.as_micros() as u64 * 6 / 5 + 1));
+        let window = t[op].as_micros() as u64 * 6 / 5 + 1;
+        let delay = Duration::from_micros(rng.next_u64() % window);
+        let ran = Instant::now();
         let (killed, ok, out) = run_and_kill(&repo, &args, delay);
+        let ran = ran.elapsed();
         if killed {
             kills[op] += 1;
+            // Widen the window a little: the kills keep landing anywhere
+            // in an operation that became slower than its last run.
+            t[op] = t[op] * 11 / 10;
         } else {
             assert!(ok, "{}", ctx(&format!("{args:?} failed unkilled: {out}")));
+            t[op] = ran.max(floor);
         }
         // Reported done: the commit line reached stdout.
         let reported = op == 0 && out.contains(&format!("] step {step}:"));
         assert!(!ok || op != 0 || reported, "{}", ctx(&out));
+        let checked = Instant::now();
         let on_main = check_whole(
             &repo,
             &expected_dirs(&dirs),
             &ctx(&format!("after {args:?}")),
         );
+        trail.push(format!(
+            "{} delay {delay:?} ran {ran:?} killed {killed}; check of {} commits {:?}",
+            args[..2].join(" "),
+            on_main.len(),
+            checked.elapsed()
+        ));
         if op == 0 {
             attempted.insert(step);
             // A commit killed after its ref moved but before it printed
