@@ -222,6 +222,14 @@ impl CacheEpochs {
         }
     }
 
+    /// Keep the newest `n` epochs: at least one, and at most what
+    /// `<store>.cached` holds (a `max_chain` of thousands would otherwise
+    /// leave a file the next writer refuses, and nothing would ever be
+    /// dropped again).
+    fn set_keep(&mut self, n: usize) {
+        self.keep = n.clamp(1, MAX_CACHED_EPOCHS);
+    }
+
     /// Leaves the epochs in `<store>.cached` for the next writer (a
     /// Python save opens the repository anew each time): a line
     /// `ckvc-cached 1`, then `dropped_through`, then each epoch's end,
@@ -1024,7 +1032,7 @@ impl Store for RocksStore {
 
     fn keep_cached(&self, flushes: usize) {
         let mut epochs = self.cache_epochs.lock().unwrap_or_else(|e| e.into_inner());
-        epochs.keep = flushes.max(1);
+        epochs.set_keep(flushes);
     }
 
     fn set_write_buffer(&self, space: Space, bytes: usize) -> Result<(), StoreError> {
@@ -1105,6 +1113,26 @@ mod tests {
         // Files written after the last epoch's end join it.
         assert_eq!(CacheEpochs::load(&store, 14), epochs(7, &[10, 14], 1));
         assert!(!dir.path().join("db.cached.tmp").exists());
+    }
+
+    #[test]
+    fn a_max_chain_past_what_the_cached_file_holds_keeps_the_file_readable() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("db");
+        let mut e = CacheEpochs::fresh(1);
+        e.set_keep(usize::from(u16::MAX) + 1);
+        assert_eq!(e.keep, MAX_CACHED_EPOCHS);
+        for max in 2..=MAX_CACHED_EPOCHS as u64 + 10 {
+            e.end(max);
+        }
+        assert_eq!(e.ends.len(), MAX_CACHED_EPOCHS);
+        assert_eq!(e.dropped_through, 10);
+        e.save(&store);
+        let mut loaded = CacheEpochs::load(&store, MAX_CACHED_EPOCHS as u64 + 10);
+        loaded.set_keep(usize::MAX);
+        assert_eq!(loaded, e);
+        e.set_keep(0);
+        assert_eq!(e.keep, 1);
     }
 
     #[test]
