@@ -16,6 +16,8 @@ from ckvc import _state
 torch = pytest.importorskip("torch")
 from torch.optim import optimizer as _optim  # noqa: E402
 
+from same import assert_same  # noqa: E402
+
 
 @pytest.fixture(params=["first save: read in place", "staging buffer warm: copied"])
 def repo(request, tmp_path):
@@ -79,22 +81,6 @@ def snapshot(state):
     return state
 
 
-def assert_bits_equal(a, b):
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_bits_equal(a[k], b[k])
-    elif isinstance(a, list):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_bits_equal(x, y)
-    elif torch.is_tensor(a):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a.view(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-    else:
-        assert a == b
-
-
 def test_optimizer_step_right_after_the_call_waits_and_the_state_at_the_call_is_stored(repo, gate):
     model, opt = model_and_opt()
     train_step(model, opt)
@@ -112,7 +98,7 @@ def test_optimizer_step_right_after_the_call_waits_and_the_state_at_the_call_is_
     assert not torch.equal(model[0].weight, at_call["model"]["0.weight"])  # the step did change them
     assert f.result(timeout=60).step == 1
     assert hooks() == base
-    assert_bits_equal(repo.load(1), at_call)
+    assert_same(repo.load(1), at_call)
 
 
 def in_another_thread(fn):
@@ -306,7 +292,7 @@ def test_torch_compiled_model_compiles_once_more_not_once_per_background_save(re
         f = repo.save(state, step=i, blocking=False)
         step()  # compiled forward with the guard on the stack
         assert f.result(timeout=60).step == i
-        assert_bits_equal(repo.load(i), at_call)
+        assert_same(repo.load(i), at_call)
     assert len(graphs) <= 2 * first, f"{len(graphs)} graphs compiled for {first} at first"
     torch._dynamo.reset()
 
@@ -401,7 +387,7 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     train_step(model, opt)  # waits for the commit in optimizer.step()
     assert f.staged()
     f.result(timeout=60)
-    assert_bits_equal(repo.load(1), want)
+    assert_same(repo.load(1), want)
     repo.wait()
     host = repo._staging.host
     assert host is not None and repo._staging.warm_for(len(host.array))
@@ -418,7 +404,7 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     train_step(model, opt)
     f.result(timeout=60)
     assert repo._staging.host is host
-    assert_bits_equal(repo.load(2), want2)
+    assert_same(repo.load(2), want2)
 
 
 def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(tmp_path, monkeypatch):
@@ -444,7 +430,7 @@ def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(t
     assert repo._staging.host is None  # read in place
     f.result(timeout=60)
     assert seen == {"staged when it returned": True}
-    assert_bits_equal(repo.load(1), want)
+    assert_same(repo.load(1), want)
 
 
 def test_a_first_save_of_tensors_that_cannot_be_read_in_place_copies_them_in_the_background(tmp_path, gate):

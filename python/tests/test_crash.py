@@ -20,6 +20,8 @@ torch = pytest.importorskip("torch")
 
 import ckvc  # noqa: E402
 
+from same import assert_same  # noqa: E402
+
 # The child: a small model + AdamW state, one save per step from the step
 # after the branch's newest, a background save at most steps (its first one
 # reads the tensors in place, later ones copy them to the staging buffer),
@@ -67,22 +69,6 @@ for step in range(start, start + int(sys.argv[2])):
 
 SAVES_PER_RUN = 4
 KILLS = 6
-
-
-def _same(a, b):
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys()
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-    else:
-        assert a == b
 
 
 def _run_child(script, repo, delay):
@@ -169,6 +155,6 @@ def test_sigkill_during_background_saves_never_loses_a_durable_step(tmp_path, cl
         assert set(steps) <= attempted, (ctx, steps, attempted)
         for s in steps:
             try:
-                _same(state(s), repo.load(s))
+                assert_same(state(s), repo.load(s))
             except AssertionError as e:
                 raise AssertionError(f"{ctx}: step {s} loads back different") from e

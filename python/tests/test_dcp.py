@@ -10,6 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
+from same import assert_same  # noqa: E402
+
 
 def _model():
     torch.manual_seed(0)
@@ -26,23 +28,6 @@ def _train(model, opt, steps):
 
 def _state(model, opt):
     return {"model": model.state_dict(), "optim": opt.state_dict()}
-
-
-def _same(a, b, path=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
 
 
 def test_dcp_run_commits_as_tensors_and_checks_out_for_dcp_load(cli, tmp_path):
@@ -78,7 +63,7 @@ def test_dcp_run_commits_as_tensors_and_checks_out_for_dcp_load(cli, tmp_path):
         target = _state(fresh_model, fresh_opt)
         dcp.load(target, checkpoint_id=str(out))
         got = json.loads(json.dumps(target, default=lambda t: t.tolist()))
-        _same(saved[step], got)
+        assert_same(saved[step], got)
 
 
 def test_two_rank_sharded_dcp_run_commits_per_shard_deltas_and_loads_back_resharded(cli, tmp_path):
@@ -126,4 +111,4 @@ def test_two_rank_sharded_dcp_run_commits_per_shard_deltas_and_loads_back_reshar
             "optim": {n: {k: torch.zeros_like(v) for k, v in s.items()} for n, s in full["optim"].items()},
         }
         dcp.load(target, checkpoint_id=str(out), no_dist=True)
-        _same(full, target)
+        assert_same(full, target)

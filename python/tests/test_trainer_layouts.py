@@ -24,6 +24,8 @@ import pytest
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 
+from same import assert_same  # noqa: E402
+
 VOCAB, DIM, LAYERS = 512, 64, 2
 
 
@@ -174,25 +176,6 @@ def _megatron(model, opt, run, step):
     return d
 
 
-def _same(a, b, path=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), path
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert torch.equal(a, b), path
-    elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and np.array_equal(a, b), path
-    elif isinstance(a, dict):
-        assert list(a) == list(b), path
-        for k in a:
-            _same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
 def _files(d):
     return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs)
 
@@ -222,7 +205,7 @@ def _check_out(cli, repo, dirs, tmp_path):
         assert _files(out) == _files(d)
         for rel in _files(d):
             assert filecmp.cmp(d / rel, out / rel, shallow=False), rel
-            _same(torch.load(d / rel, weights_only=False), torch.load(out / rel, weights_only=False), rel)
+            assert_same(torch.load(d / rel, weights_only=False), torch.load(out / rel, weights_only=False), rel)
 
 
 def _tensors(shown, path):
