@@ -855,6 +855,8 @@ class Checkpoint:
                 # Another tool's state.json beside a safetensors file: the
                 # commit is read as plain files.
                 self._doc = None
+            except _state.BadState as e:
+                raise self._corrupt(_state.STATE_FILE, str(e)) from None
         if self._doc is not None:
             for name, dt, shape, nbytes in self._files[_state.TENSORS_FILE][2]:
                 self._st[name] = (dt, shape, nbytes)
@@ -905,10 +907,23 @@ class Checkpoint:
                 return finish()
         raise KeyError(name)
 
+    def _corrupt(self, file: str, reason: str, tensor: Optional[str] = None) -> CorruptError:
+        """A ``CorruptError`` about ``file`` of this commit (and
+        ``tensor``), with the attributes the native ones carry."""
+        e = CorruptError(f"{file} of commit {self.id[:12]}: {reason}")
+        e.what = f"{file} of commit {self.id}"
+        e.reason = reason
+        e.reason_kind = "bad_encoding"
+        e.commit, e.file, e.tensor = self.id, file, tensor
+        return e
+
     def _read_state_tensor(self, key: str, node: Dict[str, Any]) -> Any:
         if key not in self._st:
-            raise CorruptError(f"{_state.TENSORS_FILE} of commit {self.id[:12]} has no tensor {key!r}")
+            raise self._corrupt(_state.TENSORS_FILE, f"no tensor {key!r}", key)
         st_dtype, _, nbytes = self._st[key]
+        why = _state.tensor_mismatch(node, nbytes)
+        if why is not None:
+            raise self._corrupt(_state.STATE_FILE, f"tensor {key!r}: {why}", key)
         raw, finish = _state.alloc(nbytes, node["kind"], node["dtype"], node["shape"], st_dtype)
         self._r.read_tensor_into(self.id, _state.TENSORS_FILE, key, raw)
         return finish()
@@ -919,7 +934,10 @@ class Checkpoint:
 
     def _load_all(self) -> Any:
         if self._doc is not None:
-            return _state.build(self._doc.root, self._read_state_tensor, {})
+            try:
+                return _state.build(self._doc.root, self._read_state_tensor, {})
+            except _state.BadState as e:
+                raise self._corrupt(_state.STATE_FILE, str(e)) from None
         out: Dict[str, Any] = {}
         for p, (_, _, ts) in self._files.items():
             if ts:

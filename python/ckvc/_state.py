@@ -222,6 +222,11 @@ class Flattener:
         return leaf
 
     def node(self, x, path: List[str]) -> Dict[str, Any]:
+        if len(path) >= MAX_DEPTH:
+            raise ValueError(
+                f"{'.'.join(path[:8])}...: the state nests deeper than {MAX_DEPTH} levels "
+                "(does it contain itself?)"
+            )
         if x is None:
             return {"type": "none"}
         if isinstance(x, np.generic):  # before float: np.float64 subclasses it
@@ -710,41 +715,176 @@ class NotAState(ValueError):
     """``state.json`` is not one this package wrote (another tool's file)."""
 
 
+class BadState(ValueError):
+    """``state.json`` says it is this package's but is not well formed
+    (the message says where): the commit's files were written by hand or
+    by another program. The caller raises it as ``CorruptError``."""
+
+
+#: How deep a state may nest (dicts, lists and tuples; a tensor or number
+#: is one level more). ``save`` refuses deeper states (a structure that
+#: contains itself among them) and ``load`` deeper ``state.json`` trees,
+#: so that neither recurses past Python's stack.
+MAX_DEPTH = 200
+
+_FLOAT_WORDS = ("nan", "inf", "-inf")
+_TENSOR_KINDS = ("torch", "numpy", "numpy_scalar")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 class StateDoc:
-    """A parsed ``state.json``: the tree and its tensor nodes by key."""
+    """A parsed ``state.json``: the tree and its tensor nodes by key.
+
+    The whole tree is checked here, once, without recursion: every node
+    has a known type and the fields that type needs, of the right JSON
+    types, tensors a dtype this build can make and a shape of
+    non-negative ints, nesting at most ``MAX_DEPTH`` deep. What ``build``
+    then does cannot fail on the tree's form (a tensor's bytes are checked
+    against its shape when it is read)."""
 
     def __init__(self, raw: bytes):
         try:
             doc = json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
+            # Not JSON: ours only if it names our format (damaged or
+            # crafted), else another tool's file.
+            if FORMAT.encode("ascii") in raw:
+                raise BadState(f"not JSON ({type(e).__name__}: {e})") from None
             raise NotAState(f"state.json is not JSON: {e}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise NotAState("state.json is not a ckvc Python state")
         v = doc.get("version")
-        if not isinstance(v, int) or v > VERSION:
-            raise ValueError(f"state.json version {v!r} is newer than this ckvc reads ({VERSION})")
-        self.root = doc.get("root")
-        self.tensors_file = doc.get("tensors_file", TENSORS_FILE)
+        if not _is_int(v) or v < 1:
+            raise BadState(f"version {v!r} is not a version number")
+        if v > VERSION:
+            raise BadState(f"version {v} is newer than this ckvc reads ({VERSION})")
+        tf = doc.get("tensors_file", TENSORS_FILE)
+        if not isinstance(tf, str):
+            raise BadState("tensors_file is not a string")
+        if "root" not in doc:
+            raise BadState("no root node")
+        self.root = doc["root"]
+        self.tensors_file = tf
         self.tensors: Dict[str, Dict[str, Any]] = {}
-        self._collect(self.root)
+        self._check(self.root)
 
-    def _collect(self, n) -> None:
-        if not isinstance(n, dict):
-            raise ValueError("state.json: a node is not an object")
-        t = n.get("type")
-        if t == "tensor":
-            self.tensors.setdefault(n["key"], n)
-        elif t in ("list", "tuple"):
-            for c in n["items"]:
-                self._collect(c)
-        elif t == "dict":
-            for _, c in n["items"]:
-                self._collect(c)
+    def _check(self, root: Any) -> None:
+        stack: List[Tuple[Any, int, str]] = [(root, 1, "root")]
+        while stack:
+            n, depth, where = stack.pop()
+            if depth > MAX_DEPTH:
+                raise BadState(f"{where}: nested deeper than {MAX_DEPTH} levels")
+            if not isinstance(n, dict):
+                raise BadState(f"{where}: a node is not an object")
+            t = n.get("type")
+            v = n.get("value")
+
+            def need(ok: bool, what: str) -> None:
+                if not ok:
+                    raise BadState(f"{where}: the {t} node {what}")
+
+            if t == "none":
+                pass
+            elif t == "bool":
+                need(isinstance(v, bool), "has no bool value")
+            elif t == "int":
+                need(_is_int(v), "has no int value")
+            elif t in ("str", "bytes"):
+                need(isinstance(v, str), "has no string value")
+            elif t == "float":
+                need(
+                    (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in _FLOAT_WORDS,
+                    "has no number value",
+                )
+            elif t == "torch_dtype":
+                need(isinstance(v, str) and (not _TORCH or _is_torch_dtype(v)), f"names no torch dtype ({v!r})")
+            elif t == "tensor":
+                self._check_tensor(n, where)
+            elif t in ("list", "tuple"):
+                items = n.get("items")
+                need(isinstance(items, list), "has no items list")
+                for i, c in enumerate(items):
+                    stack.append((c, depth + 1, f"{where}.{i}"))
+            elif t == "dict":
+                items = n.get("items")
+                need(isinstance(items, list), "has no items list")
+                need(isinstance(n.get("ordered", False), bool), "has a non-bool ordered flag")
+                for i, kv in enumerate(items):
+                    need(isinstance(kv, list) and len(kv) == 2, f"has an item {i} that is not a [key, value] pair")
+                    k = kv[0]
+                    # keys are str or int nodes (hashable, one level)
+                    need(isinstance(k, dict) and k.get("type") in ("str", "int"), f"has a key {i} that is not a str or int node")
+                    stack.append((k, depth + 1, f"{where}.key{i}"))
+                    stack.append((kv[1], depth + 1, f"{where}.{i}"))
+            else:
+                raise BadState(f"{where}: unknown node type {t!r}")
+
+    def _check_tensor(self, n: Dict[str, Any], where: str) -> None:
+        key, kind, dtype, shape = n.get("key"), n.get("kind"), n.get("dtype"), n.get("shape")
+        if not isinstance(key, str):
+            raise BadState(f"{where}: a tensor node has no key")
+        if kind not in _TENSOR_KINDS:
+            raise BadState(f"{where}: tensor {key!r} has an unknown kind {kind!r}")
+        if not isinstance(dtype, str) or _itemsize(kind, dtype) is None:
+            raise BadState(f"{where}: tensor {key!r} has a dtype this build cannot make ({dtype!r})")
+        if not isinstance(shape, list) or len(shape) > 64 or not all(_is_int(d) and d >= 0 for d in shape):
+            raise BadState(f"{where}: tensor {key!r} has no shape of at most 64 non-negative ints")
+        if kind == "numpy_scalar" and shape:
+            raise BadState(f"{where}: numpy scalar {key!r} has a shape")
+        self.tensors.setdefault(key, n)
+
+
+def _is_torch_dtype(name: str) -> bool:
+    try:
+        torch_dtype(name)
+        return True
+    except TypeError:
+        return False
+
+
+def _itemsize(kind: str, dtype: str) -> Optional[int]:
+    """Bytes per element of a ``state.json`` tensor of ``kind`` and
+    ``dtype``; 0 where this build reads it as raw bytes whatever its width
+    (a torch dtype safetensors lacks, without torch installed); None where
+    it cannot make that dtype."""
+    if kind == "torch":
+        if _TORCH:
+            try:
+                return torch.empty(0, dtype=torch_dtype(dtype)).element_size()
+            except TypeError:
+                return None
+        st = _TORCH_NAMES.get(dtype)
+        return np.dtype(_ST_TO_NUMPY[st]).itemsize if st is not None else 0
+    try:
+        d = np.dtype(dtype)
+    except (TypeError, ValueError):
+        return None
+    if d.hasobject or d.fields is not None or d.subdtype is not None or d.itemsize == 0:
+        return None
+    return d.itemsize
+
+
+def tensor_mismatch(node: Dict[str, Any], nbytes: int) -> Optional[str]:
+    """Why the ``nbytes`` stored for a checked tensor node cannot hold the
+    tensor it describes, or None when they agree."""
+    size = _itemsize(node["kind"], node["dtype"]) or 0
+    if size == 0:
+        return None
+    count = 1
+    for d in node["shape"]:
+        count *= d
+    if count * size != nbytes:
+        return f"shape {node['shape']} of {node['dtype']} needs {count * size} bytes, the file holds {nbytes}"
+    return None
 
 
 def build(node, get_tensor: Callable[[str, Dict[str, Any]], Any], cache: Dict[str, Any]):
-    """The value of a ``state.json`` node; tensors from ``get_tensor``,
-    each key once (so tied tensors come back as one object)."""
+    """The value of a node of a checked ``state.json`` (``StateDoc``);
+    tensors from ``get_tensor``, each key once (so tied tensors come back
+    as one object)."""
     t = node["type"]
     if t == "none":
         return None
@@ -753,7 +893,10 @@ def build(node, get_tensor: Callable[[str, Dict[str, Any]], Any], cache: Dict[st
     if t == "float":
         return _float_value(node["value"])
     if t == "bytes":
-        return base64.b64decode(node["value"])
+        try:
+            return base64.b64decode(node["value"], validate=True)
+        except ValueError as e:  # binascii.Error
+            raise BadState(f"a bytes node is not base64: {e}") from None
     if t == "torch_dtype":
         return torch_dtype(node["value"]) if _TORCH else node["value"]
     if t == "tensor":
@@ -770,7 +913,7 @@ def build(node, get_tensor: Callable[[str, Dict[str, Any]], Any], cache: Dict[st
         for k, v in node["items"]:
             d[build(k, get_tensor, cache)] = build(v, get_tensor, cache)
         return d
-    raise ValueError(f"state.json: unknown node type {t!r}")
+    raise BadState(f"unknown node type {t!r}")
 
 
 _ST_TO_NUMPY = {
