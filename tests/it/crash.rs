@@ -16,6 +16,9 @@ use super::{run_ckvc, same_tree, steps};
 
 const KILLS_PER_OP: usize = 17;
 
+/// How many of the last rounds a failure at the deadline prints.
+const TRAIL: usize = 12;
+
 /// A small checkpoint per step (the bf16 model, optimizer, trainer state),
 /// so a kill lands anywhere in a commit within a bounded test time.
 fn small_steps(root: &Path) -> Vec<(u64, PathBuf)> {
@@ -158,7 +161,9 @@ fn sigkill_during_commit_and_gc_never_loses_a_committed_step() {
     let mut t = [t_commit, t_compact, t_keep].map(|t| t.max(floor));
     let mut kills = [0usize; 3];
     let mut round = 0usize;
-    let mut trail: Vec<String> = Vec::new();
+    // The last rounds, for the deadline's message.
+    let mut trail: std::collections::VecDeque<String> =
+        std::collections::VecDeque::with_capacity(TRAIL + 1);
     let deadline = Instant::now() + Duration::from_secs(1200);
     while kills.iter().any(|&k| k < KILLS_PER_OP) {
         assert!(
@@ -166,7 +171,7 @@ fn sigkill_during_commit_and_gc_never_loses_a_committed_step() {
             "{}",
             ctx(&format!(
                 "took too long: {round} rounds, kills {kills:?}, windows {t:?}; last rounds:\n{}",
-                trail[trail.len().saturating_sub(12)..].join("\n")
+                Vec::from(trail.clone()).join("\n")
             ))
         );
         let op = round % 3;
@@ -202,7 +207,10 @@ fn sigkill_during_commit_and_gc_never_loses_a_committed_step() {
             &expected_dirs(&dirs),
             &ctx(&format!("after {args:?}")),
         );
-        trail.push(format!(
+        if trail.len() == TRAIL {
+            trail.pop_front();
+        }
+        trail.push_back(format!(
             "{} delay {delay:?} ran {ran:?} killed {killed}; check of {} commits {:?}",
             args[..2].join(" "),
             on_main.len(),
