@@ -92,6 +92,16 @@ STEP_PAUSE_LIMIT = 10.0
 STEP_PAUSE_SHARE = 0.5
 
 
+def _check_step(step: Any) -> None:
+    """A step is an int from 0 to 2**64 - 1 (the library's u64):
+    TypeError for another type or a negative one (as before), ValueError
+    past the top (the binding's OverflowError before)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise TypeError("step must be a non-negative int")
+    if step >= 1 << 64:
+        raise ValueError(f"step {step} is past the largest step, 2**64 - 1")
+
+
 def _in_thread(fn: Callable[[], Any], name: str) -> Any:
     """``fn()`` on a thread of its own, joined: its result, or its
     exception raised here. For a call that lowers the priority of its
@@ -575,8 +585,7 @@ class Repository:
         - ``"sync"``: every tensor is copied in the call; the tensors may be
           changed in any way as soon as ``save`` returns.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise TypeError("step must be a non-negative int")
+        _check_step(step)
         if staging not in ("background", "sync"):
             raise ValueError(f'staging must be "background" or "sync", not {staging!r}')
         mets = []
@@ -805,6 +814,8 @@ class Repository:
         """Commit a checkpoint directory, as ``ckvc commit DIR`` does (the
         step from ``step``, else ``trainer_state.json``, else the directory
         name; metrics from ``trainer_state.json``)."""
+        if step is not None:
+            _check_step(step)
         d = _ckvc.commit_dir(self.path, os.fspath(path), step, message, self.branch)
         return self._commit(d["id"])
 

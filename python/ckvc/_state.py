@@ -134,6 +134,12 @@ class Flattener:
 
     def key_for(self, path: List[str]) -> str:
         key = ".".join(path) if path else "tensor"
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (from a file name decoded with
+            # surrogateescape): the safetensors header is UTF-8 JSON.
+            raise ValueError(f"{key!r}: a tensor's path must be valid Unicode (it names the tensor)") from None
         # safetensors' own header entry: never a tensor name.
         if key not in self.used and key != "__metadata__":
             self.used.add(key)

@@ -117,3 +117,4 @@ def test_a_state_nested_max_depth_deep_round_trips(repo):
     for i in reversed(range(_state.MAX_DEPTH - 2)):
         back = back[0] if i % 2 else back["k"]
     np.testing.assert_array_equal(back["leaf"], np.arange(3, dtype=np.int16))
+

@@ -267,3 +267,27 @@ def test_init_without_row_frames_stores_alike_rows_as_plain_frames(tmp_path):
         back = r.load(1)
         assert back["exp_avg"].tobytes() == state["exp_avg"].tobytes()
     assert stored[True] < stored[False] * 0.9, stored
+
+
+def test_a_tensor_path_that_is_not_unicode_is_refused_at_save(repo):
+    # Was: InvalidInputError "tensors.safetensors: corrupt at byte 8", as if
+    # the repository's file were damaged. A str value is data, and stays.
+    with pytest.raises(ValueError, match="valid Unicode"):
+        repo.save({"\ud800": np.ones(3, np.float32)}, step=1)
+    repo.save({"name": "\ud800", "w": np.ones(3, np.float32)}, step=1)
+    assert repo.load(1)["name"] == "\ud800"
+
+
+def test_a_step_past_u64_is_a_value_error_not_an_overflow(repo, tmp_path):
+    # Was: OverflowError from the binding's conversion.
+    with pytest.raises(ValueError, match="largest step"):
+        repo.save({"a": 1}, step=1 << 64)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "f.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="largest step"):
+        repo.commit_dir(d, step=1 << 64)
+    with pytest.raises(TypeError):
+        repo.commit_dir(d, step=-1)
+    repo.save({"a": 1}, step=(1 << 64) - 1)
+    assert repo.steps() == [(1 << 64) - 1]
