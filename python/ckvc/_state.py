@@ -801,10 +801,7 @@ class StateDoc:
             elif t in ("str", "bytes"):
                 need(isinstance(v, str), "has no string value")
             elif t == "float":
-                need(
-                    (isinstance(v, (int, float)) and not isinstance(v, bool)) or v in _FLOAT_WORDS,
-                    "has no number value",
-                )
+                need(_is_float_value(v), "has no number value a float holds")
             elif t == "torch_dtype":
                 need(isinstance(v, str) and (not _TORCH or _is_torch_dtype(v)), f"names no torch dtype ({v!r})")
             elif t == "tensor":
@@ -841,6 +838,20 @@ class StateDoc:
         if kind == "numpy_scalar" and shape:
             raise BadState(f"{where}: numpy scalar {key!r} has a shape")
         self.tensors.setdefault(key, n)
+
+
+def _is_float_value(v: Any) -> bool:
+    """True for what a float node's value may be: a JSON number a float
+    holds (an integer 10**400 does not), or one of the three words."""
+    if isinstance(v, str):
+        return v in _FLOAT_WORDS
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
 
 
 def _is_torch_dtype(name: str) -> bool:

@@ -61,6 +61,7 @@ CASES = {
     "an int node without a value": (lambda d: with_root(d, {"type": "int"}), "no int value"),
     "a bool that is a string": (lambda d: with_root(d, {"type": "bool", "value": "yes"}), "no bool value"),
     "a float that is a word": (lambda d: with_root(d, {"type": "float", "value": "lots"}), "no number value"),
+    "a float past a float's range": (lambda d: with_root(d, {"type": "float", "value": 10**400}), "no number value"),
     "bytes that are not base64": (lambda d: with_root(d, {"type": "bytes", "value": "!!!"}), "base64"),
     "an unknown node type": (lambda d: with_root(d, {"type": "set", "items": []}), "unknown node type"),
     "a node that is not an object": (lambda d: with_root(d, [1, 2]), "not an object"),
