@@ -888,10 +888,18 @@ class Checkpoint:
     def __exit__(self, *exc) -> None:
         self._r = None  # type: ignore[assignment]
 
+    def _reader(self) -> "_ckvc.Reader":
+        """The open reader; ``ValueError`` once the ``with`` block is
+        left (as a closed file's reads), not ``AttributeError`` on None.
+        ``keys()`` and ``files()`` stay (they read nothing)."""
+        if self._r is None:
+            raise ValueError(f"the Checkpoint of commit {self.id[:12]} is closed (used after its with block)")
+        return self._r
+
     @property
     def commit(self) -> Commit:
         """This commit's metadata."""
-        return Commit._from(self._r.commit(self.id))
+        return Commit._from(self._reader().commit(self.id))
 
     def keys(self) -> List[str]:
         """The tensor keys, in order."""
@@ -914,7 +922,7 @@ class Checkpoint:
         for tname, dt, shape, nbytes in self._files[path][2]:
             if tname == name:
                 raw, finish = _state.alloc(nbytes, "any", dt, shape, dt)
-                self._r.read_tensor_into(self.id, path, name, raw)
+                self._reader().read_tensor_into(self.id, path, name, raw)
                 return finish()
         raise KeyError(name)
 
@@ -936,12 +944,12 @@ class Checkpoint:
         if why is not None:
             raise self._corrupt(_state.STATE_FILE, f"tensor {key!r}: {why}", key)
         raw, finish = _state.alloc(nbytes, node["kind"], node["dtype"], node["shape"], st_dtype)
-        self._r.read_tensor_into(self.id, _state.TENSORS_FILE, key, raw)
+        self._reader().read_tensor_into(self.id, _state.TENSORS_FILE, key, raw)
         return finish()
 
     def read_file(self, path: str) -> bytes:
         """One whole file of the commit (verified)."""
-        return self._r.read_file(self.id, path)
+        return self._reader().read_file(self.id, path)
 
     def _load_all(self) -> Any:
         if self._doc is not None:
@@ -954,5 +962,5 @@ class Checkpoint:
             if ts:
                 out[p] = {name: self._read_plain(p, name) for name, *_ in ts}
             else:
-                out[p] = self._r.read_file(self.id, p)
+                out[p] = self._reader().read_file(self.id, p)
         return out

@@ -291,3 +291,14 @@ def test_a_step_past_u64_is_a_value_error_not_an_overflow(repo, tmp_path):
         repo.commit_dir(d, step=-1)
     repo.save({"a": 1}, step=(1 << 64) - 1)
     assert repo.steps() == [(1 << 64) - 1]
+
+
+def test_a_checkpoint_used_after_its_with_block_is_a_value_error(repo):
+    # Was: AttributeError "'NoneType' object has no attribute ...".
+    repo.save({"a": np.ones(3, np.float32)}, step=1)
+    with repo.open(1) as ck:
+        assert ck.get_tensor("a").shape == (3,)
+    assert ck.keys() == ["a"]
+    for read in (lambda: ck.get_tensor("a"), lambda: ck.commit, lambda: ck.read_file("state.json")):
+        with pytest.raises(ValueError, match="closed"):
+            read()
