@@ -488,7 +488,8 @@ class Repository:
         ``Repository``.
         """
         p = os.fspath(path)
-        os.makedirs(p, exist_ok=True)
+        # The library makes the directories (a file in the way is an
+        # InvalidInputError, not Python's FileExistsError).
         _ckvc.init(p, row_frames)
         return cls(p, keep_bases=keep_bases)
 

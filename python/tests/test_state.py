@@ -302,3 +302,17 @@ def test_a_checkpoint_used_after_its_with_block_is_a_value_error(repo):
     for read in (lambda: ck.get_tensor("a"), lambda: ck.commit, lambda: ck.read_file("state.json")):
         with pytest.raises(ValueError, match="closed"):
             read()
+
+
+def test_init_on_a_file_and_commit_dir_of_a_missing_directory_are_invalid_input(tmp_path):
+    # Was: FileExistsError (Python's, from os.makedirs) and a plain CkvcError.
+    f = tmp_path / "a-file"
+    f.write_bytes(b"x")
+    for p in (f, f / "sub"):
+        with pytest.raises(ckvc.InvalidInputError) as e:
+            ckvc.Repository.init(p)
+        assert e.value.path == str(p)
+    repo = ckvc.Repository.init(tmp_path / "new" / "repo")
+    with pytest.raises(ckvc.InvalidInputError, match="no such directory"):
+        repo.commit_dir(tmp_path / "nope", step=1)
+    assert repo.steps() == []

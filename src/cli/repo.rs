@@ -367,9 +367,9 @@ pub fn run(cmd: RepoCommand, w: &Where) -> Result<(), Failure> {
             no_row_frames,
             json,
         } => {
+            // Repository::init makes the directories (a file in the way is
+            // bad input).
             let dir = dir.unwrap_or_else(|| w.start());
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Failure::user(format!("{}: {e}", dir.display())))?;
             let mut config = Config::default();
             if let Some(m) = max_chain {
                 config.max_chain = m;

@@ -1494,9 +1494,18 @@ fn file_mode(meta: &std::fs::Metadata) -> u32 {
 /// Every regular file under `dir`, as (relative `/` path, full path), sorted.
 /// Symlinks and special files are errors: a checkpoint holds plain files.
 fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
-    let meta = std::fs::metadata(dir).map_err(|source| RepoError::Io {
-        path: dir.to_path_buf(),
-        source,
+    let meta = std::fs::metadata(dir).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            RepoError::BadInput {
+                path: dir.to_path_buf(),
+                reason: "no such directory".into(),
+            }
+        } else {
+            RepoError::Io {
+                path: dir.to_path_buf(),
+                source,
+            }
+        }
     })?;
     if !meta.is_dir() {
         return Err(RepoError::BadInput {

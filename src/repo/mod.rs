@@ -486,9 +486,24 @@ impl Repository {
         if dot.exists() {
             return Err(RepoError::AlreadyExists { path: dot });
         }
-        std::fs::create_dir_all(&dot).map_err(|source| RepoError::Io {
-            path: dot.clone(),
-            source,
+        // A file where the directory (or one above it) should be is the
+        // caller's input, not an I/O failure.
+        let not_a_dir = |reason: &str| RepoError::BadInput {
+            path: dir.to_path_buf(),
+            reason: reason.into(),
+        };
+        if dir.exists() && !dir.is_dir() {
+            return Err(not_a_dir("not a directory"));
+        }
+        std::fs::create_dir_all(&dot).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotADirectory {
+                not_a_dir("a part of the path is a file, not a directory")
+            } else {
+                RepoError::Io {
+                    path: dot.clone(),
+                    source,
+                }
+            }
         })?;
         let store = RocksStore::open(dot.join("db"), Mode::ReadWrite)?;
         Self::init_store(dir.to_path_buf(), Arc::new(store), config)

@@ -713,3 +713,31 @@ fn a_checkout_onto_a_full_disk_is_a_clear_error_and_leaves_no_file() {
     assert_eq!(code, Some(0), "{o}{err}");
     same_tree(&ckpt, &out);
 }
+
+/// A file where `init` or `commit` wants a directory is the caller's bad
+/// input (`RepoError::BadInput`: `InvalidInputError` in Python), not an
+/// I/O failure; was `Io` ("File exists (os error 17)", "Not a directory
+/// (os error 20)", "No such file or directory (os error 2)").
+#[test]
+fn init_on_a_file_and_commit_of_a_missing_directory_are_bad_input() {
+    use ckvc::repo::{Config, RepoError};
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for dir in [file.clone(), file.join("sub")] {
+        match Repository::init(&dir, Config::default()) {
+            Err(RepoError::BadInput { path, .. }) => assert_eq!(path, dir),
+            other => panic!("init {}: {other:?}", dir.display()),
+        }
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    let repo = Repository::init(&tmp.path().join("repo"), Config::default()).unwrap();
+    let missing = tmp.path().join("no-such-checkpoint");
+    match repo.commit(&missing, &CommitOptions::default()) {
+        Err(RepoError::BadInput { path, reason }) => {
+            assert_eq!(path, missing);
+            assert_eq!(reason, "no such directory");
+        }
+        other => panic!("commit of a missing directory: {other:?}"),
+    }
+}
