@@ -486,18 +486,14 @@ impl Repository {
         if dot.exists() {
             return Err(RepoError::AlreadyExists { path: dot });
         }
-        // A file where the directory (or one above it) should be is the
-        // caller's input, not an I/O failure.
-        let not_a_dir = |reason: &str| RepoError::BadInput {
-            path: dir.to_path_buf(),
-            reason: reason.into(),
-        };
-        if dir.exists() && !dir.is_dir() {
-            return Err(not_a_dir("not a directory"));
-        }
         std::fs::create_dir_all(&dot).map_err(|source| {
+            // A file where `dir` (or a directory above it) should be is the
+            // caller's input, not an I/O failure.
             if source.kind() == std::io::ErrorKind::NotADirectory {
-                not_a_dir("a part of the path is a file, not a directory")
+                RepoError::BadInput {
+                    path: dir.to_path_buf(),
+                    reason: "not a directory (a file is in the way)".into(),
+                }
             } else {
                 RepoError::Io {
                     path: dot.clone(),
