@@ -1495,17 +1495,13 @@ fn file_mode(meta: &std::fs::Metadata) -> u32 {
 /// Symlinks and special files are errors: a checkpoint holds plain files.
 fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
     let meta = std::fs::metadata(dir).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::NotFound {
-            RepoError::BadInput {
-                path: dir.to_path_buf(),
-                reason: "no such directory".into(),
-            }
-        } else {
-            RepoError::Io {
-                path: dir.to_path_buf(),
-                source,
-            }
-        }
+        RepoError::io_or_bad_input(
+            source,
+            dir,
+            std::io::ErrorKind::NotFound,
+            dir,
+            "no such directory",
+        )
     })?;
     if !meta.is_dir() {
         return Err(RepoError::BadInput {

@@ -240,6 +240,29 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 impl RepoError {
+    /// An I/O error at `at`, unless it is of `kind`: then the caller's bad
+    /// input `input` (`reason`), as a file where a directory must be, or a
+    /// directory that is not there.
+    pub(crate) fn io_or_bad_input(
+        source: std::io::Error,
+        at: &Path,
+        kind: std::io::ErrorKind,
+        input: &Path,
+        reason: &str,
+    ) -> RepoError {
+        if source.kind() == kind {
+            RepoError::BadInput {
+                path: input.to_path_buf(),
+                reason: reason.into(),
+            }
+        } else {
+            RepoError::Io {
+                path: at.to_path_buf(),
+                source,
+            }
+        }
+    }
+
     /// The site of damage (`None` for errors that are not damage to one
     /// site: other errors, and received data, whose site is inside).
     pub fn site(&self) -> Option<&Site> {
@@ -486,20 +509,11 @@ impl Repository {
         if dot.exists() {
             return Err(RepoError::AlreadyExists { path: dot });
         }
+        // A file where `dir` (or a directory above it) should be is the
+        // caller's input, not an I/O failure.
         std::fs::create_dir_all(&dot).map_err(|source| {
-            // A file where `dir` (or a directory above it) should be is the
-            // caller's input, not an I/O failure.
-            if source.kind() == std::io::ErrorKind::NotADirectory {
-                RepoError::BadInput {
-                    path: dir.to_path_buf(),
-                    reason: "not a directory (a file is in the way)".into(),
-                }
-            } else {
-                RepoError::Io {
-                    path: dot.clone(),
-                    source,
-                }
-            }
+            let reason = "not a directory (a file is in the way)";
+            RepoError::io_or_bad_input(source, &dot, std::io::ErrorKind::NotADirectory, dir, reason)
         })?;
         let store = RocksStore::open(dot.join("db"), Mode::ReadWrite)?;
         Self::init_store(dir.to_path_buf(), Arc::new(store), config)
