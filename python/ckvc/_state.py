@@ -837,7 +837,14 @@ class StateDoc:
             raise BadState(f"{where}: tensor {key!r} has no shape of at most 64 non-negative ints")
         if kind == "numpy_scalar" and shape:
             raise BadState(f"{where}: numpy scalar {key!r} has a shape")
-        self.tensors.setdefault(key, n)
+        first = self.tensors.setdefault(key, n)
+        # Nodes of one key are one tensor (tied weights, saved once): every
+        # node gets the object the first one builds, so they must agree.
+        if first is not n and (first["kind"], first["dtype"], first["shape"]) != (kind, dtype, shape):
+            raise BadState(
+                f"{where}: tensor {key!r} is {kind} {dtype} {shape} here but "
+                f"{first['kind']} {first['dtype']} {first['shape']} at another node of that key"
+            )
 
 
 def _is_float_value(v: Any) -> bool:

@@ -73,6 +73,10 @@ CASES = {
     "a negative dimension": (lambda d: with_root(d, tensor_node(shape=[-4])), "shape"),
     "a shape the bytes cannot hold": (lambda d: with_root(d, tensor_node(shape=[1 << 40])), "bytes"),
     "a tensor the file does not hold": (lambda d: with_root(d, tensor_node(key="zz")), "no tensor"),
+    "nodes of one tensor that disagree": (
+        lambda d: with_root(d, {"type": "list", "items": [tensor_node(), tensor_node(dtype="<i4", shape=[2, 2])]}),
+        "at another node of that key",
+    ),
     "damaged JSON that names the format": (lambda d: json.dumps(d)[:-7], "not JSON"),
 }
 
@@ -88,6 +92,15 @@ def test_a_malformed_state_json_loads_as_a_corrupt_error_with_its_place(repo, tm
     assert e.value.commit == commit and e.value.file in (_state.STATE_FILE, _state.TENSORS_FILE)
     assert e.value.reason and e.value.reason_kind == "bad_encoding"
     assert commit[:12] in str(e.value)
+
+
+def test_nodes_of_one_tensor_that_agree_load_as_one_object(repo, tmp_path, good):
+    """Tied weights: two nodes of one key come back as one object."""
+    root = {"type": "list", "items": [tensor_node(), tensor_node()]}
+    commit_state(repo, tmp_path, good, with_root(good[1], root), step=2)
+    a, b = repo.load(2)
+    assert a is b
+    np.testing.assert_array_equal(np.asarray(a), np.arange(4, dtype=np.float32))
 
 
 def test_a_state_json_that_names_no_format_still_reads_as_plain_files(repo, tmp_path, good):
