@@ -6,12 +6,21 @@ trained on the CPU for a few steps between saves.
     python3 scripts/gen_large_run.py /work/large-run            # 4 checkpoints, ~1.5 GB each
     python3 scripts/gen_large_run.py /tmp/run --checkpoints 2 --steps-between 1 --layers 2
     python3 scripts/gen_large_run.py /tmp/bf16-run --dtype bf16 --vocab 8192 --d 256 --layers 4 --heads 4
+    python3 scripts/gen_large_run.py /tmp/lora-run --lora 16 --checkpoints 8   # a LoRA fine-tune
 
 Each `checkpoint-N/` holds what transformers' Trainer writes:
 model.safetensors (the weights, tied embeddings stored once), config.json,
 optimizer.pt (AdamW state_dict: exp_avg, exp_avg_sq per parameter, via
 torch.save), scheduler.pt, rng_state.pth, training_args.bin and
 trainer_state.json (global_step, log_history with loss and learning rate).
+
+With `--lora R` the run is a LoRA fine-tune as PEFT and the Trainer
+save it: the model's weights are frozen, every attention and MLP
+projection (transformers' GPT-2; the plain-torch clone: the MLP's) gets a
+rank-R adapter (`lora_A` Kaiming-uniform, `lora_B` zero at the start,
+scaled by 2), and each checkpoint holds adapter_model.safetensors (the
+adapters only, PEFT's key names) and adapter_config.json instead of
+model.safetensors, and an optimizer.pt of the adapters' AdamW state.
 
 The model is built from a config (no model hub): transformers'
 GPT2LMHeadModel when transformers is installed, else a plain-torch clone
@@ -115,12 +124,51 @@ def model_tensors(model, dtype=None):
     return out
 
 
-def save(out, step, model, cfg, opt, sched, state, args):
+def add_lora(model, rank):
+    """Rank-`rank` adapters on the projections of every block of `model`
+    (transformers' attention c_attn / c_proj and MLP c_fc / c_proj; the
+    plain-torch clone's MLP layers, its attention calls its projections
+    without their forward), applied by forward hooks, with `model`'s own
+    weights frozen. Returns {PEFT key name: adapter parameter} in module
+    order."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adapters = {}
+    for name, mod in list(model.named_modules()):
+        conv1d = type(mod).__name__ == "Conv1D"  # transformers' GPT-2: weight is (in, out)
+        if ".h." not in f".{name}." or not (conv1d or (isinstance(mod, nn.Linear) and ".mlp." in name)):
+            continue
+        w = mod.weight
+        d_in, d_out = (w.shape[0], w.shape[1]) if conv1d else (w.shape[1], w.shape[0])
+        a = nn.Parameter(torch.empty(rank, d_in))
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        b = nn.Parameter(torch.zeros(d_out, rank))
+        mod.register_parameter("lora_A", a)
+        mod.register_parameter("lora_B", b)
+
+        def hook(m, inp, out):
+            return out + (inp[0] @ m.lora_A.T @ m.lora_B.T) * 2.0
+
+        mod.register_forward_hook(hook)
+        prefix = f"base_model.model.{name}"
+        adapters[f"{prefix}.lora_A.weight"] = a
+        adapters[f"{prefix}.lora_B.weight"] = b
+    return adapters
+
+
+def save(out, step, model, cfg, opt, sched, state, args, adapters=None):
     d = os.path.join(out, f"checkpoint-{step}")
     tmp = d + ".partial"
     os.makedirs(tmp, exist_ok=True)
     saved = torch.float16 if args.dtype == "fp16" else None
-    save_file(model_tensors(model, saved), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    if adapters is not None:
+        tensors = {k: t.detach().contiguous() for k, t in adapters.items()}
+        save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
+        targets = sorted({k.split(".")[-3] for k in adapters})
+        with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
+            json.dump({"peft_type": "LORA", "r": args.lora, "lora_alpha": 2 * args.lora, "target_modules": targets}, f)
+    else:
+        save_file(model_tensors(model, saved), os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True, default=str)
     torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
@@ -161,6 +209,7 @@ def main():
         help="fp32: fp32 training; bf16: the model cast to bfloat16 and trained so "
         "(weights and AdamW moments bf16); fp16: fp32 training, the weights saved as float16",
     )
+    p.add_argument("--lora", type=int, default=0, metavar="R", help="a LoRA fine-tune of rank R (0: train every weight)")
     args = p.parse_args()
 
     if args.threads:
@@ -174,7 +223,13 @@ def main():
     n = sum(t.numel() for t in model_tensors(model).values())
     print(f"{impl} GPT-2: {n / 1e6:.1f}M parameters (trained {args.dtype})", file=sys.stderr)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    trained, adapters = list(model.parameters()), None
+    if args.lora:
+        adapters = add_lora(model, args.lora)
+        trained = list(adapters.values())
+        n = sum(t.numel() for t in trained)
+        print(f"LoRA rank {args.lora}: {n / 1e6:.2f}M trained parameters", file=sys.stderr)
+    opt = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.01)
     total = args.checkpoints * args.steps_between
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 2) * 0.5 * (1 + math.cos(math.pi * s / max(total, 1)))
@@ -191,7 +246,7 @@ def main():
             ids = torch.multinomial(weights, args.batch * args.seq, replacement=True, generator=gen)
             loss = loss_fn(ids.view(args.batch, args.seq))
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -206,7 +261,7 @@ def main():
             )
             print(f"step {step} loss {loss.item():.4f} ({time.time() - t:.1f} s)", file=sys.stderr)
         state.update(global_step=step, epoch=step / total, loss=state["log_history"][-1]["loss"])
-        d = save(args.out, step, model, cfg, opt, sched, state, args)
+        d = save(args.out, step, model, cfg, opt, sched, state, args, adapters)
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
         print(f"wrote {d} ({size / 1e9:.2f} GB)", file=sys.stderr)
 
