@@ -21,7 +21,7 @@ fn main() {
     let run = load_run(dir.as_ref(), MIN_ELEMENTS).expect("corpus loads");
     let o = Options::default();
     // [stream][mode] -> (symbols, bytes)
-    let mut stats = vec![[(0u64, 0u64); 9]; 8];
+    let mut stats = vec![[(0u64, 0u64); 10]; 8];
     let mut kinds = [0u64; 3];
     let mut whole = 0u64;
     for (t, base) in with_bases(&run, delta)
@@ -89,6 +89,7 @@ fn main() {
         "zstd",
         "sparse",
         "rans-gamma",
+        "rans-up",
     ];
     for (k, st) in stats.iter().enumerate() {
         for (m, &(syms, bytes)) in st.iter().enumerate() {

@@ -92,9 +92,11 @@ fn main() {
         )];
     }
     let bytes: usize = jobs.iter().map(|j| j.1.len()).sum();
-    // NO_SPARSE=1: no sparse blocks.
+    // NO_SPARSE=1: no sparse blocks; NO_ROW_CONTEXT=1: no row-context
+    // blocks (with ROWS=1).
     let mut o = Options {
         sparse: std::env::var_os("NO_SPARSE").is_none(),
+        row_context: std::env::var_os("NO_ROW_CONTEXT").is_none(),
         ..Options::default()
     };
     // Knob experiments: RANS_MIN_GAIN=0.05 PLAIN_RANS_MIN_GAIN=0.02 MIN_GAIN=0.01 NO_RANS=1

@@ -1,6 +1,8 @@
 //! Per-block entropy coding: each 64 KiB block of a stream is stored as the
 //! smallest of raw, constant run, Huffman, rANS, bit-packed, zstd and
-//! sparse.
+//! sparse, and context rANS: against the base's byte in a delta frame, or
+//! against the block's own symbol a row up when the frame gives a row
+//! distance.
 //!
 //! Owns: the block mode byte ([`BlockMode`]), the choice of a block's mode
 //! from size estimates (sampled for large blocks), and the dispatch of a
@@ -13,7 +15,7 @@ use std::f64::consts::LN_2;
 
 use super::context::{self, CtxModel};
 use super::stats::{self, entropy_bits, histogram, sampled_histogram, sampled_rest};
-use super::{huffman, packed, rans, sparse, DecodeError, Options};
+use super::{huffman, leb, packed, rans, sparse, DecodeError, Options};
 
 /// How one block is stored. The discriminant is the on-disk mode byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +40,11 @@ pub enum BlockMode {
     /// Plain rANS whose table is gamma-coded differences of neighbouring
     /// symbols' frequencies (from format version 9).
     RansGamma = 8,
+    /// Context rANS whose context is the block's own symbol a distance
+    /// back, a whole number of the tensor's rows (from format version
+    /// 10): the element above, for matrices whose exponents follow their
+    /// column (Adam's moments of LoRA adapters).
+    RansUp = 9,
 }
 
 impl BlockMode {
@@ -52,6 +59,7 @@ impl BlockMode {
             6 => Some(BlockMode::Zstd),
             7 => Some(BlockMode::Sparse),
             8 => Some(BlockMode::RansGamma),
+            9 => Some(BlockMode::RansUp),
             _ => None,
         }
     }
@@ -72,6 +80,7 @@ pub(super) const RANS_CTX_MIN_SYMBOLS: usize = 4096;
 pub fn encode(
     syms: &[u8],
     ctx: Option<(&CtxModel, &[u8])>,
+    up: Option<usize>,
     opts: &Options,
     out: &mut Vec<u8>,
     scratch: &mut EncodeScratch,
@@ -234,6 +243,29 @@ pub fn encode(
             plan = Some(p);
         }
     }
+    // The symbol a row up as context (mode 9, version 10), where a sample
+    // finds the symbols repeating the one above more often than chance.
+    let mut up_plan = None;
+    if let Some(d) = up
+        .filter(|&d| ctx.is_none() && opts.rans && n >= UP_MIN_SYMBOLS && d >= rans::WIDE && d < n)
+    {
+        if up_screen(syms, d, &h) {
+            let EncodeScratch {
+                up_ctx, up_classes, ..
+            } = &mut *scratch;
+            up_ctx.clear();
+            up_ctx.resize(d, 0);
+            up_ctx.extend_from_slice(&syms[..n - d]);
+            let model = CtxModel::new(up_ctx);
+            model.classes(up_ctx, up_classes);
+            let p = context::ctx_plan(syms, &model, up_classes);
+            let bytes = p.bytes + leb::len(d as u64) as f64;
+            if bytes < best.0 * (1.0 - opts.rans_min_gain as f64) {
+                best = (bytes, BlockMode::RansUp);
+                up_plan = Some((d, model, p));
+            }
+        }
+    }
     if packed_bytes <= best.0 * (1.0 + PACKED_SLACK) {
         best = (packed_bytes, BlockMode::Packed);
     }
@@ -288,6 +320,11 @@ pub fn encode(
         BlockMode::RansCtx => {
             let (model, classes) = ctx.expect("set with RansCtx");
             context::ctx_encode(syms, model, classes, &plan.expect("set with RansCtx"), out)
+        }
+        BlockMode::RansUp => {
+            let (d, model, plan) = up_plan.expect("set with RansUp");
+            leb::write(d as u64, out);
+            context::ctx_encode(syms, &model, &scratch.up_classes, &plan, out)
         }
         BlockMode::Packed => packed::encode(syms, packing.expect("set with Packed"), out),
         BlockMode::Zstd if zbytes => out.extend_from_slice(&scratch.zstd_out),
@@ -353,6 +390,35 @@ pub struct EncodeScratch {
     pub(super) zstd_out: Vec<u8>,
     /// The sparse coder's lists and its last payload.
     sparse: sparse::EncodeScratch,
+    /// A row-context block's context (the block shifted a distance on)
+    /// and the class of each symbol's.
+    up_ctx: Vec<u8>,
+    up_classes: Vec<u8>,
+}
+
+/// Row context is tried on blocks of at least this many symbols (32
+/// rANS states: a distance of 32 or more is decodable).
+const UP_MIN_SYMBOLS: usize = rans::WIDE_MIN_SYMBOLS;
+
+/// Row context is tried when a 1-in-16 sample finds a symbol equal to the
+/// one a distance back at least this many times as often as two symbols
+/// drawn from the block's histogram are equal.
+const UP_MIN_LIFT: f64 = 1.25;
+
+/// Whether symbols of `syms` repeat the one `d` back more often than
+/// chance (`h`, the block's histogram or a sample's, says how often
+/// chance is): a look at every 16th symbol.
+fn up_screen(syms: &[u8], d: usize, h: &[u32; 256]) -> bool {
+    let (mut seen, mut equal) = (0usize, 0usize);
+    let mut i = d;
+    while i < syms.len() {
+        equal += usize::from(syms[i] == syms[i - d]);
+        seen += 1;
+        i += 16;
+    }
+    let total: f64 = h.iter().map(|&c| c as f64).sum();
+    let chance: f64 = h.iter().map(|&c| (c as f64 / total).powi(2)).sum();
+    seen > 0 && equal as f64 >= UP_MIN_LIFT * chance * seen as f64
 }
 
 /// The zstd frame of `syms` at `level` in `scratch.zstd_out`; its length,
@@ -594,6 +660,14 @@ pub fn decode(
         BlockMode::Sparse if version < 7 => {
             return Err(corrupt("sparse block in a frame before format version 7"))
         }
+        BlockMode::RansUp if version < 10 => {
+            return Err(corrupt(
+                "row-context rans block in a frame before format version 10",
+            ))
+        }
+        BlockMode::RansUp => {
+            context::up_decode(payload, start as u64, out, &mut tables.rans, version)?
+        }
         BlockMode::RansGamma if version < 9 => {
             return Err(corrupt(
                 "gamma-table rans block in a frame before format version 9",
@@ -782,7 +856,7 @@ mod tests {
             let (opts, mut scratch) = (Options::default(), EncodeScratch::default());
             for s in [&s, &shaped, &sparse] {
                 let mut out = Vec::new();
-                let bytes = match encode(s, None, &opts, &mut out, &mut scratch) {
+                let bytes = match encode(s, None, None, &opts, &mut out, &mut scratch) {
                     BlockMode::Raw => s.len(),
                     _ => out.len(),
                 };

@@ -1,8 +1,9 @@
-//! Context modelling for rANS: the classes of a delta block's context (the
-//! base's byte at the same place, for an exponent-change stream the old
-//! exponent), one frequency table per class, and the context-coded block
-//! payload (`BlockMode::RansCtx`) built on the interleaved coder in
-//! [`super::rans`].
+//! Context modelling for rANS: the classes of a block's context (in a
+//! delta frame the base's byte at the same place, for an exponent-change
+//! stream the old exponent; in a row-context block the block's own symbol
+//! a row up), one frequency table per class, and the context-coded block
+//! payloads (`BlockMode::RansCtx`, and `BlockMode::RansUp` behind its
+//! distance) built on the interleaved coder in [`super::rans`].
 //!
 //! Owns: choosing the context values that get a class ([`CtxModel`]),
 //! classifying context bytes, planning and sizing a context-coded block
@@ -12,8 +13,8 @@
 //! block modes (that is `block`'s).
 
 use super::rans::{
-    decode_lanes, enc_table, encode_lanes, grow, lanes_written, read_freqs, table_bytes,
-    write_freqs, ClassMap, EncSym, ALL_SLOTS, MAX_CLASSES,
+    decode_lanes, decode_up_lanes, enc_table, encode_lanes, grow, lanes_written, read_freqs,
+    table_bytes, write_freqs, ClassMap, EncSym, ALL_SLOTS, MAX_CLASSES,
 };
 use super::simd::CtxClasses;
 use super::stats::{coded_bits, entropy_bits, histogram, normalize, sampled_histogram, SCALE_BITS};
@@ -259,10 +260,54 @@ pub fn ctx_decode(
     slots: &mut Vec<u32>,
     version: u8,
 ) -> Result<(), DecodeError> {
-    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     if ctx.len() != out.len() {
-        return Err(corrupt("context block length differs"));
+        return Err(DecodeError::Corrupt {
+            offset,
+            reason: "context block length differs",
+        });
     }
+    let (map, p) = read_classes(payload, offset, slots)?;
+    decode_lanes(payload, p, offset, slots, Some((ctx, &map)), out, version)
+}
+
+/// Decode a block coded with the symbol `d` places before as context
+/// (block mode 9): `payload` is LEB128 `d`, then a context-modelled
+/// block's (mode 4's) payload.
+pub fn up_decode(
+    payload: &[u8],
+    offset: u64,
+    out: &mut [u8],
+    slots: &mut Vec<u32>,
+    version: u8,
+) -> Result<(), DecodeError> {
+    // A distance fits in three bytes: it is below a block's 65,536 symbols.
+    let (d, p) =
+        super::leb::read(payload, 0, payload.len(), 3).map_err(|_| DecodeError::Corrupt {
+            offset,
+            reason: "row-context distance truncated or too long",
+        })?;
+    let (map, q) = read_classes(&payload[p..], offset, slots)?;
+    decode_up_lanes(
+        payload,
+        p + q,
+        offset,
+        slots,
+        d as usize,
+        &map,
+        out,
+        version,
+    )
+}
+
+/// The class header of a context-modelled payload (`nv`, the values, a
+/// flag and table per class) read into `slots` (one 4096-slot table per
+/// class); the class of each context byte, and where the states start.
+fn read_classes(
+    payload: &[u8],
+    offset: u64,
+    slots: &mut Vec<u32>,
+) -> Result<(ClassMap, usize), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     let nv = *payload
         .first()
         .ok_or(corrupt("rans context header truncated"))? as usize;
@@ -314,7 +359,7 @@ pub fn ctx_decode(
         map.lookup.classes[c] = table(c);
         map.coff[v as usize] = offset_of(table(c));
     }
-    decode_lanes(payload, p, offset, slots, Some((ctx, &map)), out, version)
+    Ok((map, p))
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! Owns: sign-bit rotation and byte grouping, the delta representations
 //! against a base chunk, the element map of zero or unchanged elements
 //! ([`ElementMap`]), and block-adaptive entropy coding (raw / constant /
-//! Huffman / rANS / bit-packed / zstd / sparse per 64 KiB block of each
-//! stream), framed as specified byte by byte in `docs/format/codec.md`;
+//! Huffman / rANS / context rANS / bit-packed / zstd / sparse per 64 KiB
+//! block of each stream, the context the base's byte or the symbol a row
+//! up), framed as specified byte by byte in `docs/format/codec.md`;
 //! and row frames (format version 8, [`RowFrames`]): a float matrix's
 //! root rows and its other rows against them, as two such frames, for a
 //! caller that says where the chunk's rows lie ([`Rows`]).
@@ -69,8 +70,9 @@ pub const MAGIC: [u8; 2] = *b"CK";
 /// uses, so a chunk encoded before a version existed, and not needing
 /// it, encodes to the same bytes: [`PLAIN_VERSION`] for codec id 1,
 /// [`GAMMA_VERSION`] when a block has a gamma-coded rANS table,
+/// [`UP_VERSION`] when a block is coded against the element a row up,
 /// [`ROWS_VERSION`] for row frames (or the newer of their inner frames').
-pub const FORMAT_VERSION: u8 = 9;
+pub const FORMAT_VERSION: u8 = 10;
 /// The version of the frames this build writes with codec id 1 and no
 /// gamma-coded rANS table.
 pub const PLAIN_VERSION: u8 = 7;
@@ -79,6 +81,9 @@ pub const ROWS_VERSION: u8 = 8;
 /// The version of a codec id 1 frame with a gamma-coded rANS table (block
 /// mode 8).
 pub const GAMMA_VERSION: u8 = 9;
+/// The version of a codec id 1 frame with a block coded against the
+/// element a row up (block mode 9).
+pub const UP_VERSION: u8 = 10;
 /// Codec id of the grouped-entropy codec.
 pub const CODEC_GROUPED: u8 = 1;
 /// Codec id of row frames (version 8): root rows and the other rows
@@ -198,6 +203,10 @@ pub struct Options {
     /// gives may be a row frame (format version 8): root rows whole, the
     /// other rows against them.
     pub rows: RowFrames,
+    /// Whether a whole float chunk whose [`Rows`] the caller gives may
+    /// code a block of a stream with the symbol a row up as context
+    /// (block mode 9, format version 10), when that is smaller.
+    pub row_context: bool,
 }
 
 impl Default for Options {
@@ -219,6 +228,7 @@ impl Default for Options {
             palette: Palette::Auto,
             sparse: true,
             rows: RowFrames::Auto { min_gain: 0.02 },
+            row_context: true,
         }
     }
 }
@@ -244,6 +254,7 @@ impl Options {
             palette: Palette::Never,
             sparse: false,
             rows: RowFrames::Never,
+            row_context: false,
         }
     }
 }
@@ -442,6 +453,10 @@ pub struct Scratch {
     /// encoding, the two inner frames and the row frame itself.
     row_parts: [Vec<u8>; 3],
     row_frames: [Vec<u8>; 3],
+    /// While [`encode_shaped_into`] encodes a whole chunk of rows as a
+    /// plain frame: the distance, in elements, of a block's row context
+    /// (block mode 9), a whole number of rows of at least 32 elements.
+    up: Option<usize>,
 }
 
 /// Encode one chunk. `base`, when given and of the same length, is the same
@@ -472,14 +487,19 @@ pub fn encode_shaped_into(
         .filter(|_| rows::float_rows(dtype) && opts.rows != RowFrames::Never)
         .and_then(|r| rows::Geometry::new(n, r))
         .filter(|g| g.count >= 2);
+    // The row context's distance: the least whole number of rows of at
+    // least 32 elements (the states a block of rANS interleaves).
+    let up = rows
+        .filter(|r| opts.row_context && r.len > 0 && rows::float_rows(dtype))
+        .map(|r| r.len * rans::WIDE.div_ceil(r.len));
     let Some(g) = geometry else {
-        return encode_into(raw, base, dtype, opts, out, scratch);
+        return encode_into_up(raw, base, dtype, up, opts, out, scratch);
     };
     // A delta frame when the base helps; else the plain frame is built
     // only when the row frame might not be the smaller (below).
     let mut plain = false;
     if base.is_some_and(|b| b.len() == raw.len()) {
-        encode_into(raw, base, dtype, opts, out, scratch);
+        encode_into_up(raw, base, dtype, up, opts, out, scratch);
         if FrameInfo::parse(out).map_or(true, |i| i.needs_base()) {
             return;
         }
@@ -488,7 +508,7 @@ pub fn encode_shaped_into(
     let body = &raw[..n * w];
     let Some((plan, min_gain)) = row_plan(body, &g, dtype, opts.rows) else {
         if !plain {
-            encode_into(raw, None, dtype, opts, out, scratch);
+            encode_into_up(raw, None, dtype, up, opts, out, scratch);
         }
         return;
     };
@@ -518,7 +538,7 @@ pub fn encode_shaped_into(
         true
     } else {
         if !plain {
-            encode_into(raw, None, dtype, opts, out, scratch);
+            encode_into_up(raw, None, dtype, up, opts, out, scratch);
         }
         rf.len() as f64 <= out.len() as f64 * (1.0 - min_gain)
     };
@@ -614,6 +634,22 @@ fn encode_row_frame(
     leb::write(fa.len() as u64, out);
     out.extend_from_slice(fa);
     out.extend_from_slice(fd);
+}
+
+/// [`encode_into`] with `up`, the distance of a row context
+/// ([`Scratch::up`]), for the plain frame's blocks.
+fn encode_into_up(
+    raw: &[u8],
+    base: Option<&[u8]>,
+    dtype: DType,
+    up: Option<usize>,
+    opts: &Options,
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) {
+    scratch.up = up;
+    encode_into(raw, base, dtype, opts, out, scratch);
+    scratch.up = None;
 }
 
 /// [`encode`] into `out` (cleared first), reusing `scratch`.
@@ -830,6 +866,7 @@ fn encode_elements(
         classes,
         blocks: huff,
         whole: whole_out,
+        up,
         ..
     } = scratch;
     // Context coding takes blocks of `RANS_CTX_MIN_SYMBOLS` or more: a
@@ -964,9 +1001,13 @@ fn encode_elements(
     }) {
         return put_whole(out, table_at, &whole_out[..z]);
     }
+    // A row context only where stream symbols are the chunk's elements in
+    // order, coded on their own.
+    let up = up.filter(|_| delta == Delta::None && map.is_none());
     let mut cur = at;
     let mut entry = table_at;
     let mut gamma = false;
+    let mut rows_up = false;
     for k in 0..w {
         // Every stream of a delta frame may be coded with the base's
         // exponent (top) byte of each element as context.
@@ -977,7 +1018,7 @@ fn encode_elements(
                 .get(bi)
                 .map(|m| (m, &classes[bi * block..bi * block + len]));
             tmp.clear();
-            let mut mode = block::encode(&out[p..p + len], c, opts, tmp, huff);
+            let mut mode = block::encode(&out[p..p + len], c, up, opts, tmp, huff);
             // The block coder stores raw whatever does not pay; should a
             // coded block ever come out longer, raw keeps `cur` behind the
             // symbols still to code.
@@ -998,6 +1039,7 @@ fn encode_elements(
             };
             cur += coded;
             gamma |= mode == BlockMode::RansGamma;
+            rows_up |= mode == BlockMode::RansUp;
             let e = mode as u32 | (coded as u32) << 8;
             out[entry..entry + 4].copy_from_slice(&e.to_le_bytes());
             entry += 4;
@@ -1006,6 +1048,7 @@ fn encode_elements(
     out.truncate(cur);
     match whole.filter(|&z| table_at + z < cur) {
         Some(z) => put_whole(out, table_at, &whole_out[..z]),
+        None if rows_up => out[2] = UP_VERSION,
         None if gamma => out[2] = GAMMA_VERSION,
         None => {}
     }

@@ -603,6 +603,158 @@ pub(crate) fn decode_lanes(
     }
 }
 
+/// [`decode_lanes`] of a block whose context is its own symbol `d`
+/// places before (block mode 9; symbols before `d` have context 0): `d`
+/// must be at least the block's state count, so every context is
+/// decoded before the group that needs it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_up_lanes(
+    payload: &[u8],
+    p: usize,
+    offset: u64,
+    slots: &[u32],
+    d: usize,
+    map: &ClassMap,
+    out: &mut [u8],
+    version: u8,
+) -> Result<(), DecodeError> {
+    let lanes = lanes(out.len(), version);
+    if d < lanes {
+        return Err(DecodeError::Corrupt {
+            offset,
+            reason: "row-context distance below the block's state count",
+        });
+    }
+    if lanes == WIDE {
+        decode_up_core::<WIDE>(payload, p, offset, slots, d, map, out)
+    } else {
+        decode_up_core::<NARROW>(payload, p, offset, slots, d, map, out)
+    }
+}
+
+/// The longest piece of a row-context block the AVX2 kernel decodes at
+/// once (its contexts are copied to the stack first).
+const UP_PIECE: usize = 4096;
+
+/// [`decode_core`] with symbol `i`'s table the class of `out[i - d]` (of 0
+/// for `i < d`), `d >= LANES`: whole groups while a group's words are
+/// surely there, then symbol by symbol with every read checked.
+fn decode_up_core<const LANES: usize>(
+    payload: &[u8],
+    mut p: usize,
+    offset: u64,
+    slots: &[u32],
+    d: usize,
+    map: &ClassMap,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
+    if payload.len() < p + 4 * LANES {
+        return Err(corrupt("rans states truncated"));
+    }
+    let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
+    let mut x: [u32; LANES] = std::array::from_fn(|j| {
+        u32::from_le_bytes(
+            payload[p + 4 * j..p + 4 * j + 4]
+                .try_into()
+                .expect("4 bytes"),
+        )
+    });
+    p += 4 * LANES;
+    let data = &payload[p..];
+    let n = out.len();
+    let first = map.coff[0];
+    let off_of = |out: &[u8], i: usize| {
+        if i >= d {
+            map.coff[out[i - d] as usize]
+        } else {
+            first
+        }
+    };
+    let (mut i, mut r) = (0usize, 0usize);
+    // With 32 states and AVX2: the kernel of `decode_core`, on pieces of
+    // whole groups no longer than `d`, each piece's contexts copied out of
+    // what is decoded (0 before `d`) into `cbuf` first.
+    #[cfg(target_arch = "x86_64")]
+    if LANES == WIDE && avx2_kernels() {
+        let xw: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
+        let mut cbuf = [0u8; UP_PIECE];
+        let piece = (d / WIDE * WIDE).min(UP_PIECE);
+        while i + WIDE <= n {
+            let len = piece.min((n - i) / WIDE * WIDE);
+            for (k, c) in cbuf[..len].iter_mut().enumerate() {
+                *c = if i + k >= d { out[i + k - d] } else { 0 };
+            }
+            let rest = &data[r..];
+            // SAFETY: `avx2_kernels` found the CPU features the kernel was
+            // compiled for.
+            let (di, dr) = unsafe {
+                simd::rans_decode_wide_avx2(
+                    xw,
+                    rest,
+                    slots,
+                    Some((&cbuf[..len], &map.lookup)),
+                    &mut out[i..i + len],
+                    rest.len(),
+                )
+            };
+            (i, r) = (i + di, r + dr);
+            if di < len {
+                break;
+            }
+        }
+    }
+    while i + LANES <= n {
+        let Some(win) = data.get(r..r + 2 * LANES) else {
+            break;
+        };
+        // Every context of the group lies `d >= LANES` back: decoded.
+        let off: [u32; LANES] = std::array::from_fn(|j| off_of(out, i + j));
+        let mut v = [0u32; LANES];
+        let mut syms = [0u8; LANES];
+        for j in 0..LANES {
+            let xj = x[j];
+            let slot = xj & (M - 1);
+            let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
+            syms[j] = e as u8;
+            v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
+        }
+        let mut k = 0usize;
+        for j in 0..LANES {
+            let kk = k & (2 * LANES - 2);
+            let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
+            let need = v[j] < L;
+            x[j] = if need { (v[j] << 16) | w } else { v[j] };
+            k += 2 * need as usize;
+        }
+        out[i..i + LANES].copy_from_slice(&syms);
+        r += k;
+        i += LANES;
+    }
+    for ii in i..n {
+        let off = off_of(out, ii);
+        let st = x[ii % LANES];
+        let slot = st & (M - 1);
+        let e = slots[(off | slot) as usize & (ALL_SLOTS - 1)];
+        out[ii] = e as u8;
+        let v = ((e >> 8) & 0xfff) * (st >> SCALE_BITS) + slot - (e >> 20);
+        // A missing word is only an error if it is needed.
+        x[ii % LANES] = if v < L {
+            let w = data
+                .get(r..r + 2)
+                .ok_or(corrupt("rans stream ends early"))?;
+            r += 2;
+            (v << 16) | u16::from_le_bytes([w[0], w[1]]) as u32
+        } else {
+            v
+        };
+    }
+    if r != data.len() || x != [L; LANES] {
+        return Err(corrupt("rans stream does not end in the initial state"));
+    }
+    Ok(())
+}
+
 pub(crate) fn grow(v: &mut Vec<u32>, n: usize) {
     if v.len() < n {
         v.resize(n, 0);

@@ -175,6 +175,7 @@ fn symbols_the_sample_misses_are_still_coded() {
             let mode = block::encode(
                 &syms,
                 None,
+                None,
                 &opts,
                 &mut out,
                 &mut block::EncodeScratch::default(),
@@ -244,11 +245,11 @@ fn the_noise_screen_keeps_blocks_that_pay() {
     let opts = Options::default();
     let mut scratch = block::EncodeScratch::default();
     let mut out = Vec::new();
-    let mode = block::encode(&noise, None, &opts, &mut out, &mut scratch);
+    let mode = block::encode(&noise, None, None, &opts, &mut out, &mut scratch);
     // Raw: nothing appended, the caller keeps the symbols where they are.
     assert_eq!((mode, out.len()), (BlockMode::Raw, 0));
     out.clear();
-    let mode = block::encode(&near, None, &opts, &mut out, &mut scratch);
+    let mode = block::encode(&near, None, None, &opts, &mut out, &mut scratch);
     // (rANS with a gamma-coded table since format version 9: 7.91 bits a
     // symbol take rANS whenever it is the smaller.)
     assert!(
@@ -726,7 +727,7 @@ fn header_fields_are_validated() {
     f[2] = FORMAT_VERSION + 1;
     assert!(matches!(
         decode(&f, None),
-        Err(DecodeError::VersionTooNew { found: 10, .. })
+        Err(DecodeError::VersionTooNew { found: 11, .. })
     ));
     let mut f = good.clone();
     f[3] = 2;
@@ -1145,6 +1146,11 @@ fn write_codec_fixtures() {
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::write(path, gamma_fixture_frame()).unwrap();
+    let path = format!(
+        "{}/tests/fixtures/codec/f32_column_exponent_rows.v10.ckf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(path, up_fixture_frame(&Options::default())).unwrap();
 }
 
 /// Input of `tests/fixtures/codec/i8_quantised_rows.v9.ckf`: 64 rows of
@@ -1195,6 +1201,145 @@ fn fixture_frame_of_version_9_decodes() {
         decode(&old, None),
         Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 9")
     ));
+}
+
+/// Input of `tests/fixtures/codec/f32_column_exponent_rows.v10.ckf`: 128
+/// rows of 128 positive f32 whose exponent is their column's (one of
+/// seven) plus 0 to 2, at random, with noise mantissas: the exponent above
+/// tells the column, which order-0 coding and zstd's matches do not see.
+fn up_fixture_input() -> Vec<u8> {
+    let mut next = random_u32s(23);
+    let cols: Vec<i32> = (0..128).map(|_| -4 - (next() % 7) as i32).collect();
+    (0..128 * 128)
+        .flat_map(|i| {
+            let e = cols[i % 128] + (next() % 3) as i32;
+            let m = 1.0 + (next() % 1_000_000) as f32 / 1_000_001.0;
+            (2f32.powi(e) * m).to_le_bytes()
+        })
+        .collect()
+}
+
+/// The version 10 fixture's rows, as a commit gives them.
+const UP_FIXTURE_ROWS: Rows = Rows { len: 128, lead: 0 };
+
+fn up_fixture_frame(opts: &Options) -> Vec<u8> {
+    let mut out = Vec::new();
+    let no_row_frames = Options {
+        rows: RowFrames::Never,
+        ..opts.clone()
+    };
+    encode_shaped_into(
+        &up_fixture_input(),
+        None,
+        DType::F32,
+        Some(UP_FIXTURE_ROWS),
+        &no_row_frames,
+        &mut out,
+        &mut Scratch::default(),
+    );
+    out
+}
+
+/// The block modes of a frame of codec id 1 without a tail or an element
+/// map, in table order.
+fn block_modes(f: &[u8]) -> Vec<u8> {
+    let info = FrameInfo::parse(f).unwrap();
+    let n = info.raw_len as usize / info.group_width;
+    let entries = info.group_width * n.div_ceil(1 << BLOCK_LOG2);
+    (0..entries).map(|k| f[info.header_len + 4 * k]).collect()
+}
+
+/// The version 10 fixture decodes, its exponent stream is coded against
+/// the element a row up (mode 9), this build writes it byte for byte
+/// again, it is smaller than the frame without row context, and the same
+/// frame saying version 9 is an error (no such block before 10).
+#[test]
+fn fixture_frame_of_version_10_decodes() {
+    let f = include_bytes!("../../tests/fixtures/codec/f32_column_exponent_rows.v10.ckf");
+    let info = FrameInfo::parse(f).unwrap();
+    assert_eq!((info.version, info.dtype), (UP_VERSION, DType::F32));
+    assert_eq!(block_modes(f)[3], BlockMode::RansUp as u8);
+    assert_eq!(decode(f, None).unwrap(), up_fixture_input());
+    assert_eq!(up_fixture_frame(&Options::default()), f);
+    let without = up_fixture_frame(&Options {
+        row_context: false,
+        ..Options::default()
+    });
+    assert!(FrameInfo::parse(&without).unwrap().version < UP_VERSION);
+    assert!(f.len() < without.len(), "{} vs {}", f.len(), without.len());
+    let mut old = f.to_vec();
+    old[2] = 9;
+    assert!(matches!(
+        decode(&old, None),
+        Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 10")
+    ));
+}
+
+/// A row-context block whose distance is below its 32 states (a context
+/// not yet decoded) or whose distance runs past the payload is corrupt,
+/// not a panic or a wrong chunk.
+#[test]
+fn a_row_context_block_with_a_distance_below_its_states_is_corrupt() {
+    let f = include_bytes!("../../tests/fixtures/codec/f32_column_exponent_rows.v10.ckf");
+    let info = FrameInfo::parse(f).unwrap();
+    // The exponent stream's payload follows the other three streams'.
+    let e = |k: usize| {
+        let at = info.header_len + 4 * k;
+        u32::from_le_bytes(f[at..at + 4].try_into().unwrap())
+    };
+    let payload_at = info.header_len + 16 + (0..3).map(|k| (e(k) >> 8) as usize).sum::<usize>();
+    // Distance 128 is two LEB128 bytes: 0x80 0x01.
+    assert_eq!(&f[payload_at..payload_at + 2], &[0x80, 0x01]);
+    for (bytes, says) in [
+        ([31u8, 0x80], "below the block's state count"),
+        ([0x80, 0x80], "distance"),
+    ] {
+        let mut bad = f.to_vec();
+        bad[payload_at..payload_at + 2].copy_from_slice(&bytes);
+        match decode(&bad, None) {
+            Err(DecodeError::Corrupt { reason, .. }) => {
+                assert!(reason.contains(says) || reason.contains("rans"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Any float matrix given with its rows round-trips, whichever blocks
+    /// take a row context: rows of 1 to 80 elements (a distance of one
+    /// row or several), exponents that follow the column or not.
+    #[test]
+    fn row_context_frames_round_trip(
+        len in 1usize..80,
+        lead in 0usize..80,
+        seed in 1u32..1000,
+        spread in 0u32..4,
+        bf16 in any::<bool>(),
+    ) {
+        let lead = lead % len;
+        let mut next = random_u32s(seed);
+        let cols: Vec<i32> = (0..len).map(|_| -4 - (next() % 7) as i32).collect();
+        let n = 20_000 + (next() % 50_000) as usize;
+        let vals: Vec<f32> = (0..n)
+            .map(|i| {
+                let c = (i + len - lead) % len;
+                let e = cols[c] + (next() % (spread + 1)) as i32;
+                let m = 1.0 + (next() % 1000) as f32 / 1001.0;
+                if next() % 2 == 0 { 2f32.powi(e) * m } else { -(2f32.powi(e) * m) }
+            })
+            .collect();
+        let (raw, dtype): (Vec<u8>, _) = if bf16 {
+            (vals.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect(), DType::BF16)
+        } else {
+            (vals.iter().flat_map(|v| v.to_le_bytes()).collect(), DType::F32)
+        };
+        let mut out = Vec::new();
+        let opts = Options { rows: RowFrames::Never, ..Options::default() };
+        encode_shaped_into(&raw, None, dtype, Some(Rows { len, lead }), &opts, &mut out, &mut Scratch::default());
+        prop_assert_eq!(decode(&out, None).unwrap(), raw);
+    }
 }
 
 /// A fixture file of every frame version from 4 on (1 to 3:

@@ -103,9 +103,11 @@ pub fn decode_input(frame: &[u8], base: Option<&[u8]>) -> Vec<u8> {
 /// writes a palette frame whenever the chunk has at most 256 distinct
 /// values (format version 6, transform bit 7), whatever it saves; bit 7
 /// gives the encoder the chunk's rows (rows of `2 + dtype / 15` elements
-/// after a lead of `rest.len()` modulo that) and has it write a row frame
-/// (format version 8) whenever a float chunk holds two rows, whatever it
-/// saves.
+/// after a lead of `rest.len()` modulo that) and, when `dtype / 15` is
+/// even, has it write a row frame (format version 8) whenever a float
+/// chunk holds two rows, whatever it saves; when odd, no row frame, so
+/// the plain frame's blocks of 16 Ki symbols or more may take the row a
+/// whole number of rows up as context (block mode 9, format version 10).
 ///
 /// Checks: the frame's header states the dtype and length, and decoding it
 /// (with the base when its header asks for one) returns `raw`, also under a
@@ -133,7 +135,11 @@ pub fn check_roundtrip(data: &[u8]) {
         opts.palette = codec::Palette::Always;
     }
     let rows = (flags & 128 != 0).then(|| {
-        opts.rows = codec::RowFrames::Always;
+        opts.rows = if (d / 15) % 2 == 0 {
+            codec::RowFrames::Always
+        } else {
+            codec::RowFrames::Never
+        };
         let len = 2 + usize::from(d / 15);
         codec::Rows {
             len,
