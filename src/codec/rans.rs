@@ -767,7 +767,7 @@ pub const MAX_CLASSES: usize = 8;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::context::{ctx_decode, ctx_encode, ctx_plan, CtxModel};
+    use crate::codec::context::{ctx_decode, ctx_encode, ctx_plan, up_decode, CtxModel};
     use crate::codec::stats::normalize;
     use proptest::prelude::*;
 
@@ -973,6 +973,52 @@ mod tests {
             let r = ctx_decode(payload, 0, ctx, &mut back, &mut Vec::new(), 2);
             (r.is_ok(), back)
         })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// A row-context payload (block mode 9) decodes to its symbols with
+        /// the AVX2 kernel and without it, whatever the distance (one row
+        /// or several, under or over a piece) and the length; a payload cut
+        /// short is an error either way, never a panic.
+        #[test]
+        fn row_context_blocks_decode_alike_with_and_without_the_kernel(
+            n in 1usize..70_000,
+            d in 32usize..5_000,
+            row in 1usize..40,
+            seed in any::<u64>(),
+            cut in 0usize..64,
+        ) {
+            // Symbols that follow a column of `row` (each the column's
+            // value plus 0-2), so that the classes matter.
+            let mut x = seed | 1;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            let cols: Vec<u8> = (0..row).map(|_| 100 + (next() % 7) as u8).collect();
+            let syms: Vec<u8> = (0..n).map(|i| cols[i % row] + (next() % 3) as u8).collect();
+            let mut ctx = vec![0u8; d.min(n)];
+            ctx.extend_from_slice(&syms[..n - d.min(n)]);
+            let mut payload = Vec::new();
+            crate::codec::leb::write(d as u64, &mut payload);
+            payload.extend(ctx_payload(&syms, &ctx));
+            for simd in [true, false] {
+                let got = with_simd(simd, || {
+                    let mut back = vec![0u8; n];
+                    up_decode(&payload, 0, &mut back, &mut Vec::new(), 10).map(|_| back)
+                });
+                prop_assert_eq!(got.as_deref().ok(), Some(&syms[..]));
+                let short = &payload[..payload.len() - cut.min(payload.len())];
+                let cut_ok = with_simd(simd, || {
+                    let mut back = vec![0u8; n];
+                    up_decode(short, 0, &mut back, &mut Vec::new(), 10).is_ok()
+                });
+                prop_assert!(cut == 0 || !cut_ok);
+            }
+        }
     }
 
     #[test]
