@@ -406,31 +406,39 @@ pub(crate) struct ClassMap {
     pub coff: [u32; 256],
 }
 
+/// The `LANES` states at `payload[p..]` and the words after them.
+fn states<const LANES: usize>(
+    payload: &[u8],
+    p: usize,
+    offset: u64,
+) -> Result<([u32; LANES], &[u8]), DecodeError> {
+    let words = p + 4 * LANES;
+    let Some(raw) = payload.get(p..words) else {
+        return Err(DecodeError::Corrupt {
+            offset,
+            reason: "rans states truncated",
+        });
+    };
+    let x = std::array::from_fn(|j| {
+        u32::from_le_bytes(raw[4 * j..4 * j + 4].try_into().expect("4 bytes"))
+    });
+    Ok((x, &payload[words..]))
+}
+
 /// Decode with `LANES` states and the words at `payload[p..]`. Symbol `i`
 /// uses the slot table of the class of `ctx[i]`, or the first one without
 /// a context.
 fn decode_core<const LANES: usize>(
     payload: &[u8],
-    mut p: usize,
+    p: usize,
     offset: u64,
     slots: &[u32],
     ctx: Option<(&[u8], &ClassMap)>,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
-    if payload.len() < p + 4 * LANES {
-        return Err(corrupt("rans states truncated"));
-    }
+    let (mut x, data) = states::<LANES>(payload, p, offset)?;
     let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
-    let mut x: [u32; LANES] = std::array::from_fn(|j| {
-        u32::from_le_bytes(
-            payload[p + 4 * j..p + 4 * j + 4]
-                .try_into()
-                .expect("4 bytes"),
-        )
-    });
-    p += 4 * LANES;
-    let data = &payload[p..];
     // Whole groups while a group's words are surely there, then whole
     // groups over the stream's last words copied into a zero-padded
     // window (a sparse stream's last 2 * LANES bytes of words can hold
@@ -485,6 +493,41 @@ fn decode_core<const LANES: usize>(
     Ok(())
 }
 
+/// One group of `LANES` symbols from states `x`, symbol `j` with the slot
+/// table at `off[j]`, the renormalisation words from `win` (at least
+/// `2 * LANES` bytes): the symbols, the new states and the words' bytes
+/// taken. First every lane's symbol and new state (independent chains,
+/// which the CPU overlaps), then the words in lane order (only this part
+/// depends on the lanes before).
+#[inline(always)]
+fn group<const LANES: usize>(
+    x: &[u32; LANES],
+    off: &[u32; LANES],
+    win: &[u8],
+    slots: &[u32; ALL_SLOTS],
+) -> ([u8; LANES], [u32; LANES], usize) {
+    let mut v = [0u32; LANES];
+    let mut syms = [0u8; LANES];
+    for j in 0..LANES {
+        let xj = x[j];
+        let slot = xj & (M - 1);
+        let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
+        syms[j] = e as u8;
+        v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
+    }
+    let mut k = 0usize;
+    let mut nx = [0u32; LANES];
+    for j in 0..LANES {
+        // k is even and at most 2 * (LANES - 1): the mask is a no-op.
+        let kk = k & (2 * LANES - 2);
+        let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
+        let need = v[j] < L;
+        nx[j] = if need { (v[j] << 16) | w } else { v[j] };
+        k += 2 * need as usize;
+    }
+    (syms, nx, k)
+}
+
 /// Decode whole groups of `LANES` symbols into `out` (symbol `i` with the
 /// class of `ctx[i]`) while a group's words, at most `2 * LANES` bytes,
 /// lie inside `data`, taking only groups that leave the words read at most
@@ -518,28 +561,7 @@ fn groups<const LANES: usize>(
             }
             None => [0; LANES],
         };
-        // First every lane's symbol and new state (independent chains),
-        // then the renormalisation words in lane order (only this part
-        // depends on the lanes before).
-        let mut v = [0u32; LANES];
-        let mut syms = [0u8; LANES];
-        for j in 0..LANES {
-            let xj = x[j];
-            let slot = xj & (M - 1);
-            let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
-            syms[j] = e as u8;
-            v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
-        }
-        let mut k = 0usize;
-        let mut nx = [0u32; LANES];
-        for j in 0..LANES {
-            // k is even and at most 2 * (LANES - 1): the mask is a no-op.
-            let kk = k & (2 * LANES - 2);
-            let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
-            let need = v[j] < L;
-            nx[j] = if need { (v[j] << 16) | w } else { v[j] };
-            k += 2 * need as usize;
-        }
+        let (syms, nx, k) = group(x, &off, win, slots);
         if r + k > end {
             break;
         }
@@ -641,7 +663,7 @@ const UP_PIECE: usize = 4096;
 /// surely there, then symbol by symbol with every read checked.
 fn decode_up_core<const LANES: usize>(
     payload: &[u8],
-    mut p: usize,
+    p: usize,
     offset: u64,
     slots: &[u32],
     d: usize,
@@ -649,19 +671,8 @@ fn decode_up_core<const LANES: usize>(
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
     let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
-    if payload.len() < p + 4 * LANES {
-        return Err(corrupt("rans states truncated"));
-    }
+    let (mut x, data) = states::<LANES>(payload, p, offset)?;
     let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
-    let mut x: [u32; LANES] = std::array::from_fn(|j| {
-        u32::from_le_bytes(
-            payload[p + 4 * j..p + 4 * j + 4]
-                .try_into()
-                .expect("4 bytes"),
-        )
-    });
-    p += 4 * LANES;
-    let data = &payload[p..];
     let n = out.len();
     let first = map.coff[0];
     let off_of = |out: &[u8], i: usize| {
@@ -710,23 +721,8 @@ fn decode_up_core<const LANES: usize>(
         };
         // Every context of the group lies `d >= LANES` back: decoded.
         let off: [u32; LANES] = std::array::from_fn(|j| off_of(out, i + j));
-        let mut v = [0u32; LANES];
-        let mut syms = [0u8; LANES];
-        for j in 0..LANES {
-            let xj = x[j];
-            let slot = xj & (M - 1);
-            let e = slots[(off[j] | slot) as usize & (ALL_SLOTS - 1)];
-            syms[j] = e as u8;
-            v[j] = ((e >> 8) & 0xfff) * (xj >> SCALE_BITS) + slot - (e >> 20);
-        }
-        let mut k = 0usize;
-        for j in 0..LANES {
-            let kk = k & (2 * LANES - 2);
-            let w = u16::from_le_bytes([win[kk], win[kk + 1]]) as u32;
-            let need = v[j] < L;
-            x[j] = if need { (v[j] << 16) | w } else { v[j] };
-            k += 2 * need as usize;
-        }
+        let (syms, nx, k) = group(&x, &off, win, slots);
+        x = nx;
         out[i..i + LANES].copy_from_slice(&syms);
         r += k;
         i += LANES;
