@@ -654,8 +654,9 @@ pub(crate) fn decode_up_lanes(
     }
 }
 
-/// The longest piece of a row-context block the AVX2 kernel decodes at
-/// once (its contexts are copied to the stack first).
+/// The longest piece of a row-context block's first `d` symbols the AVX2
+/// kernel decodes at once (their contexts, 0s and then decoded symbols,
+/// are copied to the stack first; later pieces read theirs in place).
 const UP_PIECE: usize = 4096;
 
 /// [`decode_core`] with symbol `i`'s table the class of `out[i - d]` (of 0
@@ -684,18 +685,29 @@ fn decode_up_core<const LANES: usize>(
     };
     let (mut i, mut r) = (0usize, 0usize);
     // With 32 states and AVX2: the kernel of `decode_core`, on pieces of
-    // whole groups no longer than `d`, each piece's contexts copied out of
-    // what is decoded (0 before `d`) into `cbuf` first.
+    // whole groups no longer than `d`, each piece's contexts read where
+    // they were decoded (copied into `cbuf` with the 0s before `d`).
     #[cfg(target_arch = "x86_64")]
     if LANES == WIDE && avx2_kernels() {
         let xw: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
         let mut cbuf = [0u8; UP_PIECE];
-        let piece = (d / WIDE * WIDE).min(UP_PIECE);
+        let piece = d / WIDE * WIDE;
         while i + WIDE <= n {
-            let len = piece.min((n - i) / WIDE * WIDE);
-            for (k, c) in cbuf[..len].iter_mut().enumerate() {
-                *c = if i + k >= d { out[i + k - d] } else { 0 };
-            }
+            let (done, todo) = out.split_at_mut(i);
+            // `len <= d`: a piece's contexts are all decoded already, read
+            // in place once the piece starts at or past `d`.
+            let (ctx, len) = if i >= d {
+                let len = piece.min((n - i) / WIDE * WIDE);
+                (&done[i - d..i - d + len], len)
+            } else {
+                let len = piece.min(UP_PIECE).min((n - i) / WIDE * WIDE);
+                let z = (d - i).min(len);
+                cbuf[..z].fill(0);
+                if z < len {
+                    cbuf[z..len].copy_from_slice(&done[i + z - d..i + len - d]);
+                }
+                (&cbuf[..len], len)
+            };
             let rest = &data[r..];
             // SAFETY: `avx2_kernels` found the CPU features the kernel was
             // compiled for.
@@ -704,8 +716,8 @@ fn decode_up_core<const LANES: usize>(
                     xw,
                     rest,
                     slots,
-                    Some((&cbuf[..len], &map.lookup)),
-                    &mut out[i..i + len],
+                    Some((ctx, &map.lookup)),
+                    &mut todo[..len],
                     rest.len(),
                 )
             };
