@@ -21,15 +21,20 @@ blob is decompressed and compared. Prints one JSON object on stdout:
 (bytes = total compressed bytes, bytes_in = total file bytes).
 
 Input is a directory holding the checkpoint directories of one training run
-(e.g. step-0 ... step-600, ordered by the number in the name). Each checkpoint
-may hold:
-  model.safetensors       fp32 weights        -> dtype fp32, group "weights"
-  model.bf16.safetensors  bf16 weights        -> dtype bf16, group "weights"
-  optimizer.pt            torch.save(AdamW state_dict); the fp32 state tensors
-                          (exp_avg, exp_avg_sq)  -> dtype fp32, group "optimizer"
-The fp32 "all" group is weights + optimizer combined. As in the Rust bench,
-a tensor with fewer than 16 elements is skipped (this drops the 0-d AdamW
-`step` tensors; no weight tensor of gpt-small is affected).
+(e.g. step-0 ... step-600, ordered by the number in the name). Every file
+below a checkpoint directory is read as the Rust bench reads it: the bf16,
+fp16 and fp32 tensors of safetensors files (model.safetensors, sharded
+model-0000N-of-0000M.safetensors, a LoRA run's adapter_model.safetensors)
+and of PyTorch zips (.pt/.pth/.bin, storages typed from data.pkl read
+without executing it), keyed by the file's path and the tensor's name (the
+storage's in a zip). Groups follow codec-bench's rule by file name:
+"optimizer" for optimizer files (optimizer.pt, optim_states.pt), "mixed"
+for files holding model and optimizer (Megatron's model_optim_rng.pt; the
+bench splits those by tensor name, which is not read here), "weights" for
+the rest. A dtype's "all" group is every group of it combined (printed
+when it has two groups or more, as codec-bench does). As in the
+Rust bench, a tensor with fewer than 16 elements is skipped (this drops the
+0-d AdamW `step` tensors; no weight tensor of gpt-small is affected).
 
 Modes:
   FULL   every tensor of every checkpoint compressed on its own.
@@ -78,10 +83,9 @@ import time
 import warnings
 
 MIN_ELEMENTS = 16  # same rule as the Rust bench: fewer elements -> skipped
-ZIPNN_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
-ST_DTYPE = {"bf16": "BF16", "fp32": "F32"}
-ELEM_SIZE = {"bf16": 2, "fp32": 4}
-MODEL_FILE = {"bf16": "model.bf16.safetensors", "fp32": "model.safetensors"}
+ZIPNN_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+SHORT_DTYPE = {v: k for k, v in ZIPNN_DTYPE.items()}
+GROUPS = ("weights", "optimizer", "mixed")
 
 
 def import_zipnn():
@@ -125,58 +129,33 @@ def list_checkpoints(root):
     return cps
 
 
-def read_safetensors(path, want_dtype):
-    """Raw little-endian bytes of every tensor of dtype want_dtype, by name."""
-    out = {}
-    with open(path, "rb") as f:
-        blob = f.read()
-    (hlen,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8 : 8 + hlen])
-    base = 8 + hlen
-    for name, meta in sorted(header.items()):
-        if name == "__metadata__":
-            continue
-        if meta["dtype"] != want_dtype:
-            continue
-        numel = 1
-        for d in meta["shape"]:
-            numel *= d
-        if numel < MIN_ELEMENTS:
-            continue
-        start, end = meta["data_offsets"]
-        out[name] = blob[base + start : base + end]
-    return out
-
-
-def read_optimizer(path):
-    """Raw bytes of the fp32 AdamW state tensors (>= MIN_ELEMENTS elements)."""
-    import torch
-
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    out = {}
-    state = sd.get("state", {}) if isinstance(sd, dict) else {}
-    for pid in sorted(state, key=lambda k: (str(type(k)), k)):
-        for key in sorted(state[pid]):
-            t = state[pid][key]
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
-                continue
-            if t.numel() < MIN_ELEMENTS:
-                continue
-            arr = t.detach().contiguous().numpy()
-            out[f"state.{pid}.{key}"] = arr.astype("<f4", copy=False).tobytes()
-    return out
+def file_group(fname):
+    """The codec-bench group of a file's tensors (its rule, by file name):
+    "optimizer" for optimizer files (optimizer.pt, optim_states.pt),
+    "mixed" for files holding model and optimizer together (Megatron's
+    model_optim_rng.pt: the tensors' names are not read here), else
+    "weights"."""
+    low = fname.lower()
+    if "optim" in low:
+        return "mixed" if "model" in low else "optimizer"
+    return "weights"
 
 
 def load_checkpoint(path):
-    """{(dtype, group): {name: bytes}} for one checkpoint directory."""
+    """{(dtype, group): {key: bytes}} for one checkpoint directory: the
+    float tensors of every safetensors file and PyTorch zip below it, keyed
+    by the file's path in the checkpoint and the tensor's name (storage key
+    in a zip)."""
     groups = {}
-    for dtype in ("bf16", "fp32"):
-        p = os.path.join(path, MODEL_FILE[dtype])
-        if os.path.isfile(p):
-            groups[(dtype, "weights")] = read_safetensors(p, ST_DTYPE[dtype])
-    p = os.path.join(path, "optimizer.pt")
-    if os.path.isfile(p):
-        groups[("fp32", "optimizer")] = read_optimizer(p)
+    for dirpath, _, names in sorted(os.walk(path)):
+        for fname in sorted(names):
+            p = os.path.join(dirpath, fname)
+            with open(p, "rb") as f:
+                blob = f.read()
+            rel = os.path.relpath(p, path)
+            for start, end, dt, tname in file_tensor_ranges(p, blob):
+                key = (SHORT_DTYPE[dt], file_group(fname))
+                groups.setdefault(key, {})[f"{rel}/{tname}"] = blob[start:end]
     return groups
 
 
@@ -217,9 +196,9 @@ def run(root, threads):
     codecs = {
         (mode, dtype): make(dtype, mode == "DELTA")
         for mode in ("FULL", "DELTA")
-        for dtype in ("bf16", "fp32")
+        for dtype in ZIPNN_DTYPE
     }
-    keys = [("bf16", "weights"), ("fp32", "weights"), ("fp32", "optimizer")]
+    keys = [(d, g) for d in ZIPNN_DTYPE for g in GROUPS]
     acc = {(m, d, g): Acc() for m in ("FULL", "DELTA") for d, g in keys}
     no_base = {k: 0 for k in keys}
 
@@ -265,11 +244,15 @@ def run(root, threads):
 
     rows = []
     for mode in ("FULL", "DELTA"):
-        for dtype, group in keys + [("fp32", "all")]:
+        for dtype, group in keys + [(d, "all") for d in ZIPNN_DTYPE]:
             if group == "all":
+                # As codec-bench: "all" equal to the only group adds nothing.
+                present = [g for g in GROUPS if acc[("FULL", dtype, g)].tensors]
+                if len(present) < 2:
+                    continue
                 a = Acc()
-                a.add(acc[(mode, "fp32", "weights")])
-                a.add(acc[(mode, "fp32", "optimizer")])
+                for g in present:
+                    a.add(acc[(mode, dtype, g)])
             else:
                 a = acc[(mode, dtype, group)]
             if a.tensors == 0:
@@ -291,7 +274,7 @@ def run(root, threads):
             )
     notes = [
         f"zipnn {ver}; ZipNN(method='AUTO', input_format='byte', "
-        f"bytearray_dtype='bfloat16'|'float32', threads={threads}), defaults otherwise "
+        f"bytearray_dtype='bfloat16'|'float16'|'float32', threads={threads}), defaults otherwise "
         "(compression_chunk=256KiB, compression_threshold=0.95)",
         "FULL: compress(data) / decompress(blob)",
         "DELTA: ZipNN native delta mode, ZipNN(..., delta_compressed_type='byte'); "
@@ -299,7 +282,7 @@ def run(root, threads):
         "(ZipNN XORs with the previous checkpoint's tensor, then compresses the XOR)",
         f"{len(cps)} checkpoints: " + ", ".join(n for _, n, _ in cps),
         "tensors without a base in the previous checkpoint (not in DELTA): "
-        + ", ".join(f"{d}/{g}={no_base[(d, g)]}" for d, g in keys),
+        + ", ".join(f"{d}/{g}={n}" for (d, g), n in no_base.items() if n),
         f"tensors with < {MIN_ELEMENTS} elements skipped; all round trips byte-exact",
     ]
     return rows, notes
@@ -347,7 +330,8 @@ SAFETENSORS_DTYPE = {"F32": ("float32", 4), "BF16": ("bfloat16", 2), "F16": ("fl
 
 
 def file_tensor_ranges(path, blob):
-    """[(start, end, zipnn dtype)] of the float tensors in a checkpoint file."""
+    """[(start, end, zipnn dtype, name)] of the float tensors in a checkpoint
+    file (name: the tensor's in safetensors, the storage's in a zip)."""
     import io
     import zipfile
 
@@ -362,7 +346,7 @@ def file_tensor_ranges(path, blob):
             dt, width = SAFETENSORS_DTYPE[meta["dtype"]]
             start, end = meta["data_offsets"]
             if (end - start) // width >= MIN_ELEMENTS:
-                out.append((base + start, base + end, dt))
+                out.append((base + start, base + end, dt, tname))
     elif name.endswith((".pt", ".pth", ".bin")) and zipfile.is_zipfile(io.BytesIO(blob)):
         z = zipfile.ZipFile(io.BytesIO(blob))
         pkl = [i for i in z.infolist() if i.filename.endswith("data.pkl")]
@@ -381,7 +365,7 @@ def file_tensor_ranges(path, blob):
             h = info.header_offset
             fn_len, extra_len = struct.unpack("<HH", blob[h + 26 : h + 30])
             start = h + 30 + fn_len + extra_len
-            out.append((start, start + info.file_size, kind[0]))
+            out.append((start, start + info.file_size, kind[0], info.filename))
     return sorted(out)
 
 
@@ -410,7 +394,7 @@ def run_files(root, threads):
                 with open(path, "rb") as f:
                     blob = f.read()
                 rest, pos, out = [], 0, 0
-                for start, end, dt in file_tensor_ranges(path, blob):
+                for start, end, dt, _ in file_tensor_ranges(path, blob):
                     rest.append(blob[pos:start])
                     pos = end
                     if dt not in codecs:
