@@ -67,8 +67,8 @@ bytearray copy made outside the timed region and the round trip is compared
 with a pristine copy of the original bytes.
 
 Output: a human table, or with --json a JSON array of rows
-  {"mode": "FULL"|"DELTA", "dtype": "bf16"|"fp32",
-   "group": "weights"|"optimizer"|"all", "codec": "zipnn", "threads": N,
+  {"mode": "FULL"|"DELTA", "dtype": "bf16"|"fp16"|"fp32",
+   "group": "weights"|"optimizer"|"mixed"|"all", "codec": "zipnn", "threads": N,
    "bytes_in": N, "ratio": x, "compress_mib_s": x, "decompress_mib_s": x}
 on stdout (notes go to stderr).
 """
