@@ -147,10 +147,35 @@ fn encode_core<const LANES: usize>(
     classes: Option<&[u8]>,
     out: &mut Vec<u8>,
 ) {
+    ENCODE_WORDS.with_borrow_mut(|words| {
+        // At most one word per symbol (the AVX2 kernel checks that its
+        // stores of eight stay inside). Reused: every word read below was
+        // written by this block first.
+        if words.len() < syms.len() {
+            words.resize(syms.len(), 0);
+        }
+        encode_words::<LANES>(syms, enc, classes, words, out)
+    })
+}
+
+thread_local! {
+    /// The renormalisation words of the block [`encode_core`] codes,
+    /// reused from block to block (a fresh zeroed buffer a block was 2
+    /// bytes zeroed a symbol): as long as the longest block this thread
+    /// coded, at most 128 KiB for a frame's 64 Ki-symbol blocks.
+    static ENCODE_WORDS: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`encode_core`] with `words` (at least one per symbol) to collect the
+/// renormalisation words in.
+fn encode_words<const LANES: usize>(
+    syms: &[u8],
+    enc: &[[EncSym; 256]],
+    classes: Option<&[u8]>,
+    words: &mut [u16],
+    out: &mut Vec<u8>,
+) {
     let n = syms.len();
-    // At most one word per symbol (the AVX2 kernel checks that its stores
-    // of eight stay inside).
-    let mut words = vec![0u16; n];
     let mut k = 0usize;
     let mut x = [L; LANES];
     macro_rules! step {
@@ -181,8 +206,7 @@ fn encode_core<const LANES: usize>(
         let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
         // SAFETY: `avx2_kernels` found the CPU features the kernel was
         // compiled for.
-        let done =
-            unsafe { simd::rans_encode_wide_avx2(x, &syms[..full], classes, &fs, &mut words, k) };
+        let done = unsafe { simd::rans_encode_wide_avx2(x, &syms[..full], classes, &fs, words, k) };
         if let Some(done) = done {
             k = done;
             groups = 0;
@@ -202,9 +226,10 @@ fn encode_core<const LANES: usize>(
     for st in x {
         out.extend_from_slice(&st.to_le_bytes());
     }
-    out.reserve(2 * k);
-    for w in words[..k].iter().rev() {
-        out.extend_from_slice(&w.to_le_bytes());
+    let at = out.len();
+    out.resize(at + 2 * k, 0);
+    for (o, w) in out[at..].chunks_exact_mut(2).zip(words[..k].iter().rev()) {
+        o.copy_from_slice(&w.to_le_bytes());
     }
 }
 
