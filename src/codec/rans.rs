@@ -461,7 +461,6 @@ fn decode_core<const LANES: usize>(
     ctx: Option<(&[u8], &ClassMap)>,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
-    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     let (mut x, data) = states::<LANES>(payload, p, offset)?;
     let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
     // Whole groups while a group's words are surely there, then whole
@@ -480,37 +479,45 @@ fn decode_core<const LANES: usize>(
             (i, r) = (i + di, r + dr);
         }
     }
-    // One decode step of state `$x` with slot table offset `$off`: slot
-    // lookup, state update, then at most one renormalisation word (x >= 16
-    // after the update, L = 2^16), taken without a branch. `$word` is the
-    // next word (read whether needed or not); the step says whether it used
-    // it.
-    macro_rules! step {
-        ($x:expr, $off:expr, $o:expr, $word:expr) => {{
-            let slot = $x & (M - 1);
-            let e = slots[($off | slot) as usize & (ALL_SLOTS - 1)];
-            *$o = e as u8;
-            let (freq, base) = ((e >> 8) & 0xfff, e >> 20);
-            let v = freq * ($x >> SCALE_BITS) + slot - base;
-            let need = v < L;
-            $x = if need { (v << 16) | $word as u32 } else { v };
-            need
-        }};
-    }
-    let off_at = |i: usize| ctx.map_or(0, |(c, m)| m.coff[c[i] as usize]);
-    let n = out.len();
-    // Tail, with every read checked.
-    for (k, o) in out[i..n].iter_mut().enumerate() {
-        let ii = i + k;
-        let mut st = x[ii % LANES];
-        // A missing word is only an error if it is needed.
-        let w = data.get(r..r + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let need = step!(st, off_at(ii), o, w.unwrap_or(0));
-        if need && w.is_none() {
-            return Err(corrupt("rans stream ends early"));
-        }
-        r += 2 * need as usize;
-        x[ii % LANES] = st;
+    let off_at = |_: &[u8], i: usize| ctx.map_or(0, |(c, m)| m.coff[c[i] as usize]);
+    finish(x, data, r, slots, offset, off_at, out, i)
+}
+
+/// The last symbols of a block from `from` on, symbol by symbol with
+/// every read checked (symbol `i`'s slot table at `off_of(out, i)`, given
+/// what is decoded so far), from states `x` and the words at `data[r..]`;
+/// then the check that the stream ends, all its words read, in the
+/// initial states.
+#[allow(clippy::too_many_arguments)]
+fn finish<const LANES: usize>(
+    mut x: [u32; LANES],
+    data: &[u8],
+    mut r: usize,
+    slots: &[u32; ALL_SLOTS],
+    offset: u64,
+    off_of: impl Fn(&[u8], usize) -> u32,
+    out: &mut [u8],
+    from: usize,
+) -> Result<(), DecodeError> {
+    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
+    for i in from..out.len() {
+        let off = off_of(out, i);
+        let st = x[i % LANES];
+        let slot = st & (M - 1);
+        let e = slots[(off | slot) as usize & (ALL_SLOTS - 1)];
+        out[i] = e as u8;
+        let v = ((e >> 8) & 0xfff) * (st >> SCALE_BITS) + slot - (e >> 20);
+        // At most one renormalisation word (x >= 16 after the update, L =
+        // 2^16); a missing word is only an error if it is needed.
+        x[i % LANES] = if v < L {
+            let w = data
+                .get(r..r + 2)
+                .ok_or(corrupt("rans stream ends early"))?;
+            r += 2;
+            (v << 16) | u16::from_le_bytes([w[0], w[1]]) as u32
+        } else {
+            v
+        };
     }
     if r != data.len() || x != [L; LANES] {
         return Err(corrupt("rans stream does not end in the initial state"));
@@ -696,7 +703,6 @@ fn decode_up_core<const LANES: usize>(
     map: &ClassMap,
     out: &mut [u8],
 ) -> Result<(), DecodeError> {
-    let corrupt = |reason: &'static str| DecodeError::Corrupt { offset, reason };
     let (mut x, data) = states::<LANES>(payload, p, offset)?;
     let slots: &[u32; ALL_SLOTS] = slots[..ALL_SLOTS].try_into().expect("slots grown");
     let n = out.len();
@@ -764,28 +770,7 @@ fn decode_up_core<const LANES: usize>(
         r += k;
         i += LANES;
     }
-    for ii in i..n {
-        let off = off_of(out, ii);
-        let st = x[ii % LANES];
-        let slot = st & (M - 1);
-        let e = slots[(off | slot) as usize & (ALL_SLOTS - 1)];
-        out[ii] = e as u8;
-        let v = ((e >> 8) & 0xfff) * (st >> SCALE_BITS) + slot - (e >> 20);
-        // A missing word is only an error if it is needed.
-        x[ii % LANES] = if v < L {
-            let w = data
-                .get(r..r + 2)
-                .ok_or(corrupt("rans stream ends early"))?;
-            r += 2;
-            (v << 16) | u16::from_le_bytes([w[0], w[1]]) as u32
-        } else {
-            v
-        };
-    }
-    if r != data.len() || x != [L; LANES] {
-        return Err(corrupt("rans stream does not end in the initial state"));
-    }
-    Ok(())
+    finish(x, data, r, slots, offset, off_of, out, i)
 }
 
 pub(crate) fn grow(v: &mut Vec<u32>, n: usize) {
