@@ -141,21 +141,27 @@ def file_group(fname):
     return "weights"
 
 
+def checkpoint_files(cdir):
+    """(path, bytes) of every file below a checkpoint directory, in path
+    order."""
+    for dirpath, _, names in sorted(os.walk(cdir)):
+        for fname in sorted(names):
+            path = os.path.join(dirpath, fname)
+            with open(path, "rb") as f:
+                yield path, f.read()
+
+
 def load_checkpoint(path):
     """{(dtype, group): {key: bytes}} for one checkpoint directory: the
     float tensors of every safetensors file and PyTorch zip below it, keyed
     by the file's path in the checkpoint and the tensor's name (storage key
     in a zip)."""
     groups = {}
-    for dirpath, _, names in sorted(os.walk(path)):
-        for fname in sorted(names):
-            p = os.path.join(dirpath, fname)
-            with open(p, "rb") as f:
-                blob = f.read()
-            rel = os.path.relpath(p, path)
-            for start, end, dt, tname in file_tensor_ranges(p, blob):
-                key = (SHORT_DTYPE[dt], file_group(fname))
-                groups.setdefault(key, {})[f"{rel}/{tname}"] = blob[start:end]
+    for p, blob in checkpoint_files(path):
+        rel = os.path.relpath(p, path)
+        for start, end, dt, tname in file_tensor_ranges(p, blob):
+            key = (SHORT_DTYPE[dt], file_group(os.path.basename(p)))
+            groups.setdefault(key, {})[f"{rel}/{tname}"] = blob[start:end]
     return groups
 
 
@@ -388,29 +394,25 @@ def run_files(root, threads):
     codecs = {}
     total_in = total_out = nfiles = 0
     for _, _, cdir in list_checkpoints(root):
-        for dirpath, _, names in sorted(os.walk(cdir)):
-            for fname in sorted(names):
-                path = os.path.join(dirpath, fname)
-                with open(path, "rb") as f:
-                    blob = f.read()
-                rest, pos, out = [], 0, 0
-                for start, end, dt, _ in file_tensor_ranges(path, blob):
-                    rest.append(blob[pos:start])
-                    pos = end
-                    if dt not in codecs:
-                        kw = dict(method="AUTO", input_format="byte", bytearray_dtype=dt, threads=threads)
-                        codecs[dt] = (ZipNN(**kw), ZipNN(**kw))
-                    comp, decomp = codecs[dt]
-                    data = blob[start:end]
-                    z = comp.compress(bytearray(data))  # zipnn mutates byte input in place
-                    if bytes(decomp.decompress(z)) != data:
-                        raise AssertionError(f"ZipNN round trip mismatch in {path}")
-                    out += len(z)
-                rest.append(blob[pos:])
-                out += zstd19_len(b"".join(rest))
-                total_in += len(blob)
-                total_out += out
-                nfiles += 1
+        for path, blob in checkpoint_files(cdir):
+            rest, pos, out = [], 0, 0
+            for start, end, dt, _ in file_tensor_ranges(path, blob):
+                rest.append(blob[pos:start])
+                pos = end
+                if dt not in codecs:
+                    kw = dict(method="AUTO", input_format="byte", bytearray_dtype=dt, threads=threads)
+                    codecs[dt] = (ZipNN(**kw), ZipNN(**kw))
+                comp, decomp = codecs[dt]
+                data = blob[start:end]
+                z = comp.compress(bytearray(data))  # zipnn mutates byte input in place
+                if bytes(decomp.decompress(z)) != data:
+                    raise AssertionError(f"ZipNN round trip mismatch in {path}")
+                out += len(z)
+            rest.append(blob[pos:])
+            out += zstd19_len(b"".join(rest))
+            total_in += len(blob)
+            total_out += out
+            nfiles += 1
     print(f"# zipnn {ver}, threads={threads}; {nfiles} files; ratio {total_out / max(total_in, 1):.4f}", file=sys.stderr)
     return {"codec": "zipnn-files", "bytes": total_out, "bytes_in": total_in, "files": nfiles}
 
