@@ -198,15 +198,21 @@ fn encode_words<const LANES: usize>(
     #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut groups = full / LANES;
     #[cfg(target_arch = "x86_64")]
-    if LANES == WIDE && avx2_kernels() {
+    if avx2_kernels() {
         let fs: Vec<u32> = enc
             .iter()
             .flat_map(|t| t.iter().map(|e| (e.x_max >> 20) | e.start << 16))
             .collect();
-        let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
-        // SAFETY: `avx2_kernels` found the CPU features the kernel was
+        let body = &syms[..full];
+        // SAFETY: `avx2_kernels` found the CPU features the kernels were
         // compiled for.
-        let done = unsafe { simd::rans_encode_wide_avx2(x, &syms[..full], classes, &fs, words, k) };
+        let done = unsafe {
+            if LANES == WIDE {
+                simd::rans_encode_avx2::<4>(&mut x, body, classes, &fs, words, k)
+            } else {
+                simd::rans_encode_avx2::<1>(&mut x, body, classes, &fs, words, k)
+            }
+        };
         if let Some(done) = done {
             k = done;
             groups = 0;
@@ -573,15 +579,8 @@ fn groups<const LANES: usize>(
     ctx: Option<(&[u8], &ClassMap)>,
     out: &mut [u8],
 ) -> (usize, usize) {
-    let (mut i, mut r) = (0usize, 0usize);
-    #[cfg(target_arch = "x86_64")]
-    if LANES == WIDE && avx2_kernels() {
-        let x: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
-        let ctx = ctx.map(|(c, m)| (c, &m.lookup));
-        // SAFETY: `avx2_kernels` found the CPU features the kernel was
-        // compiled for.
-        (i, r) = unsafe { simd::rans_decode_wide_avx2(x, data, slots, ctx, out, end) };
-    }
+    let ctx_lookup = ctx.map(|(c, m)| (c, &m.lookup));
+    let (mut i, mut r) = kernel_decode(x, data, slots, ctx_lookup, out, end);
     // The states are independent chains the CPU overlaps.
     for g in out[i..].chunks_exact_mut(LANES) {
         let Some(win) = data.get(r..r + 2 * LANES) else {
@@ -603,6 +602,34 @@ fn groups<const LANES: usize>(
         i += LANES;
     }
     (i, r)
+}
+
+/// The AVX2 kernel's whole groups of `LANES` symbols, as [`groups`]
+/// takes them (from states `x`, the words of `data` up to `end`), where
+/// the CPU has AVX2: the symbols decoded and the words' bytes read, none
+/// elsewhere.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn kernel_decode<const LANES: usize>(
+    x: &mut [u32; LANES],
+    data: &[u8],
+    slots: &[u32; ALL_SLOTS],
+    ctx: Option<(&[u8], &simd::CtxClasses)>,
+    out: &mut [u8],
+    end: usize,
+) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2_kernels() {
+        // SAFETY: `avx2_kernels` found the CPU features the kernels were
+        // compiled for.
+        return unsafe {
+            if LANES == WIDE {
+                simd::rans_decode_avx2::<4>(x, data, slots, ctx, out, end)
+            } else {
+                simd::rans_decode_avx2::<1>(x, data, slots, ctx, out, end)
+            }
+        };
+    }
+    (0, 0)
 }
 
 /// Decode `out.len()` symbols from `payload`.
@@ -715,23 +742,23 @@ fn decode_up_core<const LANES: usize>(
         }
     };
     let (mut i, mut r) = (0usize, 0usize);
-    // With 32 states and AVX2: the kernel of `decode_core`, on pieces of
-    // whole groups no longer than `d`, each piece's contexts read where
-    // they were decoded (copied into `cbuf` with the 0s before `d`).
-    #[cfg(target_arch = "x86_64")]
-    if LANES == WIDE && avx2_kernels() {
-        let xw: &mut [u32; WIDE] = (&mut x[..]).try_into().expect("LANES == WIDE");
+    // With AVX2: the kernel of `decode_core`, on pieces of whole groups no
+    // longer than `d`, each piece's contexts read where they were decoded
+    // (copied into `cbuf` with the 0s before `d`).
+    // (Narrow blocks only with rows of eight groups or more: a kernel call
+    // per group costs more than the scalar loop.)
+    if avx2_kernels() && (LANES == WIDE || d >= 8 * LANES) {
         let mut cbuf = [0u8; UP_PIECE];
-        let piece = d / WIDE * WIDE;
-        while i + WIDE <= n {
+        let piece = d / LANES * LANES;
+        while i + LANES <= n {
             let (done, todo) = out.split_at_mut(i);
             // `len <= d`: a piece's contexts are all decoded already, read
             // in place once the piece starts at or past `d`.
             let (ctx, len) = if i >= d {
-                let len = piece.min((n - i) / WIDE * WIDE);
+                let len = piece.min((n - i) / LANES * LANES);
                 (&done[i - d..i - d + len], len)
             } else {
-                let len = piece.min(UP_PIECE).min((n - i) / WIDE * WIDE);
+                let len = piece.min(UP_PIECE).min((n - i) / LANES * LANES);
                 let z = (d - i).min(len);
                 cbuf[..z].fill(0);
                 if z < len {
@@ -740,18 +767,14 @@ fn decode_up_core<const LANES: usize>(
                 (&cbuf[..len], len)
             };
             let rest = &data[r..];
-            // SAFETY: `avx2_kernels` found the CPU features the kernel was
-            // compiled for.
-            let (di, dr) = unsafe {
-                simd::rans_decode_wide_avx2(
-                    xw,
-                    rest,
-                    slots,
-                    Some((ctx, &map.lookup)),
-                    &mut todo[..len],
-                    rest.len(),
-                )
-            };
+            let (di, dr) = kernel_decode(
+                &mut x,
+                rest,
+                slots,
+                Some((ctx, &map.lookup)),
+                &mut todo[..len],
+                rest.len(),
+            );
             (i, r) = (i + di, r + dr);
             if di < len {
                 break;
@@ -1063,15 +1086,23 @@ mod tests {
 
     #[test]
     fn the_avx2_kernel_matches_the_scalar_loop_on_damaged_blocks() {
-        let (syms, ctx) = skewed_with_context(40_000, 9);
+        for n in [40_000, 12_288] {
+            damaged_blocks_decode_alike(n);
+        }
+    }
+
+    /// [`the_avx2_kernel_matches_the_scalar_loop_on_damaged_blocks`] on a
+    /// block of `n` symbols (wide or narrow).
+    fn damaged_blocks_decode_alike(n: usize) {
+        let (syms, ctx) = skewed_with_context(n, 9);
         let payload = ctx_payload(&syms, &ctx);
         assert_eq!(ctx_decode_with(true, &payload, &ctx), (true, syms.clone()));
         assert_eq!(ctx_decode_with(false, &payload, &ctx), (true, syms));
         // Damage in the states, the words, and a context the tables do
         // not expect: both decoders read the same symbols and agree that
         // it is an error.
-        let n = payload.len();
-        for at in [n - 300, n - 5000, n / 2, n - 2] {
+        let len = payload.len();
+        for at in [len - 300, len - len / 3, len / 2, len - 2] {
             let mut bad = payload.clone();
             bad[at] ^= 0x5a;
             let simd = ctx_decode_with(true, &bad, &ctx);
@@ -1087,7 +1118,7 @@ mod tests {
         assert_eq!(simd, ctx_decode_with(false, &twice, &ctx));
         let mut other = ctx.clone();
         other[123] = 7;
-        other[20_000] = 250;
+        other[n / 2] = 250;
         assert_eq!(
             ctx_decode_with(true, &payload, &other),
             ctx_decode_with(false, &payload, &other)
@@ -1153,11 +1184,11 @@ mod tests {
             round_trip(&s);
         }
 
-        /// The AVX2 encoder writes the scalar encoder's very bytes, context
-        /// coded or plain.
+        /// The AVX2 encoders (wide and narrow blocks) write the scalar
+        /// encoder's very bytes, context coded or plain.
         #[test]
         fn the_avx2_encoder_writes_the_scalar_bytes(
-            n in WIDE_MIN_SYMBOLS..WIDE_MIN_SYMBOLS + 3000,
+            n in prop_oneof![2usize..3000, WIDE_MIN_SYMBOLS - 3000..WIDE_MIN_SYMBOLS + 3000],
             seed in any::<u64>(),
         ) {
             let (syms, ctx) = skewed_with_context(n, seed);
@@ -1179,11 +1210,12 @@ mod tests {
             }
         }
 
-        /// Wide blocks, context coded, of any length and context: the AVX2
-        /// kernel and the scalar loop decode the same symbols.
+        /// Blocks, wide and narrow, context coded, of any length and
+        /// context: the AVX2 kernels and the scalar loop decode the same
+        /// symbols.
         #[test]
-        fn wide_blocks_decode_alike_with_and_without_avx2(
-            n in WIDE_MIN_SYMBOLS..WIDE_MIN_SYMBOLS + 3000,
+        fn blocks_decode_alike_with_and_without_avx2(
+            n in prop_oneof![2usize..3000, WIDE_MIN_SYMBOLS - 3000..WIDE_MIN_SYMBOLS + 3000],
             seed in any::<u64>(),
         ) {
             let (syms, ctx) = skewed_with_context(n, seed);

@@ -1,6 +1,6 @@
 //! Every `#[target_feature]` kernel of the codec, in one place: the
 //! [`dispatch!`] macro (an AVX2 build of a portable loop, chosen at run
-//! time), the hand-written AVX2 kernels of 32-state rANS (encode and
+//! time), the hand-written AVX2 kernels of rANS with 8 or 32 states (encode and
 //! decode of whole groups), of byte ungrouping (four streams into 4-byte
 //! elements; two or four streams undone against a base's elements, by
 //! per-byte ops or the ULP difference), of grouping against a base
@@ -130,7 +130,8 @@ macro_rules! widen_quarters {
     }};
 }
 
-/// The group loop of `rans::encode_core` with [`RANS_WIDE`] states in four
+/// The group loop of `rans::encode_core` with `8 * R` states (`R` = 4
+/// for a wide block, [`RANS_WIDE`] states, or 1 for a narrow one) in `R`
 /// AVX2 registers, for every whole group of `syms` from the last: per
 /// register one gather of `fs` (`freq | start << 16` per
 /// `class << 8 | symbol`), the words of the lanes that renormalise
@@ -143,15 +144,15 @@ macro_rules! widen_quarters {
 /// `words[k..]` receives the words; returns the words written in all (`k`
 /// on entry plus this kernel's), or `None`, having touched nothing, when
 /// the arguments leave it no room: `words` shorter than `k` plus one word
-/// per symbol, `classes` shorter than `syms`, or `fs` without a whole
-/// table. The caller then takes the scalar loop.
+/// per symbol, `classes` shorter than `syms`, `fs` without a whole table,
+/// or `x` not `8 * R` states. The caller then takes the scalar loop.
 ///
 /// # Safety
 /// The CPU must support `avx2` and `popcnt`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
-pub(crate) unsafe fn rans_encode_wide_avx2(
-    x: &mut [u32; RANS_WIDE],
+pub(crate) unsafe fn rans_encode_avx2<const R: usize>(
+    x: &mut [u32],
     syms: &[u8],
     classes: Option<&[u8]>,
     fs: &[u32],
@@ -162,37 +163,47 @@ pub(crate) unsafe fn rans_encode_wide_avx2(
     const M: i32 = 1 << SCALE_BITS;
     // Each symbol writes at most one word, so with this room every store
     // of eight below stays inside `words` (see the store).
+    const { assert!(R == 1 || R == 4, "a narrow or a wide block") };
+    let lanes = 8 * R;
     let room = k.checked_add(syms.len())? <= words.len();
-    if !room || fs.len() < 256 || classes.is_some_and(|c| c.len() < syms.len()) {
+    if !room || x.len() != lanes || fs.len() < 256 || classes.is_some_and(|c| c.len() < syms.len())
+    {
         return None;
     }
     // SAFETY: the CPU has AVX2 and popcnt (the caller's contract), and
-    // every pointer access is in bounds: `x` is 32 u32, loaded and stored
-    // as four registers of eight; a group's 32 symbols (and classes) start
-    // at `at = 32 g` with `at + 32 <= syms.len() <= classes.len()`; each
+    // every pointer access is in bounds: `x` is `8 * R` u32 (checked
+    // above), loaded and stored as `R` registers of eight; a group's
+    // `8 * R` symbols (and classes) start at `at = 8 R g` with `at + 8 R <=
+    // syms.len() <= classes.len()`; each
     // gather index is `class << 8 | symbol` with the class clamped to
     // `last`, so below `(last + 1) * 256 <= fs.len()`; the stores of eight
     // words are bounded at the store.
     unsafe {
-        let mut xv: [__m256i; 4] =
+        let mut xv: [__m256i; R] =
             std::array::from_fn(|r| _mm256_loadu_si256(x.as_ptr().add(8 * r).cast()));
+        // The group's bytes at `p` (symbols or classes), one per lane.
+        let widen = |p: *const u8| -> [__m256i; R] {
+            if R == 4 {
+                let q = widen_quarters!(_mm256_loadu_si256(p.cast()));
+                std::array::from_fn(|r| q[r])
+            } else {
+                [_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast())); R]
+            }
+        };
         // A class past the last table takes the last.
         let last = _mm256_set1_epi32((fs.len() / 256) as i32 - 1);
         let low16 = _mm256_set1_epi32(0xffff);
         let m_scale = _mm256_set1_epi32(M);
         let sign = _mm256_set1_epi32(i32::MIN);
         let two31 = _mm256_set1_pd(2_147_483_648.0);
-        for g in (0..syms.len() / RANS_WIDE).rev() {
-            let at = g * RANS_WIDE;
-            let sk = widen_quarters!(_mm256_loadu_si256(syms.as_ptr().add(at).cast()));
+        for g in (0..syms.len() / lanes).rev() {
+            let at = g * lanes;
+            let sk = widen(syms.as_ptr().add(at));
             let ck = match classes {
-                Some(c) => {
-                    let cv = _mm256_loadu_si256(c.as_ptr().add(at).cast());
-                    widen_quarters!(cv).map(|q| _mm256_min_epu32(q, last))
-                }
-                None => [_mm256_setzero_si256(); 4],
+                Some(c) => widen(c.as_ptr().add(at)).map(|q| _mm256_min_epu32(q, last)),
+                None => [_mm256_setzero_si256(); R],
             };
-            for r in (0..4).rev() {
+            for r in (0..R).rev() {
                 let idx = _mm256_or_si256(_mm256_slli_epi32(ck[r], 8), sk[r]);
                 let e = _mm256_i32gather_epi32::<4>(fs.as_ptr().cast(), idx);
                 let freq = _mm256_and_si256(e, low16);
@@ -237,26 +248,27 @@ pub(crate) unsafe fn rans_encode_wide_avx2(
     Some(k)
 }
 
-/// The fast path of `rans::decode_core` with [`RANS_WIDE`] states, in four
-/// AVX2 registers: per group of 32 symbols, four gathers of eight slots
+/// The fast path of `rans::decode_core` with `8 * R` states (`R` = 4 for
+/// a wide block, [`RANS_WIDE`] states, or 1 for a narrow one) in `R` AVX2
+/// registers: per group of `8 * R` symbols, `R` gathers of eight slots
 /// (each register's chain is independent, so their latencies overlap),
 /// then each register's renormalisation words, expanded to the lanes that
-/// need them with one permutation. Decodes whole groups while 64 bytes of
-/// words are left (a group needs at most that) and returns the symbols
-/// decoded and the words' bytes read; the caller goes on from there.
-/// A group that would leave the words read past `end` is not taken (its
-/// states and symbols are left as they were): `data` may then be the
+/// need them with one permutation. Decodes whole groups while `16 * R`
+/// bytes of words are left (a group needs at most that) and returns the
+/// symbols decoded and the words' bytes read; the caller goes on from
+/// there. A group that would leave the words read past `end` is not taken
+/// (its states and symbols are left as they were): `data` may then be the
 /// stream's last words followed by padding, which only a damaged stream
 /// reads. `ctx`, if given, is the context byte of each symbol and its
-/// classes; with fewer context bytes than `out`, or classes out of range,
-/// the kernel decodes nothing.
+/// classes; with fewer context bytes than `out`, classes out of range, or
+/// `x` not `8 * R` states, the kernel decodes nothing.
 ///
 /// # Safety
 /// The CPU must support `avx2` and `popcnt`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,popcnt")]
-pub(crate) unsafe fn rans_decode_wide_avx2(
-    x: &mut [u32; RANS_WIDE],
+pub(crate) unsafe fn rans_decode_avx2<const R: usize>(
+    x: &mut [u32],
     data: &[u8],
     slots: &[u32; RANS_ALL_SLOTS],
     ctx: Option<(&[u8], &CtxClasses)>,
@@ -264,8 +276,13 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
     end: usize,
 ) -> (usize, usize) {
     use std::arch::x86_64::*;
+    const { assert!(R == 1 || R == 4, "a narrow or a wide block") };
     const M: i32 = 1 << SCALE_BITS;
+    let lanes = 8 * R;
     let n = out.len();
+    if x.len() != lanes {
+        return (0, 0);
+    }
     if let Some((c, m)) = ctx {
         let in_range = |&k: &u8| (k as usize) < RANS_CLASSES;
         if c.len() < n || m.nv >= RANS_CLASSES || !m.classes.iter().chain([&m.other]).all(in_range)
@@ -275,39 +292,52 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
     }
     let (mut i, mut r) = (0usize, 0usize);
     // SAFETY: the CPU has AVX2 and popcnt (the caller's contract), and
-    // every pointer access is in bounds: `x` is 32 u32, loaded and stored
-    // as four registers of eight; a group reads context bytes and writes
-    // symbols `i..i + 32` with `i + 32 <= n <= ctx.len()` (checked above);
-    // each register reads 16 bytes of words at `r`, where the loop left 64
-    // and each register before took at most 16; a gather index is a class
-    // (below 8, checked above) times 4096 plus a 12-bit slot, inside
-    // `slots`.
+    // every pointer access is in bounds: `x` is `8 * R` u32 (checked
+    // above), loaded and stored as `R` registers of eight; a group reads
+    // context bytes and writes symbols `i..i + 8 * R` with `i + 8 * R <= n
+    // <= ctx.len()` (checked above); each register reads 16 bytes of words
+    // at `r`, where the loop left `16 * R` and each register before took at
+    // most 16; a gather index is a class (below 8, checked above) times
+    // 4096 plus a 12-bit slot, inside `slots`.
     unsafe {
-        let mut xv: [__m256i; 4] =
+        let mut xv: [__m256i; R] =
             std::array::from_fn(|k| _mm256_loadu_si256(x.as_ptr().add(8 * k).cast()));
         let low12 = _mm256_set1_epi32(M - 1);
         let low8 = _mm256_set1_epi32(0xff);
         let zero = _mm256_setzero_si256();
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        while i + RANS_WIDE <= n && r + 2 * RANS_WIDE <= data.len() {
+        while i + lanes <= n && r + 2 * lanes <= data.len() {
             let (x0, r0) = (xv, r);
-            let off: [__m256i; 4] = match ctx {
+            let off: [__m256i; R] = match ctx {
                 Some((c, m)) => {
-                    // The class of each of the 32 context bytes: compare
-                    // with each value, last to first, so the first match
-                    // wins.
-                    let cv = _mm256_loadu_si256(c.as_ptr().add(i).cast());
-                    let mut cls = _mm256_set1_epi8(m.other as i8);
-                    for j in (0..m.nv).rev() {
-                        let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
-                        cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
+                    // The class of each context byte: compare with each
+                    // value, last to first, so the first match wins.
+                    let classify = |cv: __m256i| {
+                        let mut cls = _mm256_set1_epi8(m.other as i8);
+                        for j in (0..m.nv).rev() {
+                            let eq = _mm256_cmpeq_epi8(cv, _mm256_set1_epi8(m.values[j] as i8));
+                            cls = _mm256_blendv_epi8(cls, _mm256_set1_epi8(m.classes[j] as i8), eq);
+                        }
+                        cls
+                    };
+                    let at = c.as_ptr().add(i);
+                    if R == 4 {
+                        let cls = classify(_mm256_loadu_si256(at.cast()));
+                        let q = widen_quarters!(cls);
+                        std::array::from_fn(|k| _mm256_slli_epi32(q[k], SCALE_BITS as i32))
+                    } else {
+                        // Eight bytes classified (the register's other
+                        // bytes are 0s, their classes unused), then widened
+                        // to the register's lanes.
+                        let cv = _mm256_castsi128_si256(_mm_loadl_epi64(at.cast()));
+                        let cls = _mm256_cvtepu8_epi32(_mm256_castsi256_si128(classify(cv)));
+                        [_mm256_slli_epi32(cls, SCALE_BITS as i32); R]
                     }
-                    widen_quarters!(cls).map(|q| _mm256_slli_epi32(q, SCALE_BITS as i32))
                 }
-                None => [zero; 4],
+                None => [zero; R],
             };
-            let mut e = [zero; 4];
-            for k in 0..4 {
+            let mut e = [zero; R];
+            for k in 0..R {
                 let slot = _mm256_and_si256(xv[k], low12);
                 let ek = _mm256_i32gather_epi32::<4>(
                     slots.as_ptr().cast(),
@@ -331,18 +361,32 @@ pub(crate) unsafe fn rans_decode_wide_avx2(
                 xv[k] = _mm256_blendv_epi8(v, renorm, need);
                 r += 2 * mask.count_ones() as usize;
             }
-            // Byte 0 of each entry is its symbol: pack 4 x 8 entries to 32
-            // bytes (the packs work per 128-bit half; the permutation puts
-            // the halves' quarters back in lane order).
-            let a = _mm256_packus_epi32(_mm256_and_si256(e[0], low8), _mm256_and_si256(e[1], low8));
-            let b = _mm256_packus_epi32(_mm256_and_si256(e[2], low8), _mm256_and_si256(e[3], low8));
-            let syms = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
             if r > end {
                 (xv, r) = (x0, r0);
                 break;
             }
-            _mm256_storeu_si256(out.as_mut_ptr().add(i).cast(), syms);
-            i += RANS_WIDE;
+            // Byte 0 of each entry is its symbol (the packs work per
+            // 128-bit half).
+            let dst = out.as_mut_ptr().add(i);
+            if R == 4 {
+                // 4 x 8 entries to 32 bytes; the permutation puts the
+                // halves' quarters back in lane order.
+                let a =
+                    _mm256_packus_epi32(_mm256_and_si256(e[0], low8), _mm256_and_si256(e[1], low8));
+                let b =
+                    _mm256_packus_epi32(_mm256_and_si256(e[2], low8), _mm256_and_si256(e[3], low8));
+                let syms = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a, b), order);
+                _mm256_storeu_si256(dst.cast(), syms);
+            } else {
+                // Each half's four symbols to its low 4 bytes, then the two
+                // halves side by side.
+                let a = _mm256_and_si256(e[0], low8);
+                let b = _mm256_packus_epi16(_mm256_packus_epi32(a, a), zero);
+                let syms =
+                    _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+                _mm_storel_epi64(dst.cast(), syms);
+            }
+            i += lanes;
         }
         for (k, v) in xv.iter().enumerate() {
             _mm256_storeu_si256(x.as_mut_ptr().add(8 * k).cast(), *v);
@@ -946,7 +990,7 @@ mod tests {
     /// too little room for its words (or too few classes, or no whole
     /// table) declines, touching nothing, instead of storing past the end.
     #[test]
-    fn the_wide_encoder_declines_arguments_that_leave_it_no_room() {
+    fn the_encoder_kernels_decline_arguments_that_leave_them_no_room() {
         if !avx2() {
             return;
         }
@@ -960,7 +1004,7 @@ mod tests {
         let run = |words: &mut [u16], classes: Option<&[u8]>, fs: &[u32]| {
             let mut x = start;
             // SAFETY: the CPU has AVX2 and popcnt, checked above.
-            let got = unsafe { rans_encode_wide_avx2(&mut x, &syms, classes, fs, words, k) };
+            let got = unsafe { rans_encode_avx2::<4>(&mut x, &syms, classes, fs, words, k) };
             (got, x)
         };
         // One word short of one per symbol: declined, states as they were.
@@ -975,6 +1019,13 @@ mod tests {
         let (plain, _) = run(&mut words, None, &fs);
         assert!(plain.is_some_and(|end| end >= k && end <= words.len()));
         assert_eq!(run(&mut words, Some(&classes), &fs).0, plain);
+        // The narrow kernel takes eight states, no other count.
+        let narrow = |x: &mut [u32], words: &mut [u16]| {
+            // SAFETY: the CPU has AVX2 and popcnt, checked above.
+            unsafe { rans_encode_avx2::<1>(x, &syms, None, &fs, words, k) }
+        };
+        assert_eq!(narrow(&mut [1 << 16; RANS_WIDE], &mut words), None);
+        assert!(narrow(&mut [1 << 16; 8], &mut words).is_some());
     }
 
     /// The decoder kernel decodes nothing with fewer context bytes than
@@ -982,7 +1033,7 @@ mod tests {
     /// (the scalar loop then goes on, bounds-checked); with a sound map it
     /// decodes whole groups.
     #[test]
-    fn the_wide_decoder_declines_a_short_context_or_bad_classes() {
+    fn the_decoder_kernels_decline_a_short_context_or_bad_classes() {
         if !avx2() {
             return;
         }
@@ -1000,7 +1051,7 @@ mod tests {
             let mut x = [1u32 << 16; RANS_WIDE];
             // SAFETY: the CPU has AVX2 and popcnt, checked above.
             unsafe {
-                rans_decode_wide_avx2(
+                rans_decode_avx2::<4>(
                     &mut x,
                     &data,
                     slots,
@@ -1018,6 +1069,14 @@ mod tests {
         assert_eq!(run(&ctx, 8, sound, 6), 0);
         assert_eq!(run(&ctx, 7, sound, 8), 0);
         assert_eq!(run(&ctx, 7, [8, 0, 1, 2, 3, 4, 5], 6), 0);
+        // The narrow kernel takes eight states, no other count.
+        let narrow = |x: &mut [u32]| {
+            let mut out = vec![0u8; 256];
+            // SAFETY: the CPU has AVX2 and popcnt, checked above.
+            unsafe { rans_decode_avx2::<1>(x, &data, slots, None, &mut out, data.len()) }.0
+        };
+        assert_eq!(narrow(&mut [1 << 16; RANS_WIDE]), 0);
+        assert_eq!(narrow(&mut [1 << 16; 8]), 256);
     }
 }
 
