@@ -161,10 +161,10 @@ pub(crate) unsafe fn rans_encode_avx2<const R: usize>(
 ) -> Option<usize> {
     use std::arch::x86_64::*;
     const M: i32 = 1 << SCALE_BITS;
-    // Each symbol writes at most one word, so with this room every store
-    // of eight below stays inside `words` (see the store).
     const { assert!(R == 1 || R == 4, "a narrow or a wide block") };
     let lanes = 8 * R;
+    // Each symbol writes at most one word, so with this room every store
+    // of eight below stays inside `words` (see the store).
     let room = k.checked_add(syms.len())? <= words.len();
     if !room || x.len() != lanes || fs.len() < 256 || classes.is_some_and(|c| c.len() < syms.len())
     {
@@ -173,11 +173,11 @@ pub(crate) unsafe fn rans_encode_avx2<const R: usize>(
     // SAFETY: the CPU has AVX2 and popcnt (the caller's contract), and
     // every pointer access is in bounds: `x` is `8 * R` u32 (checked
     // above), loaded and stored as `R` registers of eight; a group's
-    // `8 * R` symbols (and classes) start at `at = 8 R g` with `at + 8 R <=
-    // syms.len() <= classes.len()`; each
-    // gather index is `class << 8 | symbol` with the class clamped to
-    // `last`, so below `(last + 1) * 256 <= fs.len()`; the stores of eight
-    // words are bounded at the store.
+    // `8 * R` symbols (and classes) start at `at = 8 R g` with `at + 8 R
+    // <= syms.len() <= classes.len()`, read as 32 bytes (`R` = 4) or 8;
+    // each gather index is `class << 8 | symbol` with the class clamped
+    // to `last`, so below `(last + 1) * 256 <= fs.len()`; the stores of
+    // eight words are bounded at the store.
     unsafe {
         let mut xv: [__m256i; R] =
             std::array::from_fn(|r| _mm256_loadu_si256(x.as_ptr().add(8 * r).cast()));
