@@ -13,8 +13,8 @@
 //!
 //! Owns: the frequency table encoding, the scalar encode and decode loops
 //! (with one table per class when `context` supplies classes), and the
-//! run-time choice of the AVX2 kernels in [`super::simd`] for 32-state
-//! blocks. Must not: model contexts (that is `context`'s) or estimate
+//! run-time choice of the AVX2 kernels in [`super::simd`] (one register
+//! of eight states for a narrow block, four for a wide one). Must not: model contexts (that is `context`'s) or estimate
 //! sizes beyond its own header (statistics are `stats`'s).
 
 use super::simd;
@@ -647,13 +647,13 @@ pub fn decode(
 
 #[cfg(test)]
 thread_local! {
-    /// Whether wide blocks may take the AVX2 kernel; tests switch it off to
-    /// compare the scalar loop with it on the same payloads.
+    /// Whether blocks may take the AVX2 kernels; tests switch them off to
+    /// compare the scalar loops with them on the same payloads.
     static SIMD: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
 }
 
-/// Whether the AVX2 kernels of 32-state blocks run here: x86-64 with AVX2
-/// and popcnt (and, in tests, not switched off).
+/// Whether the AVX2 rANS kernels (8- and 32-state blocks) run here:
+/// x86-64 with AVX2 and popcnt (and, in tests, not switched off).
 fn avx2_kernels() -> bool {
     #[cfg(test)]
     if !SIMD.get() {

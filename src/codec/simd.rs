@@ -60,12 +60,12 @@ macro_rules! dispatch {
 /// States of a wide rANS block, as the kernels hold them: four registers of
 /// eight u32.
 pub(crate) const RANS_WIDE: usize = 32;
-/// Slot tables a wide rANS decode indexes: up to eight classes of
+/// Slot tables a rANS decode kernel indexes: up to eight classes of
 /// `2^SCALE_BITS` slots (`class << 12 | slot`).
 pub(crate) const RANS_CLASSES: usize = 8;
 pub(crate) const RANS_ALL_SLOTS: usize = RANS_CLASSES << SCALE_BITS;
 
-/// How the wide rANS decoder classifies context bytes: a byte equal to
+/// How the rANS decoder kernels classify context bytes: a byte equal to
 /// `values[j]` (the first such `j < nv`) is in class `classes[j]`, any
 /// other byte in class `other`. Every class must be below
 /// [`RANS_CLASSES`] and `nv` below `RANS_CLASSES` too, or the decoder
