@@ -14,8 +14,9 @@
 //! Owns: the frequency table encoding, the scalar encode and decode loops
 //! (with one table per class when `context` supplies classes), and the
 //! run-time choice of the AVX2 kernels in [`super::simd`] (one register
-//! of eight states for a narrow block, four for a wide one). Must not: model contexts (that is `context`'s) or estimate
-//! sizes beyond its own header (statistics are `stats`'s).
+//! of eight states for a narrow block, four for a wide one). Must not:
+//! model contexts (that is `context`'s) or estimate sizes beyond its own
+//! header (statistics are `stats`'s).
 
 use super::simd;
 pub(crate) use super::stats::SCALE_BITS;
