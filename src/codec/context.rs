@@ -423,15 +423,9 @@ mod tests {
             seed in any::<u64>(),
             skew in 1u8..=255,
         ) {
-            let mut x = seed | 1;
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
-            let syms: Vec<u8> = (0..len).map(|_| (next() as u8) % skew).collect();
-            let classes: Vec<u8> = (0..len).map(|_| (next() >> 8) as u8 % 11).collect();
+            let mut rng = crate::testing::Rng(seed | 1);
+            let syms: Vec<u8> = (0..len).map(|_| (rng.next_u64() as u8) % skew).collect();
+            let classes: Vec<u8> = (0..len).map(|_| (rng.next_u64() >> 8) as u8 % 11).collect();
             let model = CtxModel::new(&classes);
             let got = model.class_histograms(&syms, &classes);
             let mut want = [[0u32; 256]; MAX_CLASSES];

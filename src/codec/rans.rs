@@ -1033,15 +1033,9 @@ mod tests {
         ) {
             // Symbols that follow a column of `row` (each the column's
             // value plus 0-2), so that the classes matter.
-            let mut x = seed | 1;
-            let mut next = move || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
-            let cols: Vec<u8> = (0..row).map(|_| 100 + (next() % 7) as u8).collect();
-            let syms: Vec<u8> = (0..n).map(|i| cols[i % row] + (next() % 3) as u8).collect();
+            let mut rng = crate::testing::Rng(seed | 1);
+            let cols: Vec<u8> = (0..row).map(|_| 100 + (rng.next_u64() % 7) as u8).collect();
+            let syms: Vec<u8> = (0..n).map(|i| cols[i % row] + (rng.next_u64() % 3) as u8).collect();
             let mut ctx = vec![0u8; d.min(n)];
             ctx.extend_from_slice(&syms[..n - d.min(n)]);
             let mut payload = Vec::new();
