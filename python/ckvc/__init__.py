@@ -530,30 +530,34 @@ class Repository:
         (``STEP_PAUSE_LIMIT``).
 
         The first background save of a ``Repository`` object (and one whose
-        state has outgrown the buffer) copies nothing when its large
-        tensors are contiguous CPU tensors (a GPU trainer's are copied to
-        the staging buffer as below): the staging buffer
-        would have to be faulted in first, which on a VM costs more than
-        committing the state (1.4 GiB: ~2.3 s against ~1.4 s here). It
-        reads the large tensors where they are while it commits, with the
-        same rules as a copy under ``"background"`` below, except that the
-        wait lasts until the commit has read and stored every tensor (just
-        before it is published) rather than until a copy is done, and the
-        version check runs then: a tensor changed from another thread
-        meanwhile fails the save with ``TensorModifiedError`` and nothing is
-        committed. That commit runs at the lowest priority
-        (``IN_PLACE_NICE``: the step waits for it, so it takes the cores
-        while the step waits and leaves them to a forward and backward pass
-        that runs beside it). Once that save is durable the staging buffer
-        is allocated and faulted in by a thread of its own (nice +10),
-        paced to a quarter of its time (``_state.WARM_DUTY``: faulting in
-        slowed the optimizer step beside it even at nice +10), for the
-        next save.
-        ``scripts/bench_python.py --compute idle`` (GPT-2 small + AdamW):
-        first save's stall 0.83x ``torch.save`` + fsync with a copy into a
-        fresh buffer, 0.13-0.32x (0.5-0.9 s) reading in place, charged
-        with the step after the call; 0.25-0.39x (1.0-1.4 s) charged with
-        every step until it is durable.
+        state has outgrown the buffer) copies nothing when its large tensors
+        are contiguous CPU tensors (a GPU trainer's are copied to the staging
+        buffer as below): a copy would need the whole staging buffer beside
+        the commit's own memory, more than one copy of the state, where
+        reading in place needs none until the save is durable. It reads the
+        large tensors where they are while it commits, with the same rules as
+        a copy under ``"background"`` below, except that the wait lasts until
+        the commit has read and stored every tensor (just before it is
+        published) rather than until a copy is done, and the version check
+        runs then: a tensor changed from another thread meanwhile fails the
+        save with ``TensorModifiedError`` and nothing is committed. That
+        commit runs at the lowest priority (``IN_PLACE_NICE``: the step waits
+        for it, so it takes the cores while the step waits and leaves them to
+        a forward and backward pass that runs beside it). Once that save is
+        durable the staging buffer is allocated and faulted in by a thread of
+        its own (nice +10), paced to a quarter of its time
+        (``_state.WARM_DUTY``: faulting in slowed the optimizer step beside it
+        even at nice +10), for the next save.
+        ``scripts/bench_python.py --compute idle`` (GPT-2 small + AdamW, 1.4
+        GiB), on one VM: first save's stall 0.83x ``torch.save`` + fsync with
+        a copy into a fresh buffer, 0.13-0.32x (0.5-0.9 s) reading in place,
+        charged with the step after the call; 0.25-0.39x (1.0-1.4 s) charged
+        with every step until it is durable. On a later VM, charged with every
+        step, two pairs of alternating runs: reading in place stalled the loop
+        3.2-3.5 s (0.76-1.30x), peaked at 0.97-0.99 of the state's size in
+        extra memory and was durable in 1.04-1.40x; a copy in the background
+        thread stalled it 0.8-1.6 s (0.21-0.44x), peaked at 1.03-1.07x and was
+        durable in 2.1-2.3x (its commit ran at nice +10 beside the steps).
 
         ``staging`` (with ``blocking=False``) says when the tensors are
         copied into the staging buffer:
