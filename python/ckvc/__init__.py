@@ -66,8 +66,9 @@ Rev = Union[int, str]
 BACKGROUND_NICE = 10
 
 #: The same for a first background save that reads the tensors in place:
-#: the lowest priority. The next ``optimizer.step()`` waits for that
-#: commit, and then it has the cores to itself; before, the forward and
+#: the lowest priority (its copy from the back too). The next
+#: ``optimizer.step()`` waits until the commit and the copy have read the
+#: tensors, and then they have the cores to themselves; before, the forward and
 #: backward pass runs undisturbed. With both on the same two cores
 #: (``scripts/bench_python.py --compute cpu``, five alternating pairs of
 #: runs) the loop lost 1.19-1.58 s at nice 19 against 1.60-2.77 s at the
@@ -463,9 +464,10 @@ class Repository:
         """Bytes of delta bases a save of ``state_bytes`` may keep (see
         ``keep_bases``); at least the budget's share, which the store
         side adds. A background save that reads its tensors in place keeps
-        only the share: copying them would lengthen the wait of
-        ``optimizer.step()`` (3.6 s against 1.2 s for a first save of
-        GPT-2 small + AdamW with ``keep_bases=True``)."""
+        only the share: it fills the staging buffer as it commits, and
+        copying the bases would lengthen the wait of ``optimizer.step()``
+        (3.6 s against 1.2 s for a first save of GPT-2 small + AdamW with
+        ``keep_bases=True``, when it read the whole state in place)."""
         if self._keep_bases is False or in_place:
             return 0
         if self._keep_bases is True:
@@ -530,34 +532,38 @@ class Repository:
         (``STEP_PAUSE_LIMIT``).
 
         The first background save of a ``Repository`` object (and one whose
-        state has outgrown the buffer) copies nothing when its large tensors
-        are contiguous CPU tensors (a GPU trainer's are copied to the staging
-        buffer as below): a copy would need the whole staging buffer beside
-        the commit's own memory, more than one copy of the state, where
-        reading in place needs none until the save is durable. It reads the
-        large tensors where they are while it commits, with the same rules as
-        a copy under ``"background"`` below, except that the wait lasts until
-        the commit has read and stored every tensor (just before it is
-        published) rather than until a copy is done, and the version check
+        state has outgrown the buffer) does not copy the state before its
+        commit starts when its large tensors are contiguous CPU tensors (a
+        GPU trainer's are copied to the staging buffer as below): the whole
+        staging buffer beside the commit's own memory would be more than one
+        copy of the state. Its commit reads the tensors where they are, from
+        the front of the file, while a thread copies them from the back into
+        the staging buffer; where the two meet, the commit goes on from the
+        buffer. The rules are those of a copy under ``"background"`` below,
+        except that the wait lasts until the two have met (and the commit has
+        copied out the last piece it read in place), and the version check
         runs then: a tensor changed from another thread meanwhile fails the
-        save with ``TensorModifiedError`` and nothing is committed. That
-        commit runs at the lowest priority (``IN_PLACE_NICE``: the step waits
-        for it, so it takes the cores while the step waits and leaves them to
-        a forward and backward pass that runs beside it). Once that save is
-        durable the staging buffer is allocated and faulted in by a thread of
+        save with ``TensorModifiedError`` and nothing is committed. The commit
+        and the copy run at the lowest priority (``IN_PLACE_NICE``: the step
+        waits for them, so they take the cores while it waits and leave them
+        to a forward and backward pass that runs beside them). Once that save
+        is durable the rest of the staging buffer is faulted in by a thread of
         its own (nice +10), paced to a quarter of its time
         (``_state.WARM_DUTY``: faulting in slowed the optimizer step beside it
         even at nice +10), for the next save.
         ``scripts/bench_python.py --compute idle`` (GPT-2 small + AdamW, 1.4
-        GiB), on one VM: first save's stall 0.83x ``torch.save`` + fsync with
-        a copy into a fresh buffer, 0.13-0.32x (0.5-0.9 s) reading in place,
-        charged with the step after the call; 0.25-0.39x (1.0-1.4 s) charged
-        with every step until it is durable. On a later VM, charged with every
-        step, two pairs of alternating runs: reading in place stalled the loop
-        3.2-3.5 s (0.76-1.30x), peaked at 0.97-0.99 of the state's size in
-        extra memory and was durable in 1.04-1.40x; a copy in the background
-        thread stalled it 0.8-1.6 s (0.21-0.44x), peaked at 1.03-1.07x and was
-        durable in 2.1-2.3x (its commit ran at nice +10 beside the steps).
+        GiB), charged with every step until durable, on one VM: reading the
+        whole state in place stalled the loop 3.2-3.5 s (0.76-1.30x
+        ``torch.save`` + fsync), peaked at 0.97-0.99 of the state's size in
+        extra memory and was durable in 1.04-1.40x; a copy of the whole state
+        in the background thread stalled it 0.8-1.6 s (0.21-0.44x), peaked at
+        1.03-1.07x and was durable in 2.1-2.3x (its commit ran at nice +10
+        beside the steps). Reading in place while a thread copies from the
+        back (as now), four pairs of runs alternating with reading the whole
+        state in place: the first step waited 0.42-1.51 s against 2.51-3.19
+        s, the loop stalled 0.16-0.46x against 0.76-0.93x, durable in
+        1.00-1.47x against 0.98-1.02x, peak extra memory 0.97-1.01x against
+        0.91-1.02x.
 
         ``staging`` (with ``blocking=False``) says when the tensors are
         copied into the staging buffer:
@@ -619,11 +625,16 @@ class Repository:
                 # again).
                 self._bases.clear()
             tensors: Any
+            mirror: Optional[Tuple[str, memoryview]] = None
             if blocking:
                 # Read in place while this call waits: no staging copy.
                 tensors, deferred = _state.in_place_parts(p), []
             elif in_place:
                 tensors, deferred = _state.in_place_background_parts(p)
+                # The copy from the back goes to the staging buffer,
+                # allocated here and faulted in only where the copy writes.
+                host = self._staging._holding(p.file_len)
+                mirror = (_state.TENSORS_FILE, memoryview(host.array)[: p.file_len])
             else:
                 tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()
@@ -655,17 +666,19 @@ class Repository:
                     if in_place:
 
                         def check() -> None:
-                            # Called once the commit has read and stored
-                            # every byte, before it is published: unchanged
+                            # Called (on the mirror's copying thread) once
+                            # the commit reads no more of the tensors in
+                            # place, before it is published: unchanged
                             # tensors are free from here, so the next
                             # optimizer.step() need not wait for the rest
-                            # (publishing, the durability barrier).
+                            # (reading the staging buffer's copy, coding,
+                            # publishing, the durability barrier).
                             _state.check_versions(deferred)
                             fut._staged.set()
 
-                    # Reading in place, the next optimizer.step() waits for
-                    # the commit to read them: IN_PLACE_NICE, on a thread of
-                    # its own (the commit leaves its thread at that nice
+                    # Reading in place, the next optimizer.step() waits until
+                    # the commit and the copy meet: IN_PLACE_NICE, on a thread
+                    # of its own (the commit leaves its thread at that nice
                     # value, and this one starts the staging buffer's
                     # fault-in at BACKGROUND_NICE afterwards).
                     nice = IN_PLACE_NICE if in_place else BACKGROUND_NICE
@@ -683,6 +696,7 @@ class Repository:
                             bases=self._bases,
                             bases_cap=bases_cap,
                             pause=pause,
+                            mirror=mirror,
                         )
 
                     try:

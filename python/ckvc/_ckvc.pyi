@@ -68,6 +68,7 @@ def commit_buffers(
     bases: Optional["Bases"] = None,
     bases_cap: int = 0,
     pause: Optional["Pause"] = None,
+    mirror: Optional[Tuple[str, _Buffer]] = None,
 ) -> Dict[str, Any]:
     """Internal (``Repository.save`` calls it with its own staging buffer,
     or, for a blocking save, with a list of buffers per file: the header
@@ -80,8 +81,14 @@ def commit_buffers(
     priority. ``check`` is called (with the GIL) once every buffer has
     been read and stored, before the commit is published: an exception it
     raises abandons the commit (the branch stays where it was) and is
-    raised by this call. With ``pause``, the commit's reading and coding
-    wait while it is held. Returns the commit
+    raised by this call. With ``mirror`` (``(path, staging)``: one of the
+    files and a writable buffer at least as long), a thread copies that
+    file from its end into ``staging`` while the commit reads it from its
+    start, and the commit reads the rest from ``staging`` once they meet:
+    ``check`` is called then, once no byte of that file's buffers will be
+    read again (the caller may change them from its return; ``staging``
+    must not be touched until this call returns). With ``pause``, the
+    commit's reading and coding wait while it is held. Returns the commit
     report: id, step, branch, already_committed, logical_bytes,
     stored_bytes, files, new_chunks, max_depth."""
 

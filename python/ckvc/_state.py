@@ -599,13 +599,14 @@ class Staging:
 def in_place_background_parts(p: Plan) -> Tuple[List[Any], List[Tuple[Leaf, Any, Any]]]:
     """The tensors file of ``p`` for a background save that reads the
     large tensors in place while it commits (the first one, before the
-    staging buffer is faulted in): as ``in_place_parts``, but torch tensors
-    of at least ``BACKGROUND_MIN_BYTES`` with a version counter are read
-    where they are and returned with their ``_version`` at the call (as
-    ``Staging.stage`` defers them: the caller guards them until the commit
-    has read them, and checks the versions before it is published, with
-    ``check_versions``), and everything else (numpy arrays, small tensors,
-    tensors without a version counter) is copied now."""
+    staging buffer is faulted in; a thread copies the file from its back
+    into the staging buffer meanwhile): as ``in_place_parts``, but torch
+    tensors of at least ``BACKGROUND_MIN_BYTES`` with a version counter
+    are read where they are and returned with their ``_version`` at the
+    call (as ``Staging.stage`` defers them: the caller guards them until
+    the commit and the copy have read them, and then checks the versions
+    with ``check_versions``), and everything else (numpy arrays, small
+    tensors, tensors without a version counter) is copied now."""
     parts: List[Any] = [p.header]
     watched: List[Tuple[Leaf, Any, Any]] = []
     for leaf in p.leaves:
@@ -648,8 +649,9 @@ def _watched_version(leaf: Leaf) -> Optional[int]:
 
 def check_versions(watched: List[Tuple[Leaf, Any, Any]]) -> None:
     """``TensorModifiedError`` when a tensor ``in_place_background_parts``
-    read in place was modified since the call (called once the commit
-    has read them all, before it is published)."""
+    read in place was modified since the call (called once the commit and
+    the copy from the back have read them all, before the commit is
+    published)."""
     for leaf, v, _ in watched:
         hook = _before_background_copy
         if hook is not None:

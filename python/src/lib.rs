@@ -422,8 +422,18 @@ impl Bytes {
 /// threads of that priority, so a training loop on the same cores comes
 /// first. With `pause`, the commit's reading and coding wait while it is
 /// held (`Pause.hold`).
+///
+/// `check()` is called (with the GIL) once every buffer has been read and
+/// stored, before the commit is published; an exception it raises
+/// abandons the commit and is the one this call raises. With `mirror`
+/// (`(path, staging)`: one of the files and a writable buffer at least as
+/// long), a thread copies that file from its end into `staging` while the
+/// commit reads it from its start, and the commit reads the rest from
+/// `staging` once they meet (`Repository::commit_parts_mirrored`): `check`
+/// is called then, once no byte of that file's buffers will be read
+/// again, and the caller may change them from its return.
 #[pyfunction]
-#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None, bases = None, bases_cap = 0, pause = None))]
+#[pyo3(signature = (path, files, step, message = String::new(), metrics = Vec::new(), branch = None, nice = 0, check = None, bases = None, bases_cap = 0, pause = None, mirror = None))]
 #[allow(clippy::too_many_arguments)]
 fn commit_buffers<'py>(
     py: Python<'py>,
@@ -438,6 +448,7 @@ fn commit_buffers<'py>(
     bases: Option<PyRef<'py, Bases>>,
     bases_cap: u64,
     pause: Option<PyRef<'py, Pause>>,
+    mirror: Option<(String, Bound<'py, PyAny>)>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let bases = bases.map(|b| b.shared.clone());
     let pause = pause.map(|p| p.inner.clone());
@@ -465,6 +476,23 @@ fn commit_buffers<'py>(
         }
         files_parts.push((rel.clone(), parts));
     }
+    let mirror = match &mirror {
+        Some((rel, obj)) => {
+            let buf = PyBuffer::<u8>::get(obj)?;
+            if buf.readonly() || !buf.is_c_contiguous() {
+                return Err(InvalidInputError::new_err(
+                    "the staging buffer is not a writable contiguous buffer",
+                ));
+            }
+            let staging = Bytes {
+                ptr: buf.buf_ptr() as *const u8,
+                len: buf.len_bytes(),
+            };
+            held.push(buf);
+            Some((rel.clone(), staging))
+        }
+        None => None,
+    };
     let opts = CommitOptions {
         step: Some(step),
         message,
@@ -479,9 +507,7 @@ fn commit_buffers<'py>(
         pause,
         ..CommitOptions::default()
     };
-    // `check()` is called (with the GIL) once every buffer has been read
-    // and stored, before the commit is published: an exception it raises
-    // abandons the commit and is the one this call raises.
+    // `check()`: see the doc above.
     let raised: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
     let checked = || -> Result<(), String> {
         let Some(check) = &check else { return Ok(()) };
@@ -503,8 +529,8 @@ fn commit_buffers<'py>(
                 // closure returns, and the Python side does not write the
                 // buffers until the commit has read them all (a save that
                 // reads the training state in place lets training go on
-                // from `check()`, after the last read; the commit then
-                // only publishes).
+                // from `check()`, after the last read: the commit then
+                // only publishes, or reads the mirror's staging buffer).
                 let parts = parts.iter().map(|b| unsafe { b.as_slice() }).collect();
                 (rel.as_str(), parts)
             })
@@ -513,7 +539,16 @@ fn commit_buffers<'py>(
         if let Some(b) = &bases {
             repo.use_bases(b, bases_cap);
         }
-        at_priority(nice, || repo.commit_parts_checked(&slices, &opts, checked))
+        at_priority(nice, || match mirror {
+            Some((rel, staging)) => {
+                // SAFETY: `held` keeps the export alive until after this
+                // closure returns, and the Python side neither reads nor
+                // writes the staging buffer until the call has returned.
+                let staging = unsafe { staging.as_mut_slice() };
+                repo.commit_parts_mirrored(&slices, &opts, (&rel, staging), checked)
+            }
+            None => repo.commit_parts_checked(&slices, &opts, checked),
+        })
     });
     drop(held);
     if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {

@@ -6,6 +6,7 @@ before the copy is done fails the save."""
 
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -357,10 +358,11 @@ def test_a_paced_fault_in_sleeps_between_pieces_and_faults_in_every_page(monkeyp
 
 
 def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path, monkeypatch):
-    # On these VMs faulting in 1.4 GiB of fresh staging memory took 2.3 s,
-    # longer than committing the state in place; so the first background
-    # save commits the tensors where they are (optimizer.step() waits for
-    # that commit) and the staging buffer is faulted in after it is durable.
+    # A first background save cannot copy the whole state into fresh
+    # staging memory beside its commit's (more than one copy of the state):
+    # it commits the tensors where they are while a thread copies them from
+    # the back (optimizer.step() waits until the two meet), and the rest of
+    # the staging buffer is faulted in after it is durable.
     import os
 
     warmed = threading.Event()
@@ -388,7 +390,8 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     state = {"model": model.state_dict(), "optim": opt.state_dict()}
     want = snapshot(state)
     f = repo.save(state, step=1, blocking=False)
-    assert repo._staging.host is None  # nothing copied, no buffer yet
+    # the buffer the copy from the back writes, not faulted in
+    assert repo._staging.host is not None and not repo._staging.host.populated
     train_step(model, opt)  # waits for the commit in optimizer.step()
     assert f.staged()
     f.result(timeout=60)
@@ -432,9 +435,54 @@ def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(t
     state = {"model": model.state_dict(), "optim": opt.state_dict()}
     want = snapshot(state)
     f = repo.save(state, step=1, blocking=False)
-    assert repo._staging.host is None  # read in place
+    assert not repo._staging.warm_for(1)  # read in place
     f.result(timeout=60)
     assert seen == {"staged when it returned": True}
+    assert_same(repo.load(1), want)
+
+
+def test_a_first_background_save_copies_from_the_back_while_its_commit_reads_from_the_front(tmp_path, monkeypatch):
+    # The commit's reading is held (its pause) from its start: the copy
+    # from the back alone fills the staging buffer, the save is not staged
+    # meanwhile, and it is as soon as the commit reads again (every tensor
+    # is the copy's then). Tensors changed from then on, while the commit
+    # still codes, are stored as they were at the call.
+    repo = ckvc.Repository.init(tmp_path / "repo")
+    model, opt = model_and_opt()
+    train_step(model, opt)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    want = snapshot(state)
+    p = _state.plan(state)
+    file_bytes = b"".join(bytes(memoryview(x).cast("B")) for x in _state.in_place_parts(p))
+    seen = {}
+    real = _state._ckvc.commit_buffers
+
+    def held(*args, **kwargs):
+        pause = kwargs["pause"]
+        pause.hold(60.0)
+
+        def watch():
+            host = repo._staging.host
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if bytes(host.array[: len(file_bytes)]) == file_bytes:
+                    seen["filled"] = True
+                    seen["staged when filled"] = repo._inflight[1].staged()
+                    break
+                time.sleep(0.01)
+            pause.clear()
+
+        threading.Thread(target=watch).start()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_state._ckvc, "commit_buffers", held)
+    f = repo.save(state, step=1, blocking=False)
+    f.wait_staged(60)
+    with torch.no_grad():
+        for t in model.parameters():
+            t.add_(1.0)
+    f.result(timeout=60)
+    assert seen == {"filled": True, "staged when filled": False}
     assert_same(repo.load(1), want)
 
 

@@ -23,6 +23,7 @@ use crate::format::{self, Segment};
 use crate::store::{Batch, ChunkId, CommitId, ObjectId, Space, StoreExt};
 
 use super::infile::{AtFile, InFile};
+use super::mirror::{self, Mirror};
 use super::objects::{
     check_path, chunk_head_key, corrupt, object_key, stored_head, ChunkRecord, Commit, CommitStats,
     FileManifest, Payload, SegmentRef, Tree, KIND_COMMIT, KIND_MANIFEST, KIND_TREE,
@@ -158,11 +159,13 @@ pub(super) enum Source<'a> {
 /// A file in memory as the concatenation of slices (a header and each
 /// tensor where it lives: nothing copied to commit them). A chunk inside
 /// one slice is handed on as a slice of it; one across slices is copied.
+/// With a [`Mirror`], the chunks are read as it says instead.
 #[derive(Clone)]
 pub(super) struct Parts<'a> {
     parts: Vec<&'a [u8]>,
     /// Where each part starts in the file (`parts.len() + 1` entries).
     starts: Vec<u64>,
+    mirror: Option<&'a Mirror<'a>>,
 }
 
 impl<'a> Parts<'a> {
@@ -175,7 +178,36 @@ impl<'a> Parts<'a> {
             at += p.len() as u64;
             starts.push(at);
         }
-        Parts { parts, starts }
+        Parts {
+            parts,
+            starts,
+            mirror: None,
+        }
+    }
+
+    /// These parts, their chunks read through `mirror` (a mirror of them).
+    pub(super) fn mirrored(mut self, mirror: &'a Mirror<'a>) -> Parts<'a> {
+        self.mirror = Some(mirror);
+        self
+    }
+
+    /// Bytes `at..at + n` of the file, for the reader of its chunks (in
+    /// order): a slice where one part holds them (unless mirrored), else a
+    /// copy in a buffer of `pool`; an error (the reason) when they run
+    /// past the file's end.
+    fn chunk(&self, at: u64, n: usize, pool: &BufPool) -> Result<Raw<'a>, String> {
+        if let Some(m) = self.mirror {
+            return m.chunk(self, at, n, pool);
+        }
+        if let Some(s) = self.slice(at, n) {
+            return Ok(Raw::Borrowed(s));
+        }
+        let mut raw = pool.get(n);
+        if self.copy_to(at, &mut raw) != n {
+            pool.put(raw);
+            return Err(mirror::PAST_END.into());
+        }
+        Ok(Raw::Owned(raw))
     }
 
     pub(super) fn len(&self) -> u64 {
@@ -199,7 +231,7 @@ impl<'a> Parts<'a> {
 
     /// Copies bytes from `at` into `out` (as many as fit and exist);
     /// returns how many.
-    fn copy_to(&self, at: u64, out: &mut [u8]) -> usize {
+    pub(super) fn copy_to(&self, at: u64, out: &mut [u8]) -> usize {
         let mut done = 0;
         while done < out.len() {
             let Some((i, off)) = self.locate(at + done as u64) else {
@@ -269,7 +301,7 @@ pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
 type Encoded = (ChunkId, Vec<u8>, u16);
 
 /// A chunk's raw bytes in the pipeline.
-enum Raw<'d> {
+pub(super) enum Raw<'d> {
     /// Read from a file into a pooled buffer.
     Owned(Vec<u8>),
     /// A slice of an in-memory file ([`Source::Bytes`]): not copied.
@@ -1095,23 +1127,12 @@ impl<'d> Writer<'_, 'd> {
                 }
                 let n = left.min(piece as u64) as usize;
                 let raw = match whole {
-                    Some(b) => {
-                        let at = len - file_left;
-                        match b.slice(at, n) {
-                            Some(s) => Raw::Borrowed(s),
-                            None => {
-                                let mut raw = self.pool.get(n);
-                                if b.copy_to(at, &mut raw) != n {
-                                    self.pool.put(raw);
-                                    return Err(RepoError::BadInput {
-                                        path: path.to_path_buf(),
-                                        reason: "the file's layout runs past its end".into(),
-                                    });
-                                }
-                                Raw::Owned(raw)
-                            }
+                    Some(b) => b.chunk(len - file_left, n, self.pool).map_err(|reason| {
+                        RepoError::BadInput {
+                            path: path.to_path_buf(),
+                            reason,
                         }
-                    }
+                    })?,
                     None => {
                         let mut raw = self.pool.get(n);
                         f.read_exact(&mut raw).map_err(|e| RepoError::BadInput {

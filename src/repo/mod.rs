@@ -34,6 +34,7 @@ mod fsck;
 mod gc;
 mod infile;
 mod log;
+mod mirror;
 pub mod objects;
 mod outfile;
 mod pause;

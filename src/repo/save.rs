@@ -1,6 +1,7 @@
 //! `commit_buffers` / `commit_parts`: store files held in memory as a new commit, for
 //! callers that build a checkpoint without writing it to disk (the Python
-//! package's `save`).
+//! package's `save`); `commit_parts_mirrored` lets go of the caller's
+//! memory before the commit is done (see `mirror`).
 //!
 //! The bytes go through the same pipeline as [`Repository::commit`]: the
 //! format layer sees every tensor, new chunks are coded against the same
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::format::DirContext;
 
 use super::commit::{add_metrics, Parts, Source};
+use super::mirror::Mirror;
 use super::objects::check_path;
 use super::{CommitOptions, CommitReport, RepoError, Repository, StepSource};
 
@@ -63,6 +65,37 @@ impl Repository {
         opts: &CommitOptions,
         check: &(dyn Fn() -> Result<(), String> + Sync),
     ) -> Result<CommitReport, RepoError> {
+        self.commit_from_memory(files, opts, None, check)
+    }
+
+    /// [`Repository::commit_parts_checked`] for a caller that wants the
+    /// parts of the file `mirror.0` back before the commit is done (the
+    /// Python package's first background save reads the training state
+    /// where it lives; training may change it once it is let go). While
+    /// the commit reads that file from its start, a thread copies it from
+    /// its end into `mirror.1` (a buffer of at least the file's length);
+    /// when the two meet, the commit reads the rest from that buffer, and
+    /// `release` is called (on the copying thread) once no byte of the
+    /// parts will be read again. Its `Err(reason)` abandons the commit as
+    /// `check`'s does; no commit is published before it has returned.
+    /// If the commit fails first, `release` may never be called.
+    pub fn commit_parts_mirrored(
+        &self,
+        files: &[(&str, Vec<&[u8]>)],
+        opts: &CommitOptions,
+        mirror: (&str, &mut [u8]),
+        release: &(dyn Fn() -> Result<(), String> + Sync),
+    ) -> Result<CommitReport, RepoError> {
+        self.commit_from_memory(files, opts, Some((mirror, release)), &|| Ok(()))
+    }
+
+    fn commit_from_memory(
+        &self,
+        files: &[(&str, Vec<&[u8]>)],
+        opts: &CommitOptions,
+        mirror: Option<Mirrored<'_, '_>>,
+        check: &(dyn Fn() -> Result<(), String> + Sync),
+    ) -> Result<CommitReport, RepoError> {
         let here = || PathBuf::from(IN_MEMORY);
         let step = opts.step.ok_or_else(|| RepoError::BadInput {
             path: here(),
@@ -84,24 +117,84 @@ impl Repository {
         let target = self.commit_target(opts)?;
         let mut metrics = serde_json::Map::new();
         add_metrics(&mut metrics, &opts.metrics, Path::new(IN_MEMORY))?;
-        let mut sources: Vec<(String, Source<'_>)> = files
+        let Some(((name, staging), release)) = mirror else {
+            let sources = sources(files, None);
+            return self.commit_sources(
+                target,
+                &sources,
+                &DirContext::default(),
+                (step, StepSource::Given),
+                metrics,
+                opts,
+                None,
+                &super::NoProgress,
+                check,
+            );
+        };
+        let bad = |reason: &str| RepoError::BadInput {
+            path: PathBuf::from(name),
+            reason: reason.into(),
+        };
+        let parts = files
             .iter()
-            .map(|(rel, parts)| (rel.to_string(), Source::Bytes(Parts::new(parts.clone()))))
-            .collect();
-        // Trees list their files sorted, as a directory commit sees them.
-        sources.sort_by(|a, b| a.0.cmp(&b.0));
-        self.commit_sources(
-            target,
-            &sources,
-            &DirContext::default(),
-            (step, StepSource::Given),
-            metrics,
-            opts,
-            None,
-            &super::NoProgress,
-            check,
-        )
+            .find(|(rel, _)| *rel == name)
+            .map(|(_, parts)| Parts::new(parts.clone()))
+            .ok_or_else(|| bad("the file to mirror is not one of the files"))?;
+        let mirror = Mirror::new(staging, parts.len())
+            .ok_or_else(|| bad("the staging buffer is shorter than the file"))?;
+        let sources = sources(files, Some((name, &mirror)));
+        std::thread::scope(|s| {
+            let copier = std::thread::Builder::new()
+                .name("ckvc-mirror".into())
+                .spawn_scoped(s, || mirror.copy_from_back(&parts, release))
+                .map_err(|source| RepoError::Io {
+                    path: PathBuf::from(IN_MEMORY),
+                    source,
+                })?;
+            let report = self.commit_sources(
+                target,
+                &sources,
+                &DirContext::default(),
+                (step, StepSource::Given),
+                metrics,
+                opts,
+                None,
+                &super::NoProgress,
+                &|| mirror.finish().and_then(|()| check()),
+            );
+            mirror.stop();
+            // (the copier catches its own panics)
+            let _ = copier.join();
+            report
+        })
     }
+}
+
+/// A file to mirror (its path and the staging buffer) and the release.
+type Mirrored<'a, 'b> = (
+    (&'a str, &'a mut [u8]),
+    &'b (dyn Fn() -> Result<(), String> + Sync),
+);
+
+/// The sources of `files`, sorted by path as a directory commit sees them
+/// (trees list their files sorted); the file `mirror` names read through
+/// its mirror.
+fn sources<'a>(
+    files: &[(&str, Vec<&'a [u8]>)],
+    mirror: Option<(&str, &'a Mirror<'a>)>,
+) -> Vec<(String, Source<'a>)> {
+    let mut sources: Vec<(String, Source<'a>)> = files
+        .iter()
+        .map(|(rel, parts)| {
+            let mut p = Parts::new(parts.clone());
+            if let Some((_, m)) = mirror.filter(|(name, _)| name == rel) {
+                p = p.mirrored(m);
+            }
+            (rel.to_string(), Source::Bytes(p))
+        })
+        .collect();
+    sources.sort_by(|a, b| a.0.cmp(&b.0));
+    sources
 }
 
 #[cfg(test)]
@@ -229,6 +322,134 @@ mod tests {
             .expect("commit");
         assert_eq!(calls.into_inner(), 1);
         assert_eq!(r.branch_head("main").expect("head"), Some(second.id));
+    }
+
+    /// A repository cutting chunks of `chunk_bytes` (to cut across a
+    /// mirror's units).
+    fn repo_cutting(chunk_bytes: u64) -> Repository {
+        let config = Config {
+            chunk_bytes,
+            ..Config::default()
+        };
+        let store = Arc::new(MemStore::new());
+        Repository::init_store(PathBuf::from("/nonexistent-ckvc-test"), store, config)
+            .expect("init")
+    }
+
+    /// Commits `f` mirrored, its memory overwritten by the release (as
+    /// training changes a tensor once a save has let go of it); the commit
+    /// and how many times the release ran.
+    fn commit_mirrored_then_overwrite(
+        r: &Repository,
+        f: &[u8],
+        at: u64,
+    ) -> Result<(CommitReport, usize), RepoError> {
+        let mut live = f.to_vec();
+        let addr = live.as_mut_ptr() as usize;
+        // SAFETY: `live` outlives the commit. The slices alias the writes
+        // below, as a tensor's memory aliases training's writes to it in
+        // the Python package: the commit must not read it after the
+        // release, which is what this pins.
+        let head = unsafe { std::slice::from_raw_parts(addr as *const u8, 100) };
+        // SAFETY: as above; `f` is longer than 100 bytes.
+        let rest = unsafe { std::slice::from_raw_parts((addr + 100) as *const u8, f.len() - 100) };
+        let mut staging = vec![0u8; f.len() + 3];
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let release = || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: as above; in bounds.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 0xAB, f.len()) };
+            Ok(())
+        };
+        let report = r.commit_parts_mirrored(
+            &[("t.safetensors", vec![head, rest]), ("s.json", vec![b"{}"])],
+            &step(at),
+            ("t.safetensors", &mut staging),
+            &release,
+        )?;
+        assert!(live.iter().all(|&b| b == 0xAB), "the release ran");
+        Ok((report, calls.into_inner()))
+    }
+
+    #[test]
+    fn a_mirrored_file_is_stored_as_it_was_whatever_its_memory_holds_after_the_release() {
+        // Chunks of 300,000 bytes cut across the mirror's units (1/64 of
+        // the file each); where reader and copier meet varies from run to
+        // run, so several runs, each a full commit and then a delta.
+        let w: Vec<f32> = (0..3_000_000).map(|i| (i as f32 * 0.0007).sin()).collect();
+        let f = safetensors(&w);
+        let w2: Vec<f32> = w.iter().map(|x| x * 1.001).collect();
+        let f2 = safetensors(&w2);
+        for _ in 0..4 {
+            let r = repo_cutting(300_000);
+            let (one, calls) = commit_mirrored_then_overwrite(&r, &f, 1).expect("commit");
+            assert_eq!(calls, 1);
+            assert_eq!(r.read_file(&one.id, "t.safetensors").expect("read"), f);
+            assert_eq!(r.read_file(&one.id, "s.json").expect("read"), b"{}");
+            let (two, calls) = commit_mirrored_then_overwrite(&r, &f2, 2).expect("commit");
+            assert_eq!(calls, 1);
+            assert_eq!(r.read_file(&two.id, "t.safetensors").expect("read"), f2);
+            assert_eq!(r.branch_head("main").expect("head"), Some(two.id));
+            // the same tree as a commit that reads the memory throughout
+            let plain = repo_cutting(300_000);
+            let p1 = plain
+                .commit_buffers(&[("t.safetensors", &f), ("s.json", b"{}")], &step(1))
+                .expect("commit");
+            let tree = |r: &Repository, id| r.commit_object(&id).expect("commit").tree;
+            assert_eq!(tree(&r, one.id), tree(&plain, p1.id));
+            assert_eq!(p1.stats.new_chunks, one.stats.new_chunks);
+        }
+    }
+
+    #[test]
+    fn a_failed_release_abandons_the_mirrored_commit() {
+        let w: Vec<f32> = (0..400_000).map(|i| (i as f32 * 0.01).cos()).collect();
+        let f = safetensors(&w);
+        let r = repo_cutting(100_000);
+        let first = r
+            .commit_buffers(&[("t.safetensors", &f)], &step(1))
+            .expect("commit");
+        let mut staging = vec![0u8; f.len()];
+        let refuse = || Err("tensor w changed while it was read".to_string());
+        let err = r
+            .commit_parts_mirrored(
+                &[("t.safetensors", vec![&f[..]])],
+                &step(2),
+                ("t.safetensors", &mut staging),
+                &refuse,
+            )
+            .expect_err("the release refuses");
+        assert!(
+            matches!(&err, RepoError::BadInput { reason, .. } if reason == "tensor w changed while it was read"),
+            "{err}"
+        );
+        assert_eq!(r.branch_head("main").expect("head"), Some(first.id));
+    }
+
+    #[test]
+    fn a_mirror_needs_a_staging_buffer_as_long_as_a_file_given() {
+        let f = safetensors(&[1.0, 2.0]);
+        let r = repo();
+        let ok = || Ok(());
+        for (name, len, why) in [
+            ("t.safetensors", f.len() - 1, "shorter than the file"),
+            ("u.safetensors", f.len(), "not one of the files"),
+        ] {
+            let mut staging = vec![0u8; len];
+            let err = r
+                .commit_parts_mirrored(
+                    &[("t.safetensors", vec![&f[..]])],
+                    &step(1),
+                    (name, &mut staging),
+                    &ok,
+                )
+                .expect_err("refused");
+            assert!(
+                matches!(&err, RepoError::BadInput { reason, .. } if reason.contains(why)),
+                "{err}"
+            );
+        }
+        assert_eq!(r.branch_head("main").expect("head"), None);
     }
 
     #[test]
