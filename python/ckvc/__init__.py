@@ -21,6 +21,7 @@ Nothing is ever pickled.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import threading
@@ -91,6 +92,63 @@ STEP_PAUSE_LIMIT = 10.0
 #: let it on only between them. A step that would take it past this share
 #: runs beside the commit.
 STEP_PAUSE_SHARE = 0.5
+
+
+#: A first background save copies its tensors from the back while its
+#: commit reads them from the front (see ``Repository.save``) only when the
+#: training loop leaves at least this many cores free, as measured over its
+#: last full step (``_loop_free_cores``); on a loop that keeps the cores
+#: busy, the copy and the rest of the commit cannot run beside it, and the
+#: step waits for the whole commit instead. ``scripts/bench_python.py
+#: --compute cpu`` (a loop using 1.96 of the 2 cores): copying from the back
+#: stalled the loop 7.8-12.4 s (1.55-2.43x ``torch.save`` + fsync) and was
+#: durable in 32-45 s (6.4-8.8x), its commit crawling beside the loop at
+#: nice 19 for 17-23 steps (at nice 10: 10.5 s, 13.2 s); the step waiting
+#: for the whole commit, 9.3 s and 8.2 s (1.66x, 1.45x; in a later run with
+#: this rule, 10.8 s and 8.3 s, 1.76x and 1.35x). With the loop's
+#: forward/backward off the CPU (``--compute idle``, 1.5 cores free) the
+#: copy stalls it 2-5x less (``Repository.save``).
+MIRROR_MIN_FREE_CORES = 1.0
+
+# The wall clock and this process's CPU time at the last two optimizer
+# steps' starts (``_watch_steps``).
+_step_clock: "collections.deque[Tuple[float, float]]" = collections.deque(maxlen=2)
+_steps_watched = False
+
+
+def _watch_steps() -> None:
+    """Install (once, when torch is there) an optimizer step pre-hook
+    that records the clocks at each step's start, for
+    ``_loop_free_cores``."""
+    global _steps_watched
+    with _hooks_lock:
+        if _steps_watched or not _state._TORCH:
+            return
+        _steps_watched = True
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def record(optimizer: Any, args: Any, kwargs: Any) -> None:
+        _step_clock.append((time.monotonic(), time.process_time()))
+
+    register_optimizer_step_pre_hook(record)
+
+
+def _loop_free_cores() -> Optional[float]:
+    """The cores the training loop left free over its last full step
+    (between the starts of its last two optimizer steps: the cores this
+    process may use less the CPU time it took per second meanwhile), or
+    None before two steps were seen."""
+    clocks = list(_step_clock)
+    if len(clocks) < 2:
+        return None
+    (w0, c0), (w1, c1) = clocks
+    if w1 <= w0:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores - (c1 - c0) / (w1 - w0)
 
 
 def _check_step(step: Any) -> None:
@@ -459,6 +517,8 @@ class Repository:
         self._staging = _state.Staging()
         self._keep_bases = keep_bases
         self._bases = _ckvc.Bases()
+        # how busy the loop keeps the cores, for a first background save
+        _watch_steps()
 
     def _bases_cap(self, state_bytes: int, blocking: bool, in_place: bool = False) -> int:
         """Bytes of delta bases a save of ``state_bytes`` may keep (see
@@ -539,7 +599,10 @@ class Repository:
         copy of the state. Its commit reads the tensors where they are, from
         the front of the file, while a thread copies them from the back into
         the staging buffer; where the two meet, the commit goes on from the
-        buffer. The rules are those of a copy under ``"background"`` below,
+        buffer (unless the training loop keeps the cores busy:
+        ``MIRROR_MIN_FREE_CORES``; then the commit reads the whole state in
+        place and the step waits for it). The rules are those of a copy
+        under ``"background"`` below,
         except that the wait lasts until the two have met (and the commit has
         copied out the last piece it read in place), and the version check
         runs then: a tensor changed from another thread meanwhile fails the
@@ -631,10 +694,12 @@ class Repository:
                 tensors, deferred = _state.in_place_parts(p), []
             elif in_place:
                 tensors, deferred = _state.in_place_background_parts(p)
-                # The copy from the back goes to the staging buffer,
-                # allocated here and faulted in only where the copy writes.
-                host = self._staging._holding(p.file_len)
-                mirror = (_state.TENSORS_FILE, memoryview(host.array)[: p.file_len])
+                free = _loop_free_cores()
+                if free is None or free >= MIRROR_MIN_FREE_CORES:
+                    # The copy from the back goes to the staging buffer,
+                    # allocated here and faulted in only where it writes.
+                    host = self._staging._holding(p.file_len)
+                    mirror = (_state.TENSORS_FILE, memoryview(host.array)[: p.file_len])
             else:
                 tensors, deferred = self._staging.stage(p, background=background)
             fut = SaveFuture()

@@ -20,12 +20,21 @@ from torch.optim import optimizer as _optim  # noqa: E402
 from same import assert_same  # noqa: E402
 
 
-@pytest.fixture(params=["first save: read in place", "staging buffer warm: copied"])
-def repo(request, tmp_path):
-    """Every test runs both ways a background save takes its tensors: the
+@pytest.fixture(
+    params=[
+        "first save: read in place, copied from the back",
+        "first save beside a busy loop: read in place",
+        "staging buffer warm: copied",
+    ]
+)
+def repo(request, tmp_path, monkeypatch):
+    """Every test runs each way a background save takes its tensors: the
     first one of a Repository reads them in place while it commits (the
-    staging buffer is not faulted in yet), a later one copies them into
-    the warm staging buffer."""
+    staging buffer is not faulted in yet) and a thread copies them from
+    the back, or, beside a loop that leaves no core free, only reads them
+    in place; a later one copies them into the warm staging buffer."""
+    free = 0.0 if "busy loop" in request.param else None
+    monkeypatch.setattr(ckvc, "_loop_free_cores", lambda: free)
     r = ckvc.Repository.init(tmp_path / "repo")
     if request.param.startswith("staging"):
         r._staging.warm(64 << 20)
@@ -357,7 +366,7 @@ def test_a_paced_fault_in_sleeps_between_pieces_and_faults_in_every_page(monkeyp
     assert slept == []
 
 
-def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path, monkeypatch):
+def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path, monkeypatch, loop_leaves):
     # A first background save cannot copy the whole state into fresh
     # staging memory beside its commit's (more than one copy of the state):
     # it commits the tensors where they are while a thread copies them from
@@ -415,7 +424,7 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
     assert_same(repo.load(2), want2)
 
 
-def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(tmp_path, monkeypatch):
+def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(tmp_path, monkeypatch, loop_leaves):
     # The commit calls its check once it has read and stored every byte,
     # before publishing and its durability barrier: optimizer.step() waits
     # until then, not for the rest (with the CPU busy, the rest was part of
@@ -441,7 +450,66 @@ def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(t
     assert_same(repo.load(1), want)
 
 
-def test_a_first_background_save_copies_from_the_back_while_its_commit_reads_from_the_front(tmp_path, monkeypatch):
+@pytest.fixture
+def loop_leaves(monkeypatch):
+    """Sets the cores the training loop is taken to leave free (what
+    ``_loop_free_cores`` measured over its last step) to ``loop_leaves(n)``;
+    the steps the tests run themselves would set it by chance."""
+
+    def leave(n):
+        monkeypatch.setattr(ckvc, "_loop_free_cores", lambda: n)
+
+    leave(None)
+    return leave
+
+
+def test_the_cores_a_loop_leaves_free_are_measured_over_its_last_step(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(ckvc, "_step_clock", ckvc.collections.deque(maxlen=2))
+    assert ckvc._loop_free_cores() is None
+    ckvc.Repository.init(tmp_path / "repo")  # watches the steps
+    model, opt = model_and_opt()
+    before = time.monotonic()
+    train_step(model, opt)
+    assert ckvc._loop_free_cores() is None  # one step start seen
+    train_step(model, opt)
+    (w0, _), (w1, _) = ckvc._step_clock
+    assert before <= w0 < w1 <= time.monotonic()
+    cores = len(os.sched_getaffinity(0))
+    ckvc._step_clock.clear()
+    ckvc._step_clock.extend([(10.0, 5.0), (12.0, 8.5)])  # 1.75 CPU-s a second
+    assert ckvc._loop_free_cores() == pytest.approx(cores - 1.75)
+
+
+def test_a_first_background_save_beside_a_busy_loop_reads_the_whole_state_in_place(tmp_path, monkeypatch, loop_leaves):
+    # A loop that keeps the cores busy leaves none to a copy from the back
+    # nor to the rest of the commit: the step waits for the whole commit.
+    loop_leaves(ckvc.MIRROR_MIN_FREE_CORES / 2)
+    seen = {}
+    real = _state._ckvc.commit_buffers
+
+    def watched(*args, **kwargs):
+        seen["mirror"] = kwargs["mirror"]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_state._ckvc, "commit_buffers", watched)
+    repo = ckvc.Repository.init(tmp_path / "repo")
+    model, opt = model_and_opt()
+    train_step(model, opt)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    want = snapshot(state)
+    f = repo.save(state, step=1, blocking=False)
+    assert repo._staging.host is None  # no copy, no buffer yet
+    train_step(model, opt)  # waits for the commit in optimizer.step()
+    f.result(timeout=60)
+    assert seen == {"mirror": None}
+    assert_same(repo.load(1), want)
+    repo.wait()
+    assert repo._staging.host is not None  # faulted in for the next save
+
+
+def test_a_first_background_save_copies_from_the_back_while_its_commit_reads_from_the_front(tmp_path, monkeypatch, loop_leaves):
     # The commit's reading is held (its pause) from its start: the copy
     # from the back alone fills the staging buffer, the save is not staged
     # meanwhile, and it is as soon as the commit reads again (every tensor
