@@ -107,7 +107,7 @@ STEP_PAUSE_SHARE = 0.5
 #: for the whole commit, 9.3 s and 8.2 s (1.66x, 1.45x; in a later run with
 #: this rule, 10.8 s and 8.3 s, 1.76x and 1.35x). With the loop's
 #: forward/backward off the CPU (``--compute idle``, 1.5 cores free) the
-#: copy stalls it 2-5x less (``Repository.save``).
+#: copy stalled it 1.7-6x less, pair by pair (``Repository.save``).
 MIRROR_MIN_FREE_CORES = 1.0
 
 # The wall clock and this process's CPU time at the last two optimizer
