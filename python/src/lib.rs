@@ -412,6 +412,23 @@ impl Bytes {
     }
 }
 
+/// `obj`'s buffer export and its bytes, for writing: an
+/// `InvalidInputError` naming it as `what` unless it is writable and
+/// C-contiguous. The bytes stay valid while the export is alive.
+fn writable(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(PyBuffer<u8>, Bytes)> {
+    let buf = PyBuffer::<u8>::get(obj)?;
+    if buf.readonly() || !buf.is_c_contiguous() {
+        return Err(InvalidInputError::new_err(format!(
+            "{what} must be writable and C-contiguous"
+        )));
+    }
+    let bytes = Bytes {
+        ptr: buf.buf_ptr() as *const u8,
+        len: buf.len_bytes(),
+    };
+    Ok((buf, bytes))
+}
+
 /// Commit in-memory files (`[(path, buffer)]`, any C-contiguous byte
 /// buffers; a file may also be a list of buffers, the file being their
 /// concatenation: nothing is copied into one buffer first) at `step`. The
@@ -478,16 +495,7 @@ fn commit_buffers<'py>(
     }
     let mirror = match &mirror {
         Some((rel, obj)) => {
-            let buf = PyBuffer::<u8>::get(obj)?;
-            if buf.readonly() || !buf.is_c_contiguous() {
-                return Err(InvalidInputError::new_err(
-                    "the staging buffer is not a writable contiguous buffer",
-                ));
-            }
-            let staging = Bytes {
-                ptr: buf.buf_ptr() as *const u8,
-                len: buf.len_bytes(),
-            };
+            let (buf, staging) = writable(obj, "the staging buffer")?;
             held.push(buf);
             Some((rel.clone(), staging))
         }
@@ -818,16 +826,7 @@ impl Reader {
         out: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let cid = parse_commit(id)?;
-        let buf = PyBuffer::<u8>::get(out)?;
-        if buf.readonly() || !buf.is_c_contiguous() {
-            return Err(InvalidInputError::new_err(
-                "the output buffer must be writable and C-contiguous",
-            ));
-        }
-        let dst = Bytes {
-            ptr: buf.buf_ptr() as *const u8,
-            len: buf.len_bytes(),
-        };
+        let (buf, dst) = writable(out, "the output buffer")?;
         let ctx = Ctx {
             commit: Some(id),
             file: Some(file),

@@ -117,40 +117,44 @@ impl Repository {
         let target = self.commit_target(opts)?;
         let mut metrics = serde_json::Map::new();
         add_metrics(&mut metrics, &opts.metrics, Path::new(IN_MEMORY))?;
-        let Some(((name, staging), release)) = mirror else {
-            let sources = sources(files, None);
-            return self.commit_sources(
-                target,
-                &sources,
-                &DirContext::default(),
-                (step, StepSource::Given),
-                metrics,
-                opts,
-                None,
-                &super::NoProgress,
-                check,
-            );
+        // The file to mirror: its path, its mirror, its parts (which the
+        // copier reads) and the release.
+        let mirror = match mirror {
+            None => None,
+            Some(((name, staging), release)) => {
+                let bad = |reason: &str| RepoError::BadInput {
+                    path: PathBuf::from(name),
+                    reason: reason.into(),
+                };
+                let parts = files
+                    .iter()
+                    .find(|(rel, _)| *rel == name)
+                    .map(|(_, parts)| Parts::new(parts.clone()))
+                    .ok_or_else(|| bad("the file to mirror is not one of the files"))?;
+                let m = Mirror::new(staging, parts.len())
+                    .ok_or_else(|| bad("the staging buffer is shorter than the file"))?;
+                Some((name, m, parts, release))
+            }
         };
-        let bad = |reason: &str| RepoError::BadInput {
-            path: PathBuf::from(name),
-            reason: reason.into(),
-        };
-        let parts = files
-            .iter()
-            .find(|(rel, _)| *rel == name)
-            .map(|(_, parts)| Parts::new(parts.clone()))
-            .ok_or_else(|| bad("the file to mirror is not one of the files"))?;
-        let mirror = Mirror::new(staging, parts.len())
-            .ok_or_else(|| bad("the staging buffer is shorter than the file"))?;
-        let sources = sources(files, Some((name, &mirror)));
+        let sources = sources(files, mirror.as_ref().map(|(name, m, ..)| (*name, m)));
         std::thread::scope(|s| {
-            let copier = std::thread::Builder::new()
-                .name("ckvc-mirror".into())
-                .spawn_scoped(s, || mirror.copy_from_back(&parts, release))
-                .map_err(|source| RepoError::Io {
-                    path: PathBuf::from(IN_MEMORY),
-                    source,
-                })?;
+            let copier = match &mirror {
+                Some((_, m, parts, release)) => Some(
+                    std::thread::Builder::new()
+                        .name("ckvc-mirror".into())
+                        .spawn_scoped(s, move || m.copy_from_back(parts, *release))
+                        .map_err(|source| RepoError::Io {
+                            path: PathBuf::from(IN_MEMORY),
+                            source,
+                        })?,
+                ),
+                None => None,
+            };
+            // A mirrored file's release comes first (it may refuse).
+            let checked = || match &mirror {
+                Some((_, m, ..)) => m.finish().and_then(|()| check()),
+                None => check(),
+            };
             let report = self.commit_sources(
                 target,
                 &sources,
@@ -160,11 +164,15 @@ impl Repository {
                 opts,
                 None,
                 &super::NoProgress,
-                &|| mirror.finish().and_then(|()| check()),
+                &checked,
             );
-            mirror.stop();
-            // (the copier catches its own panics)
-            let _ = copier.join();
+            if let Some((_, m, ..)) = &mirror {
+                m.stop();
+            }
+            if let Some(c) = copier {
+                // (the copier catches its own panics)
+                let _ = c.join();
+            }
             report
         })
     }
