@@ -86,6 +86,14 @@ def train_step(model, opt):
     opt.zero_grad(set_to_none=True)
 
 
+def trained():
+    """A model and optimizer after one step, their state and a copy of it."""
+    model, opt = model_and_opt()
+    train_step(model, opt)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    return model, opt, state, snapshot(state)
+
+
 def snapshot(state):
     if isinstance(state, dict):
         return {k: snapshot(v) for k, v in state.items()}
@@ -394,10 +402,7 @@ def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(
 
     monkeypatch.setattr(_state, "check_versions", watched_check)
     repo = ckvc.Repository.init(tmp_path / "repo")
-    model, opt = model_and_opt()
-    train_step(model, opt)
-    state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    want = snapshot(state)
+    model, opt, state, want = trained()
     f = repo.save(state, step=1, blocking=False)
     # the buffer the copy from the back writes, not faulted in
     assert repo._staging.host is not None and not repo._staging.host.populated
@@ -439,10 +444,7 @@ def test_a_save_read_in_place_frees_the_tensors_before_the_commit_is_published(t
 
     monkeypatch.setattr(_state._ckvc, "commit_buffers", watched)
     repo = ckvc.Repository.init(tmp_path / "repo")
-    model, opt = model_and_opt()
-    train_step(model, opt)
-    state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    want = snapshot(state)
+    model, opt, state, want = trained()
     f = repo.save(state, step=1, blocking=False)
     assert not repo._staging.warm_for(1)  # read in place
     f.result(timeout=60)
@@ -495,10 +497,7 @@ def test_a_first_background_save_beside_a_busy_loop_reads_the_whole_state_in_pla
 
     monkeypatch.setattr(_state._ckvc, "commit_buffers", watched)
     repo = ckvc.Repository.init(tmp_path / "repo")
-    model, opt = model_and_opt()
-    train_step(model, opt)
-    state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    want = snapshot(state)
+    model, opt, state, want = trained()
     f = repo.save(state, step=1, blocking=False)
     assert repo._staging.host is None  # no copy, no buffer yet
     train_step(model, opt)  # waits for the commit in optimizer.step()
@@ -516,10 +515,7 @@ def test_a_first_background_save_copies_from_the_back_while_its_commit_reads_fro
     # is the copy's then). Tensors changed from then on, while the commit
     # still codes, are stored as they were at the call.
     repo = ckvc.Repository.init(tmp_path / "repo")
-    model, opt = model_and_opt()
-    train_step(model, opt)
-    state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    want = snapshot(state)
+    model, opt, state, want = trained()
     p = _state.plan(state)
     file_bytes = b"".join(bytes(memoryview(x).cast("B")) for x in _state.in_place_parts(p))
     seen = {}
