@@ -430,6 +430,83 @@ mod tests {
     }
 
     #[test]
+    fn every_file_length_and_chunk_size_reads_the_state_at_the_call() {
+        let u = MIN_UNIT as usize;
+        let lens = [
+            0,
+            1,
+            4095,
+            4096,
+            u - 1,
+            u,
+            u + 1,
+            2 * u + 3,
+            63 * u + 5,
+            64 * u - 1,
+            64 * u,
+            64 * u + 1,
+            70 * u + 4097,
+            5_000_003,
+        ];
+        let pool = BufPool::new(64 << 20);
+        for len in lens {
+            for piece in [1usize, 777, 4096, u, u + 1, 300_000, len.max(1)] {
+                if len / piece > 200_000 {
+                    continue;
+                }
+                for round in 0..6 {
+                    let want: Vec<u8> = (0..len).map(|i| (i * 31 + i / 251 + 1) as u8).collect();
+                    let mut live = want.clone();
+                    let addr = live.as_mut_ptr() as usize;
+                    let cut = (len / 3).min(len);
+                    // SAFETY: as in the test above.
+                    let (a, b) = unsafe {
+                        (
+                            std::slice::from_raw_parts(addr as *const u8, cut),
+                            std::slice::from_raw_parts((addr + cut) as *const u8, len - cut),
+                        )
+                    };
+                    let parts = Parts::new(vec![a, b]);
+                    let mut staging = vec![0u8; len];
+                    let m = Mirror::new(&mut staging, len as u64).expect("mirror");
+                    let released = AtomicUsize::new(0);
+                    let release = || {
+                        released.fetch_add(1, Ordering::SeqCst);
+                        if len > 0 {
+                            // SAFETY: as above.
+                            unsafe { std::ptr::write_bytes(addr as *mut u8, 0xAB, len) };
+                        }
+                        Ok(())
+                    };
+                    let mut got = Vec::with_capacity(len);
+                    std::thread::scope(|s| {
+                        let copier = s.spawn(|| m.copy_from_back(&parts, &release));
+                        if round % 2 == 1 {
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                        }
+                        let mut at = 0;
+                        while at < len {
+                            let n = piece.min(len - at);
+                            let raw = m.chunk(&parts, at as u64, n, &pool).expect("chunk");
+                            got.extend_from_slice(&raw);
+                            at += n;
+                        }
+                        assert_eq!(m.finish(), Ok(()));
+                        copier.join().expect("copier");
+                    });
+                    assert_eq!(
+                        released.load(Ordering::SeqCst),
+                        1,
+                        "len {len} piece {piece}"
+                    );
+                    assert!(got == want, "len {len} piece {piece} round {round}");
+                    drop(live);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_commit_that_ends_early_stops_the_copier_without_a_release() {
         let len = 8 * MIN_UNIT as usize;
         let data = vec![5u8; len];

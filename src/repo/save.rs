@@ -155,6 +155,9 @@ impl Repository {
                 Some((_, m, ..)) => m.finish().and_then(|()| check()),
                 None => check(),
             };
+            // Stops the copier however the commit ends, a panic included
+            // (the scope joins the copier before the panic goes on).
+            let stop = StopOnDrop(mirror.as_ref().map(|(_, m, ..)| m));
             let report = self.commit_sources(
                 target,
                 &sources,
@@ -166,15 +169,24 @@ impl Repository {
                 &super::NoProgress,
                 &checked,
             );
-            if let Some((_, m, ..)) = &mirror {
-                m.stop();
-            }
+            drop(stop);
             if let Some(c) = copier {
                 // (the copier catches its own panics)
                 let _ = c.join();
             }
             report
         })
+    }
+}
+
+/// Stops a mirror's copier when dropped.
+struct StopOnDrop<'m, 's>(Option<&'m Mirror<'s>>);
+
+impl Drop for StopOnDrop<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.0 {
+            m.stop();
+        }
     }
 }
 
@@ -458,6 +470,90 @@ mod tests {
             );
         }
         assert_eq!(r.branch_head("main").expect("head"), None);
+    }
+
+    /// A store that panics on its first chunk lookup once armed (a bug
+    /// anywhere in the commit pipeline: a reader, the encoder, the writer).
+    struct PanickyStore {
+        inner: MemStore,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    impl crate::store::Store for PanickyStore {
+        fn get(
+            &self,
+            space: crate::store::Space,
+            key: &[u8],
+            buf: &mut Vec<u8>,
+        ) -> Result<bool, crate::store::StoreError> {
+            self.inner.get(space, key, buf)
+        }
+        fn contains(
+            &self,
+            space: crate::store::Space,
+            key: &[u8],
+        ) -> Result<bool, crate::store::StoreError> {
+            if space == crate::store::Space::Index
+                && self.armed.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                panic!("a bug in the commit pipeline");
+            }
+            self.inner.contains(space, key)
+        }
+        fn write(&self, batch: crate::store::Batch) -> Result<(), crate::store::StoreError> {
+            self.inner.write(batch)
+        }
+        fn scan_prefix(
+            &self,
+            space: crate::store::Space,
+            prefix: &[u8],
+            f: &mut crate::store::ScanFn<'_>,
+        ) -> Result<(), crate::store::StoreError> {
+            self.inner.scan_prefix(space, prefix, f)
+        }
+        fn flush(&self) -> Result<(), crate::store::StoreError> {
+            self.inner.flush()
+        }
+    }
+
+    #[test]
+    fn a_panic_in_a_mirrored_commit_reaches_the_caller_instead_of_hanging() {
+        // A panic in the commit (here the mirrored file's reader, on its
+        // first chunk) must reach the caller; the copier, waiting for the
+        // reader to meet it, is never stopped, and the scope joining it
+        // waits for ever.
+        let w: Vec<f32> = (0..16_000_000).map(|i| (i as f32 * 0.0007).sin()).collect();
+        let f = safetensors(&w);
+        let store = Arc::new(PanickyStore {
+            inner: MemStore::new(),
+            armed: std::sync::atomic::AtomicBool::new(false),
+        });
+        let r = Repository::init_store(
+            PathBuf::from("/nonexistent-ckvc-test"),
+            store.clone(),
+            Config::default(),
+        )
+        .expect("init");
+        store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut staging = vec![0u8; f.len()];
+            let ok = || Ok(());
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                r.commit_parts_mirrored(
+                    &[("t.safetensors", vec![&f[..]])],
+                    &step(1),
+                    ("t.safetensors", &mut staging),
+                    &ok,
+                )
+                .map(drop)
+            }));
+            let _ = tx.send(got.is_err());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(panicked) => assert!(panicked, "the panic reaches the caller"),
+            Err(_) => panic!("the mirrored commit hung after a panic in its pipeline"),
+        }
     }
 
     #[test]
