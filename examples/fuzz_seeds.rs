@@ -4,8 +4,9 @@
 //! rerun this after a clean checkout before `cargo +nightly fuzz run`.
 //!
 //! - `decode/`: frames of slices of real bf16 and fp32 tensors (several
-//!   slice lengths, dtypes and tails), with and without the previous
-//!   checkpoint's slice as a base, default and LMC options.
+//!   slice lengths, up to 12 Ki elements, dtypes and tails), with and
+//!   without the previous checkpoint's slice as a base, default and LMC
+//!   options.
 //! - `roundtrip/`: the same slices (and bases) as round-trip inputs.
 //! - `format_parse/`: the small real files (trainer_state.json,
 //!   step-0/optimizer.pt, `tests/fixtures/format/*`) and small safetensors
@@ -75,6 +76,17 @@ fn main() {
         for dtype in [DType::U8, DType::I16, DType::F16, DType::I32, DType::F64] {
             for len in [61, 2051] {
                 seeds.codec(dtype, false, &t.data[..len], Some(&b[..len]));
+            }
+        }
+        // A delta of 12 Ki elements: blocks of 8-16 Ki symbols, which
+        // have 32 rANS states from format version 11.
+        if let Some(t) = new
+            .iter()
+            .find(|t| t.data.len() >= 12 * 1024 * t.dtype.width())
+        {
+            let len = 12 * 1024 * t.dtype.width();
+            if let Some(b) = old.iter().find(|o| o.name == t.name) {
+                seeds.codec(t.dtype, false, &t.data[..len], Some(&b.data[..len]));
             }
         }
         // A zstd block (format version 5): a row of 256 symbols of 23

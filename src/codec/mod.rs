@@ -71,8 +71,9 @@ pub const MAGIC: [u8; 2] = *b"CK";
 /// it, encodes to the same bytes: [`PLAIN_VERSION`] for codec id 1,
 /// [`GAMMA_VERSION`] when a block has a gamma-coded rANS table,
 /// [`UP_VERSION`] when a block is coded against the element a row up,
+/// [`WIDE_VERSION`] when a rANS block of 8-16 Ki symbols has 32 states,
 /// [`ROWS_VERSION`] for row frames (or the newer of their inner frames').
-pub const FORMAT_VERSION: u8 = 10;
+pub const FORMAT_VERSION: u8 = 11;
 /// The version of the frames this build writes with codec id 1 and no
 /// gamma-coded rANS table.
 pub const PLAIN_VERSION: u8 = 7;
@@ -84,6 +85,10 @@ pub const GAMMA_VERSION: u8 = 9;
 /// The version of a codec id 1 frame with a block coded against the
 /// element a row up (block mode 9).
 pub const UP_VERSION: u8 = 10;
+/// The version of a codec id 1 frame with a rANS block of
+/// [`rans::WIDE_MIN_SYMBOLS_V11`] to [`rans::WIDE_MIN_SYMBOLS`] symbols,
+/// which from this version has 32 states instead of 8.
+pub const WIDE_VERSION: u8 = 11;
 /// Codec id of the grouped-entropy codec.
 pub const CODEC_GROUPED: u8 = 1;
 /// Codec id of row frames (version 8): root rows and the other rows
@@ -1007,6 +1012,7 @@ fn encode_elements(
     let mut cur = at;
     let mut entry = table_at;
     let mut gamma = false;
+    let mut wide = false;
     let mut rows_up = false;
     for k in 0..w {
         // Every stream of a delta frame may be coded with the base's
@@ -1039,6 +1045,11 @@ fn encode_elements(
             };
             cur += coded;
             gamma |= mode == BlockMode::RansGamma;
+            // A rANS block whose state count version 11 changed.
+            wide |= matches!(
+                mode,
+                BlockMode::Rans | BlockMode::RansGamma | BlockMode::RansCtx | BlockMode::RansUp
+            ) && rans::lanes(len, WIDE_VERSION) != rans::lanes(len, UP_VERSION);
             rows_up |= mode == BlockMode::RansUp;
             let e = mode as u32 | (coded as u32) << 8;
             out[entry..entry + 4].copy_from_slice(&e.to_le_bytes());
@@ -1048,6 +1059,7 @@ fn encode_elements(
     out.truncate(cur);
     match whole.filter(|&z| table_at + z < cur) {
         Some(z) => put_whole(out, table_at, &whole_out[..z]),
+        None if wide => out[2] = WIDE_VERSION,
         None if rows_up => out[2] = UP_VERSION,
         None if gamma => out[2] = GAMMA_VERSION,
         None => {}

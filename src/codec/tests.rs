@@ -727,7 +727,7 @@ fn header_fields_are_validated() {
     f[2] = FORMAT_VERSION + 1;
     assert!(matches!(
         decode(&f, None),
-        Err(DecodeError::VersionTooNew { found: 11, .. })
+        Err(DecodeError::VersionTooNew { found, .. }) if found == FORMAT_VERSION + 1
     ));
     let mut f = good.clone();
     f[3] = 2;
@@ -1151,6 +1151,11 @@ fn write_codec_fixtures() {
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::write(path, up_fixture_frame(&Options::default())).unwrap();
+    let path = format!(
+        "{}/tests/fixtures/codec/f32_adapter_step.v11.ckf",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::write(path, wide_fixture_frame()).unwrap();
 }
 
 /// Input of `tests/fixtures/codec/i8_quantised_rows.v9.ckf`: 64 rows of
@@ -1273,6 +1278,50 @@ fn fixture_frame_of_version_10_decodes() {
         decode(&old, None),
         Err(DecodeError::Corrupt { reason, .. }) if reason.contains("before format version 10")
     ));
+}
+
+/// Input of `tests/fixtures/codec/f32_adapter_step.v11.ckf` and its base:
+/// a 64 x 192 f32 matrix (12 Ki elements, a LoRA adapter's size) and the
+/// same after a small step, each element moved by about 0.5% of its
+/// magnitude: a delta frame whose blocks have 12 Ki symbols.
+fn wide_fixture_input() -> (Vec<u8>, Vec<u8>) {
+    let base = gaussian_f32(64 * 192, 41, 0.02);
+    let step = gaussian_f32(64 * 192, 42, 1e-4);
+    let new: Vec<f32> = base.iter().zip(&step).map(|(b, s)| b + s).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    (bytes(&new), bytes(&base))
+}
+
+fn wide_fixture_frame() -> Vec<u8> {
+    let (raw, base) = wide_fixture_input();
+    encode(&raw, Some(&base), DType::F32, &Options::default())
+}
+
+/// The version 11 fixture decodes against its base, a rANS block of its
+/// 12 Ki symbols has 32 states (version 11's rule: 8 before, which
+/// decode the same payload wrongly or not at all), and this build writes
+/// it byte for byte again.
+#[test]
+fn fixture_frame_of_version_11_decodes() {
+    let f = include_bytes!("../../tests/fixtures/codec/f32_adapter_step.v11.ckf");
+    let (raw, base) = wide_fixture_input();
+    let info = FrameInfo::parse(f).unwrap();
+    assert_eq!((info.version, info.dtype), (WIDE_VERSION, DType::F32));
+    assert!(info.needs_base());
+    let modes = block_modes(f);
+    assert!(
+        modes.iter().any(
+            |&m| [BlockMode::Rans, BlockMode::RansGamma, BlockMode::RansCtx]
+                .iter()
+                .any(|&r| r as u8 == m)
+        ),
+        "modes {modes:?}"
+    );
+    assert_eq!(decode(f, Some(&base)).unwrap(), raw);
+    assert_eq!(wide_fixture_frame(), f);
+    let mut old = f.to_vec();
+    old[2] = UP_VERSION;
+    assert!(decode(&old, Some(&base)).map_or(true, |back| back != raw));
 }
 
 /// A row-context block whose distance is below its 32 states (a context
