@@ -48,6 +48,9 @@ pub(super) struct Mirror<'s> {
     copied: Vec<AtomicBool>,
     /// The commit is over: the copier stops and releases nothing.
     stop: AtomicBool,
+    /// `release` refused (its error is in `State::released`): the reader
+    /// fails its next chunk rather than commit the rest for nothing.
+    refused: AtomicBool,
     state: Mutex<State>,
     cond: Condvar,
     _staging: PhantomData<&'s mut [u8]>,
@@ -123,6 +126,7 @@ impl<'s> Mirror<'s> {
             claims: AtomicU64::new(pack(0, units)),
             copied: (0..units).map(|_| AtomicBool::new(false)).collect(),
             stop: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
             _staging: PhantomData,
@@ -238,6 +242,9 @@ impl<'s> Mirror<'s> {
         if n == 0 {
             return Ok(Raw::Owned(Vec::new()));
         }
+        if self.refused.load(Ordering::Acquire) {
+            return Err(self.finish().err().unwrap_or_default());
+        }
         let (u0, u1) = (self.unit_of(at), self.unit_of(end - 1));
         let (front, all_claimed) = self.claim_front_to(u1);
         // The reader's bytes: the first `front` units.
@@ -321,6 +328,7 @@ impl<'s> Mirror<'s> {
         drop(st);
         let r = release();
         let mut st = self.lock();
+        self.refused.store(r.is_err(), Ordering::Release);
         st.released = Some(r);
         self.cond.notify_all();
     }
@@ -504,6 +512,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_refused_release_fails_the_readers_next_chunk() {
+        // Once the release refuses (the state changed before it), reading
+        // the rest from the staging buffer is for nothing: the next chunk
+        // is the release's error, so the commit ends at once.
+        let len = 8 * MIN_UNIT as usize;
+        let data = vec![5u8; len];
+        let parts = Parts::new(vec![&data[..]]);
+        let mut staging = vec![0u8; len];
+        let m = Mirror::new(&mut staging, len as u64).expect("mirror");
+        let pool = BufPool::new(1 << 20);
+        let refuse = || Err(String::from("the state changed"));
+        std::thread::scope(|s| {
+            let copier = s.spawn(|| m.copy_from_back(&parts, &refuse));
+            // The copier copies every unit, then the reader's first chunk
+            // is all the copier's: the reader is done with live memory.
+            while unpack(m.claims.load(Ordering::Acquire)).1 > 0 {
+                std::thread::yield_now();
+            }
+            assert!(m.chunk(&parts, 0, 100, &pool).is_ok());
+            copier.join().expect("copier");
+            assert_eq!(
+                m.chunk(&parts, 100, 100, &pool).err().as_deref(),
+                Some("the state changed")
+            );
+            assert_eq!(m.finish(), Err("the state changed".into()));
+        });
     }
 
     #[test]
