@@ -396,9 +396,10 @@ pub struct EncodeScratch {
     up_classes: Vec<u8>,
 }
 
-/// Row context is tried on blocks of at least this many symbols (32
-/// rANS states: a distance of 32 or more is decodable).
-const UP_MIN_SYMBOLS: usize = rans::WIDE_MIN_SYMBOLS;
+/// Row context is tried on blocks of at least this many symbols, as in
+/// version 10: they have 32 rANS states in every version with mode 9, so
+/// a distance of 32 or more is decodable.
+const UP_MIN_SYMBOLS: usize = 16 * 1024;
 
 /// Row context is tried when a 1-in-16 sample finds a symbol equal to the
 /// one a distance back at least this many times as often as two symbols

@@ -2127,3 +2127,5 @@ pub mod probe {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_v11;

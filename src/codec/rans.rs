@@ -8,8 +8,9 @@
 //! LE each), then the renormalisation words (u16 LE) in decoding order`.
 //! With the state in `[2^16, 2^32)` a decode step needs at most one word,
 //! so the decoder renormalises without a branch. Blocks of 16 Ki symbols
-//! or more in format version 2 have 32 states: four AVX2 registers of
-//! eight, whose table lookups (gathers) overlap.
+//! or more from format version 2, and of 8 Ki or more from version 11,
+//! have 32 states: four AVX2 registers of eight, whose table lookups
+//! (gathers) overlap.
 //!
 //! Owns: the frequency table encoding, the scalar encode and decode loops
 //! (with one table per class when `context` supplies classes), and the
@@ -26,7 +27,8 @@ use super::DecodeError;
 /// frame): symbol `i` is coded by state `i % NARROW`.
 pub const NARROW: usize = 8;
 /// Interleaved states of a block of [`WIDE_MIN_SYMBOLS`] or more in a
-/// version 2 frame.
+/// version 2 to 10 frame, of [`WIDE_MIN_SYMBOLS_V11`] or more from
+/// version 11 ([`lanes`]).
 pub const WIDE: usize = 32;
 const _: () = assert!(
     WIDE == simd::RANS_WIDE && ALL_SLOTS == simd::RANS_ALL_SLOTS,
