@@ -1066,13 +1066,15 @@ mod tests {
             for simd in [true, false] {
                 let got = with_simd(simd, || {
                     let mut back = vec![0u8; n];
-                    up_decode(&payload, 0, &mut back, &mut Vec::new(), crate::codec::FORMAT_VERSION).map(|_| back)
+                    let v = crate::codec::FORMAT_VERSION;
+                    up_decode(&payload, 0, &mut back, &mut Vec::new(), v).map(|_| back)
                 });
                 prop_assert_eq!(got.as_deref().ok(), Some(&syms[..]));
                 let short = &payload[..payload.len() - cut.min(payload.len())];
                 let cut_ok = with_simd(simd, || {
                     let mut back = vec![0u8; n];
-                    up_decode(short, 0, &mut back, &mut Vec::new(), crate::codec::FORMAT_VERSION).is_ok()
+                    let v = crate::codec::FORMAT_VERSION;
+                    up_decode(short, 0, &mut back, &mut Vec::new(), v).is_ok()
                 });
                 prop_assert!(cut == 0 || !cut_ok);
             }
