@@ -360,6 +360,9 @@ class HostBuffer:
         except (ImportError, OSError, ValueError, AttributeError):
             self.array = np.empty(n, dtype=np.uint8)
         self.populated = self._map is None
+        # A thread of `Staging.warm` is faulting it in (or will, having
+        # been started): a copy into it meanwhile faults its own pages.
+        self.warming = False
 
     def populate(self, duty: float = 1.0) -> None:
         """Fault the whole buffer in with ``MADV_POPULATE_WRITE`` before
@@ -499,7 +502,8 @@ class Staging:
         """True when the buffer holds ``n`` bytes and has been faulted in
         (or is being faulted in by ``warm``): a background copy into it
         runs at memory speed, not at the machine's page-in speed."""
-        return self.host is not None and self.host.array.nbytes >= n and self.host.populated
+        host = self.host
+        return host is not None and host.array.nbytes >= n and (host.populated or host.warming)
 
     def warm(self, n: int) -> None:
         """Allocate the buffer for ``n`` bytes (if it is smaller) and fault
@@ -520,6 +524,9 @@ class Staging:
                 _ckvc.lower_priority(10)
                 host.populate(duty=WARM_DUTY)
 
+            # Warm from now on, not from when the thread gets to run: a
+            # save right after this one copies into the buffer.
+            host.warming = True
             threading.Thread(target=populate, name="ckvc-staging-warm", daemon=True).start()
 
     def stage(self, p: Plan, background: bool = False) -> Tuple[memoryview, List[Tuple[Leaf, Any, Any]]]:

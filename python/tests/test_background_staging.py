@@ -374,6 +374,23 @@ def test_a_paced_fault_in_sleeps_between_pieces_and_faults_in_every_page(monkeyp
     assert slept == []
 
 
+def test_a_staging_buffer_is_warm_once_its_warming_thread_is_started(monkeypatch):
+    # The bug: `warm_for` said no until the warming thread had run far
+    # enough to mark the buffer populated, so a save right after a first
+    # one took the first save's path again (and a test asserting
+    # `warm_for` right after `warm` could fail).
+    go = threading.Event()
+    monkeypatch.setattr(_state._ckvc, "lower_priority", lambda n: go.wait(60))
+    staging = _state.Staging()
+    try:
+        staging.warm(1 << 20)
+        assert staging.warm_for(1 << 20)  # the thread waits at its start
+        assert not staging.host.populated
+        assert not staging.warm_for(2 << 20)  # too small still
+    finally:
+        go.set()
+
+
 def test_the_first_background_save_reads_in_place_then_warms_the_staging_buffer(tmp_path, monkeypatch, loop_leaves):
     # A first background save cannot copy the whole state into fresh
     # staging memory beside its commit's (more than one copy of the state):
