@@ -472,69 +472,24 @@ mod tests {
         assert_eq!(r.branch_head("main").expect("head"), None);
     }
 
-    /// A store that panics on its first chunk lookup once armed (a bug
-    /// anywhere in the commit pipeline: a reader, the encoder, the writer).
-    struct PanickyStore {
-        inner: MemStore,
-        armed: std::sync::atomic::AtomicBool,
-    }
-
-    impl crate::store::Store for PanickyStore {
-        fn get(
-            &self,
-            space: crate::store::Space,
-            key: &[u8],
-            buf: &mut Vec<u8>,
-        ) -> Result<bool, crate::store::StoreError> {
-            self.inner.get(space, key, buf)
-        }
-        fn contains(
-            &self,
-            space: crate::store::Space,
-            key: &[u8],
-        ) -> Result<bool, crate::store::StoreError> {
-            if space == crate::store::Space::Index
-                && self.armed.load(std::sync::atomic::Ordering::SeqCst)
-            {
-                panic!("a bug in the commit pipeline");
-            }
-            self.inner.contains(space, key)
-        }
-        fn write(&self, batch: crate::store::Batch) -> Result<(), crate::store::StoreError> {
-            self.inner.write(batch)
-        }
-        fn scan_prefix(
-            &self,
-            space: crate::store::Space,
-            prefix: &[u8],
-            f: &mut crate::store::ScanFn<'_>,
-        ) -> Result<(), crate::store::StoreError> {
-            self.inner.scan_prefix(space, prefix, f)
-        }
-        fn flush(&self) -> Result<(), crate::store::StoreError> {
-            self.inner.flush()
-        }
-    }
-
     #[test]
     fn a_panic_in_a_mirrored_commit_reaches_the_caller_instead_of_hanging() {
         // A panic in the commit (here the mirrored file's reader, on its
-        // first chunk) must reach the caller; the copier, waiting for the
-        // reader to meet it, is never stopped, and the scope joining it
-        // waits for ever.
+        // first chunk: a bug) must reach the caller. It did not: the
+        // copier, waiting for the reader to meet it, was never stopped,
+        // and the scope joining it waited for ever.
         let w: Vec<f32> = (0..16_000_000).map(|i| (i as f32 * 0.0007).sin()).collect();
         let f = safetensors(&w);
-        let store = Arc::new(PanickyStore {
-            inner: MemStore::new(),
-            armed: std::sync::atomic::AtomicBool::new(false),
-        });
+        let store = Arc::new(crate::testing::Instrumented::new(MemStore::new()));
         let r = Repository::init_store(
             PathBuf::from("/nonexistent-ckvc-test"),
             store.clone(),
             Config::default(),
         )
         .expect("init");
-        store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        store
+            .panic_on_index
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut staging = vec![0u8; f.len()];
