@@ -1245,13 +1245,67 @@ fn up_fixture_frame(opts: &Options) -> Vec<u8> {
     out
 }
 
-/// The block modes of a frame of codec id 1 without a tail or an element
-/// map, in table order.
-fn block_modes(f: &[u8]) -> Vec<u8> {
+const BLOCK: usize = 1 << BLOCK_LOG2;
+
+/// Whether block mode `m` is one of the rANS family (modes 3, 4, 8, 9).
+pub(super) fn is_rans(m: u8) -> bool {
+    [
+        BlockMode::Rans,
+        BlockMode::RansCtx,
+        BlockMode::RansGamma,
+        BlockMode::RansUp,
+    ]
+    .iter()
+    .any(|&r| r as u8 == m)
+}
+
+/// (mode, symbols) of every block of a codec id 1 frame (palette frames
+/// included); empty for a whole-zstd frame.
+pub(super) fn blocks_of(f: &[u8]) -> Vec<(u8, usize)> {
     let info = FrameInfo::parse(f).unwrap();
-    let n = info.raw_len as usize / info.group_width;
-    let entries = info.group_width * n.div_ceil(1 << BLOCK_LOG2);
-    (0..entries).map(|k| f[info.header_len + 4 * k]).collect()
+    assert!(!info.rows);
+    let raw_len = info.raw_len as usize;
+    let (w, n, pos) = if info.palette {
+        let dw = info.dtype.width();
+        let n = raw_len / dw;
+        let mut pos = info.header_len + (raw_len - n * dw);
+        let k = f[pos] as usize + 1;
+        pos += 1 + k * dw;
+        (1, n, pos)
+    } else {
+        let w = info.group_width;
+        let all = raw_len / w;
+        let mut pos = info.header_len;
+        if info.delta == Delta::PerStream {
+            pos += w;
+        }
+        pos += raw_len - all * w;
+        let mut n = all;
+        if info.element_map {
+            let (mut runs, mut bits) = (Vec::new(), Vec::new());
+            let m = elements::read(f, pos, all, &mut runs, &mut bits).unwrap();
+            pos = m.end;
+            n = m.kept;
+        }
+        (w, n, pos)
+    };
+    if info.whole_zstd {
+        return Vec::new();
+    }
+    let nb = n.div_ceil(BLOCK);
+    (0..w * nb)
+        .map(|i| {
+            let e = u32::from_le_bytes(f[pos + 4 * i..pos + 4 * i + 4].try_into().unwrap());
+            let bi = i % nb;
+            (e as u8, BLOCK.min(n - bi * BLOCK))
+        })
+        .collect()
+}
+
+/// The block modes of a frame of codec id 1 (not a row frame), in table
+/// order.
+fn block_modes(f: &[u8]) -> Vec<u8> {
+    blocks_of(f).into_iter().map(|(m, _)| m).collect()
 }
 
 /// The version 10 fixture decodes, its exponent stream is coded against
@@ -1308,14 +1362,12 @@ fn fixture_frame_of_version_11_decodes() {
     let info = FrameInfo::parse(f).unwrap();
     assert_eq!((info.version, info.dtype), (WIDE_VERSION, DType::F32));
     assert!(info.needs_base());
-    let modes = block_modes(f);
+    let blocks = blocks_of(f);
     assert!(
-        modes.iter().any(
-            |&m| [BlockMode::Rans, BlockMode::RansGamma, BlockMode::RansCtx]
-                .iter()
-                .any(|&r| r as u8 == m)
-        ),
-        "modes {modes:?}"
+        blocks
+            .iter()
+            .any(|&(m, n)| is_rans(m) && (8192..16384).contains(&n)),
+        "blocks {blocks:?}"
     );
     assert_eq!(decode(f, Some(&base)).unwrap(), raw);
     assert_eq!(wide_fixture_frame(), f);

@@ -4,63 +4,8 @@
 //! exactly when it holds a rANS-family block (mode 3, 4, 8 or 9) of
 //! 8,192 to 16,383 symbols.
 
+use super::tests::{blocks_of, is_rans};
 use super::*;
-
-const BLOCK: usize = 1 << BLOCK_LOG2;
-
-fn is_rans(m: u8) -> bool {
-    [
-        BlockMode::Rans,
-        BlockMode::RansCtx,
-        BlockMode::RansGamma,
-        BlockMode::RansUp,
-    ]
-    .iter()
-    .any(|&r| r as u8 == m)
-}
-
-/// (mode, symbols) of every block of a codec id 1 frame (palette frames
-/// included); empty for a whole-zstd frame.
-fn blocks_of(f: &[u8]) -> Vec<(u8, usize)> {
-    let info = FrameInfo::parse(f).unwrap();
-    assert!(!info.rows);
-    let raw_len = info.raw_len as usize;
-    let (w, n, pos) = if info.palette {
-        let dw = info.dtype.width();
-        let n = raw_len / dw;
-        let mut pos = info.header_len + (raw_len - n * dw);
-        let k = f[pos] as usize + 1;
-        pos += 1 + k * dw;
-        (1, n, pos)
-    } else {
-        let w = info.group_width;
-        let all = raw_len / w;
-        let mut pos = info.header_len;
-        if info.delta == Delta::PerStream {
-            pos += w;
-        }
-        pos += raw_len - all * w;
-        let mut n = all;
-        if info.element_map {
-            let (mut runs, mut bits) = (Vec::new(), Vec::new());
-            let m = elements::read(f, pos, all, &mut runs, &mut bits).unwrap();
-            pos = m.end;
-            n = m.kept;
-        }
-        (w, n, pos)
-    };
-    if info.whole_zstd {
-        return Vec::new();
-    }
-    let nb = n.div_ceil(BLOCK);
-    (0..w * nb)
-        .map(|i| {
-            let e = u32::from_le_bytes(f[pos + 4 * i..pos + 4 * i + 4].try_into().unwrap());
-            let bi = i % nb;
-            (e as u8, BLOCK.min(n - bi * BLOCK))
-        })
-        .collect()
-}
 
 /// Check a codec-1 frame's version against its blocks; returns whether it
 /// has a block of 8-16 Ki symbols with rANS, and counts what it saw.
