@@ -851,10 +851,10 @@ fn integers_that_moved_by_little_take_the_element_difference() {
 /// they must be the frame's streams exactly, whatever it chose.
 #[test]
 fn the_delta_searchs_histograms_are_the_frames_streams() {
-    let a = gaussian_f32(3000, 31, 0.02);
+    let a = gaussian_f32(2000, 31, 0.02);
     let floats = f32_bytes(&a);
     let moved = f32_bytes(&a.iter().map(|x| x * 1.0001).collect::<Vec<_>>());
-    let unrelated = f32_bytes(&gaussian_f32(3000, 32, 0.02));
+    let unrelated = f32_bytes(&gaussian_f32(2000, 32, 0.02));
     let xored: Vec<u8> = floats
         .iter()
         .enumerate()
@@ -887,8 +887,9 @@ fn the_delta_searchs_histograms_are_the_frames_streams() {
     };
     let (count_base, count_new) = counting(&mut next);
     let block = gaussian_f32(block::RANS_CTX_MIN_SYMBOLS, 34, 0.02);
-    let block_bytes = f32_bytes(&block);
-    let block_moved = f32_bytes(&block.iter().map(|x| x * 1.0001).collect::<Vec<_>>());
+    // bf16: a sample of 4 Ki 4-byte floats would not be the whole chunk.
+    let block_bytes = bf16_bytes(&block);
+    let block_moved = bf16_bytes(&block.iter().map(|x| x * 1.01).collect::<Vec<_>>());
     let cases = [
         (DType::F32, &moved, &floats),
         (DType::F32, &unrelated, &floats),
@@ -898,7 +899,7 @@ fn the_delta_searchs_histograms_are_the_frames_streams() {
         (DType::U8, &counted, &words(&counters)),
         (DType::U8, &noise, &noise.iter().rev().copied().collect()),
         (DType::U8, &count_new, &count_base),
-        (DType::F32, &block_moved, &block_bytes),
+        (DType::BF16, &block_moved, &block_bytes),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for (dtype, raw, base) in cases {
@@ -966,6 +967,21 @@ fn the_delta_searchs_histograms_are_the_frames_streams() {
         seen.iter().any(|c| c.2),
         "a context-modelled case: {seen:?}"
     );
+}
+
+/// The delta search samples at most 8 KiB of a float chunk (a run of 512
+/// fp32 or 256 f64 elements, four runs), 1024-element runs of bf16 and
+/// of integers, whatever their width.
+#[test]
+fn the_delta_search_samples_at_most_8_kib_of_a_float_chunk() {
+    assert_eq!(search_run(4, true), 512);
+    assert_eq!(search_run(8, true), 256);
+    assert_eq!(search_run(2, true), 1024);
+    assert_eq!(search_run(1, true), 1024);
+    assert_eq!(search_run(8, false), 1024);
+    for w in [1, 2, 4, 8] {
+        assert!(search_run(w, true) * w * SEARCH_RUNS <= 8 * 1024);
+    }
 }
 
 /// Values in a narrow band (the high byte 3 or 4) moved by more than the
