@@ -1259,7 +1259,7 @@ fn choose_delta(
     };
     let mut ops = Vec::with_capacity(w);
     let (mut per_stream_bits, mut no_delta_bits) = (0.0, 0.0);
-    let mut t = Vec::new();
+    let mut t = [Vec::new(), Vec::new()];
     // When the sample is the whole chunk, the streams' histograms are
     // kept: as they are, counted whole already (an integer chunk's) or
     // here; and those of the deltas that won, by stream.
@@ -1295,12 +1295,25 @@ fn choose_delta(
         } else {
             &[StreamOp::Xor, StreamOp::Diff][..]
         };
-        for &op in ops_worth_trying {
+        // XOR and difference counted, then the context estimate of the one
+        // whose order-0 estimate is the smaller only: the two are deltas of
+        // the same bytes under the same context, and the estimate is a
+        // pass per class. On the LoRA run, gpt-small and bert-ft the other
+        // one's estimate never changed a frame; the LoRA run's DELTA rows
+        // encode 1.02x as fast (paired runs).
+        let mut tried = [(f64::MAX, StreamOp::Keep, [0u32; 256]); 2];
+        for ((&op, t), slot) in ops_worth_trying.iter().zip(&mut t).zip(&mut tried) {
             t.clear();
             t.extend_from_slice(s[k]);
-            op.apply(&mut t, bs[k]);
-            let h = histogram(&t);
-            let c = with_ctx(&t, block_cost(&h));
+            op.apply(t, bs[k]);
+            let h = histogram(t);
+            *slot = (block_cost(&h), op, h);
+        }
+        let lead = usize::from(tried[1].0 < tried[0].0);
+        if !ops_worth_trying.is_empty() {
+            tried[lead].0 = with_ctx(&t[lead], tried[lead].0);
+        }
+        for &(c, op, h) in &tried[..ops_worth_trying.len()] {
             // Prefer keeping the stream as is on a tie: decoding is cheaper.
             if c < best.0 * 0.995 {
                 best = (c, op);
