@@ -366,3 +366,136 @@ fn relabelled_version_11_frames_do_not_decode_alike() {
         }
     }
 }
+
+/// `n` elements of `w` bytes of one of five kinds: gaussian floats (the
+/// top bytes of an f32 for narrower widths), noise, near-noise low bytes
+/// over a wide alphabet under structured high ones, a constant, small
+/// skewed integers.
+fn elements_of_kind(n: usize, w: usize, kind: u32, r: &mut Rng) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * w);
+    for i in 0..n {
+        let v: u64 = match kind {
+            // gaussian float bits of the width
+            0 => {
+                let g = r.gauss() as f64 * 0.02;
+                match w {
+                    8 => g.to_bits(),
+                    4 => (g as f32).to_bits() as u64,
+                    2 => ((g as f32).to_bits() >> 16) as u64,
+                    _ => ((g as f32).to_bits() >> 24) as u64,
+                }
+            }
+            // noise
+            1 => r.next(),
+            // near-noise low bytes over an alphabet, high bytes structured
+            2 => {
+                let k = 160 + (i as u64 % 3) * 40;
+                let mut x = r.next() % k;
+                for b in 1..w {
+                    x |= ((r.next() % 5) + 60) << (8 * b);
+                }
+                x
+            }
+            // constant
+            3 => 0x3c00_1234_5678_9abc,
+            // small skewed ints
+            _ => {
+                let u = r.unit();
+                ((u * u * u) * 50.0) as u64
+            }
+        };
+        out.extend_from_slice(&v.to_le_bytes()[..w]);
+    }
+    out
+}
+
+/// Every dtype, at lengths around the delta search's sample sizes and
+/// the 8 Ki (32 rANS states) and 16 Ki (sampled blocks) thresholds, five
+/// kinds of data,
+/// no base or a related, unrelated or identical one, four option sets,
+/// with and without a trailing partial element: every frame decodes to
+/// its input and has the version its blocks call for (from a review of
+/// the encoder's sampled estimates).
+#[test]
+fn every_dtype_length_and_base_round_trips_around_the_sample_sizes() {
+    let lens = [
+        0usize, 1, 2, 3, 7, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049, 2050, 4095, 4096,
+        4097, 8191, 8192, 8193, 12288, 16383, 16384, 16385, 20001,
+    ];
+    let dtypes = [
+        DType::F32,
+        DType::BF16,
+        DType::F16,
+        DType::F64,
+        DType::F8E4M3,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+    ];
+    let opts = [
+        ("default", Options::default()),
+        ("lmc", Options::lmc()),
+        (
+            "no-gain",
+            Options {
+                rans_min_gain: 0.0,
+                plain_rans_min_gain: 0.0,
+                ..Options::default()
+            },
+        ),
+        (
+            "map",
+            Options {
+                element_map: ElementMap::Always,
+                ..Options::default()
+            },
+        ),
+    ];
+    let mut seen = Seen::default();
+    let mut scratch = Scratch::default();
+    let mut out = Vec::new();
+    let mut r = Rng(crate::testing::Rng(77));
+    for &n in &lens {
+        for &dtype in &dtypes {
+            let w = dtype.width();
+            for kind in 0..5u32 {
+                let raw = elements_of_kind(n, w, kind, &mut r);
+                // related base: flip low bits of some elements; unrelated; identical
+                let mut related = raw.clone();
+                for (i, b) in related.iter_mut().enumerate() {
+                    if i % w == 0 && r.next() % 3 == 0 {
+                        *b ^= (r.next() % 4) as u8;
+                    }
+                }
+                let unrelated = elements_of_kind(n, w, (kind + 1) % 5, &mut r);
+                let bases: [Option<&[u8]>; 4] =
+                    [None, Some(&related), Some(&unrelated), Some(&raw)];
+                for (oname, o) in &opts {
+                    for (bi, b) in bases.iter().enumerate() {
+                        let what = format!("{dtype} n={n} kind={kind} {oname} base#{bi}");
+                        encode_into(&raw, *b, dtype, o, &mut out, &mut scratch);
+                        let back = decode(&out, *b).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert!(back == raw, "{what}: decodes wrongly");
+                        check_frame(&out, &what, &mut seen);
+                        // and with a trailing partial element
+                        let mut raw2 = raw.clone();
+                        raw2.push(7);
+                        let b2: Option<Vec<u8>> = b.map(|b| {
+                            let mut v = b.to_vec();
+                            v.push(9);
+                            v
+                        });
+                        if w > 1 {
+                            encode_into(&raw2, b2.as_deref(), dtype, o, &mut out, &mut scratch);
+                            let back = decode(&out, b2.as_deref())
+                                .unwrap_or_else(|e| panic!("{what} tail: {e}"));
+                            assert!(back == raw2, "{what} tail: decodes wrongly");
+                            check_frame(&out, &what, &mut seen);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen.wide > 0);
+}
