@@ -881,13 +881,7 @@ mod tests {
                         .collect::<Vec<u8>>()
                 })
                 .find(|syms| {
-                    let h = histogram(syms);
-                    let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
-                    let huff = (huffman::table_bytes(&lens) + 16) as f64
-                        + huffman::coded_bits(&h, &lens) as f64 / 8.0;
-                    let f = stats::normalize(&h);
-                    let r = (rans::table_bytes(&f) + 4 * rans::lanes_written(n) + 4) as f64
-                        + stats::coded_bits(&h, &f) / 8.0;
+                    let (huff, r) = huffman_and_rans_bytes(syms);
                     huff < r && r < huff * (1.0 + WIDE_RANS_SLACK)
                 })
                 .expect("an alphabet where Huffman is smaller within the slack");

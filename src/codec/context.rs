@@ -199,9 +199,7 @@ impl CtxModel {
         }
         bits
     }
-}
 
-impl CtxModel {
     /// A low estimate of the bytes [`ctx_plan`] would give, from every
     /// `step`-th symbol: each class's order-0 entropy on the sample (an
     /// estimate that runs low on a sample) scaled to the whole, and its

@@ -1199,15 +1199,14 @@ type StreamHists = Vec<[u32; 256]>;
 
 /// Pick the delta representation by the estimated coded size of a sample
 /// (up to [`SEARCH_RUNS`] evenly spaced runs of [`search_run`] elements):
-/// per stream the cheapest
-/// of keep / XOR / zigzag difference, or the whole-element ULP difference,
-/// each coded plainly or (if `ctx_ok`) with the base's exponent byte as
-/// context (of XOR and difference, only the one plainly the cheaper is
-/// estimated with it); or no delta at all. With the choice, if `want_hists` and the
-/// sample was the whole chunk, the histograms of the streams it chose:
-/// those of the frame's blocks, which a small chunk need not count again.
-/// `counted`, when given, are the streams' histograms and entropies as
-/// they are.
+/// per stream the cheapest of keep / XOR / zigzag difference, or the
+/// whole-element ULP difference, each coded plainly or (if `ctx_ok`) with
+/// the base's exponent byte as context (of XOR and difference, only the
+/// one plainly the cheaper is estimated with it); or no delta at all.
+/// With the choice, if `want_hists` and the sample was the whole chunk,
+/// the histograms of the streams it chose: those of the frame's blocks,
+/// which a small chunk need not count again. `counted`, when given, are
+/// the streams' histograms and entropies as they are.
 #[allow(clippy::too_many_arguments)]
 fn choose_delta(
     body: &[u8],
