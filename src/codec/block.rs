@@ -205,8 +205,7 @@ pub fn encode(
         }
     }
     let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
-    let huff = (huffman::table_bytes(&lens) + 12 + 4) as f64
-        + huffman::coded_bits(&h, &lens) as f64 / 8.0 * scale;
+    let huff = huffman_bytes(&h, &lens, scale);
     let mut best = (huff, BlockMode::Huffman);
     let mut freqs = None;
     // rANS tables cost 16 KiB of slots per class to build at decode time:
@@ -222,8 +221,7 @@ pub fn encode(
     if opts.rans && n >= RANS_MIN_SYMBOLS && huff - ideal > plain_gain * huff {
         let f = stats::normalize(&h);
         let t = rans::table_bytes(&f);
-        let r =
-            (t + 4 * rans::lanes_written(n) + 4) as f64 + stats::coded_bits(&h, &f) / 8.0 * scale;
+        let r = rans_bytes(&h, &f, t, n, scale);
         // Chosen over Huffman on the varint table's size, as before gamma
         // tables (on the gamma table's, noise-like delta blocks of fp32
         // weights left Huffman for rANS, 2% slower to decode, for 0.01%);
@@ -365,6 +363,20 @@ pub fn encode(
         return BlockMode::Raw;
     }
     best.1
+}
+
+/// Estimated bytes of a Huffman block of histogram `h` (scaled by `scale`
+/// from a sample) with code lengths `lens`: its table, three sizes and
+/// the coded bits.
+fn huffman_bytes(h: &[u32; 256], lens: &[u8; 256], scale: f64) -> f64 {
+    (huffman::table_bytes(lens) + 12 + 4) as f64 + huffman::coded_bits(h, lens) as f64 / 8.0 * scale
+}
+
+/// Estimated bytes of a plain rANS block of `n` symbols of histogram `h`
+/// (scaled by `scale` from a sample) with frequencies `f` and a table of
+/// `table` bytes: the table, the states and the coded bits.
+fn rans_bytes(h: &[u32; 256], f: &[u32; 256], table: usize, n: usize, scale: f64) -> f64 {
+    (table + 4 * rans::lanes_written(n) + 4) as f64 + stats::coded_bits(h, f) / 8.0 * scale
 }
 
 /// The fewest payload bytes [`encode`] can code `syms` to when neither
@@ -911,14 +923,14 @@ mod tests {
     /// Huffman's and rANS's estimated sizes of `syms` (rANS with mode 3's
     /// varint table), as `encode` weighs them.
     fn huffman_and_rans_bytes(syms: &[u8]) -> (f64, f64) {
-        let (h, n) = (histogram(syms), syms.len());
+        let h = histogram(syms);
         let lens = huffman::code_lengths(&h, huffman::MAX_BITS);
-        let huff =
-            (huffman::table_bytes(&lens) + 16) as f64 + huffman::coded_bits(&h, &lens) as f64 / 8.0;
         let f = stats::normalize(&h);
-        let r = (rans::table_bytes(&f) + 4 * rans::lanes_written(n) + 4) as f64
-            + stats::coded_bits(&h, &f) / 8.0;
-        (huff, r)
+        let t = rans::table_bytes(&f);
+        (
+            huffman_bytes(&h, &lens, 1.0),
+            rans_bytes(&h, &f, t, syms.len(), 1.0),
+        )
     }
 
     /// A near-noise block that Huffman codes just under the raw threshold,
