@@ -6,8 +6,10 @@
 //! loaded by [`corpus`].
 //!
 //! Owns `ckvc debug codec-bench`: it walks the checkpoint directories of one
-//! run in step order, reads every tensor through [`ckvc::format`], and
-//! measures on the very same bytes the ckvc codec, plain LMC (the same
+//! run in step order, reads every tensor through [`ckvc::format`] (one
+//! checkpoint at a time, with the one before it for the DELTA rows; a row
+//! is timed in batches of at most [`BATCH_BYTES`]), and measures on the
+//! very same bytes the ckvc codec, plain LMC (the same
 //! code with rotation, rANS and the delta search switched off), zstd -3 and
 //! -19 and bzip2 -9 on byte-grouped bytes, and the order-0 entropy of the
 //! byte-grouped streams per 64 KiB block. Every codec is timed from the
@@ -28,7 +30,7 @@ pub mod gc;
 pub mod remote;
 pub mod repo;
 
-pub use corpus::{load_run, with_bases, Checkpoint, LoadError};
+pub use corpus::{Checkpoint, LoadError};
 
 /// One line of the benchmark table (also the `--json` schema).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,6 +69,9 @@ pub struct BenchOptions {
     pub min_elements: u64,
     /// Give the codec each chunk's rows, as a commit does (row frames).
     pub row_frames: bool,
+    /// Most input bytes of a row coded in one batch of timed passes
+    /// ([`BATCH_BYTES`]).
+    pub batch_bytes: u64,
 }
 
 impl Default for BenchOptions {
@@ -79,6 +84,7 @@ impl Default for BenchOptions {
             bzip2: true,
             min_elements: corpus::MIN_ELEMENTS,
             row_frames: true,
+            batch_bytes: BATCH_BYTES,
         }
     }
 }
@@ -114,143 +120,267 @@ pub enum BenchError {
 struct Job<'a> {
     key: &'a str,
     dtype: DType,
+    /// The row group of its tensor ("weights" or "optimizer").
+    group: &'static str,
     raw: &'a [u8],
     base: Option<&'a [u8]>,
     /// The chunk's rows in its tensor.
     rows: Option<codec::Rows>,
 }
 
-/// Run the whole benchmark on a run directory.
+/// Most input bytes of a row coded in one batch of timed passes (the
+/// default of [`BenchOptions::batch_bytes`]). Every
+/// codec keeps its frames of a batch until the batch is checked (about
+/// the input's size each, six codecs), so a row of gigabytes is timed
+/// batch by batch: the benchmark holds two checkpoints and about 1.5 GiB
+/// besides, not six codings of the whole run (which ran a 6 GiB run out
+/// of 24 GiB of memory).
+const BATCH_BYTES: u64 = 256 << 20;
+
+/// Run the whole benchmark on a run directory, loading one checkpoint at
+/// a time (with the one before it, the DELTA rows' bases).
 pub fn codec_bench(dir: &Path, opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
-    let run = load_run(dir, opts.min_elements)?;
-    bench_checkpoints(&run, opts)
+    let mut bench = Bench::new(opts);
+    let mut prev: Option<Checkpoint> = None;
+    for (step, d) in corpus::run_dirs(dir)? {
+        let Some(ck) = corpus::load_checkpoint(step, &d, opts.min_elements)? else {
+            continue;
+        };
+        bench.checkpoint(prev.as_ref(), &ck)?;
+        prev = Some(ck);
+    }
+    if bench.rows.is_empty() {
+        return Err(LoadError::Empty {
+            path: dir.to_path_buf(),
+        }
+        .into());
+    }
+    Ok(bench.finish())
 }
 
 /// The benchmark on checkpoints already in memory.
-pub fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
-    let threads = if opts.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        opts.threads
-    };
-    let pool = (threads > 1).then(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a rayon pool of a few threads")
-    });
-    let mut rows = Vec::new();
-    for mode in ["FULL", "DELTA"] {
-        let mut jobs: Vec<Job> = Vec::new();
-        for (t, base) in with_bases(run, mode == "DELTA") {
-            let cb = opts.chunk_bytes / t.dtype.width() * t.dtype.width();
-            for (c, raw) in t.data.chunks(cb.max(t.dtype.width())).enumerate() {
-                jobs.push(Job {
-                    key: &t.key,
-                    dtype: t.dtype,
-                    raw,
-                    base: base.map(|b| &b[c * cb..c * cb + raw.len()]),
-                    rows: codec::Rows::of_chunk(&t.shape, (c * cb / t.dtype.width()) as u64)
-                        .filter(|_| opts.row_frames),
-                });
+#[cfg(test)]
+fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
+    let mut bench = Bench::new(opts);
+    for (i, ck) in run.iter().enumerate() {
+        bench.checkpoint(i.checked_sub(1).map(|p| &run[p]), ck)?;
+    }
+    Ok(bench.finish())
+}
+
+/// What one codec of a row came to, summed over checkpoints and batches:
+/// bytes out, and the seconds of the fastest encode and decode pass of
+/// each batch.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sums {
+    out: u64,
+    c_secs: f64,
+    d_secs: f64,
+}
+
+/// A row so far: its input bytes, each codec's sums (in the order they
+/// run) and the order-0 entropy bits.
+#[derive(Debug, Default, Clone)]
+struct RowSums {
+    bytes_in: u64,
+    cells: Vec<(String, usize, Sums)>,
+    bits: f64,
+}
+
+impl RowSums {
+    fn add(&mut self, other: &RowSums) {
+        self.bytes_in += other.bytes_in;
+        self.bits += other.bits;
+        for (name, threads, s) in &other.cells {
+            match self
+                .cells
+                .iter_mut()
+                .find(|(n, t, _)| n == name && t == threads)
+            {
+                Some((_, _, acc)) => {
+                    acc.out += s.out;
+                    acc.c_secs += s.c_secs;
+                    acc.d_secs += s.d_secs;
+                }
+                None => self.cells.push((name.clone(), *threads, *s)),
             }
         }
-        let mut groups: Vec<(DType, &'static str)> = Vec::new();
-        for ck in run {
-            for t in &ck.tensors {
-                for g in [t.group, "all"] {
-                    if !groups.contains(&(t.dtype, g)) {
-                        groups.push((t.dtype, g));
-                    }
+    }
+}
+
+/// The benchmark fed one checkpoint at a time: rows keyed by (mode, dtype,
+/// whether "all", group), each summed over the checkpoints.
+struct Bench<'o> {
+    opts: &'o BenchOptions,
+    pool: Option<rayon::ThreadPool>,
+    rows: std::collections::BTreeMap<(u8, DType, bool, &'static str), RowSums>,
+    /// The groups each dtype's tensors fell in over the run.
+    groups: std::collections::BTreeMap<DType, std::collections::BTreeSet<&'static str>>,
+}
+
+impl<'o> Bench<'o> {
+    fn new(opts: &'o BenchOptions) -> Self {
+        let threads = if opts.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            opts.threads
+        };
+        let pool = (threads > 1).then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a rayon pool of a few threads")
+        });
+        Bench {
+            opts,
+            pool,
+            rows: Default::default(),
+            groups: Default::default(),
+        }
+    }
+
+    /// Measure checkpoint `ck` alone (FULL) and against `prev` (DELTA).
+    fn checkpoint(&mut self, prev: Option<&Checkpoint>, ck: &Checkpoint) -> Result<(), BenchError> {
+        let opts = self.opts;
+        for t in &ck.tensors {
+            self.groups.entry(t.dtype).or_default().insert(t.group);
+        }
+        for (mode, delta) in [(0u8, false), (1, true)] {
+            let mut jobs: Vec<Job> = Vec::new();
+            for (t, base) in corpus::bases_of(prev, ck, delta) {
+                let cb = opts.chunk_bytes / t.dtype.width() * t.dtype.width();
+                for (c, raw) in t.data.chunks(cb.max(t.dtype.width())).enumerate() {
+                    jobs.push(Job {
+                        key: &t.key,
+                        dtype: t.dtype,
+                        group: t.group,
+                        raw,
+                        base: base.map(|b| &b[c * cb..c * cb + raw.len()]),
+                        rows: codec::Rows::of_chunk(&t.shape, (c * cb / t.dtype.width()) as u64)
+                            .filter(|_| opts.row_frames),
+                    });
                 }
             }
+            // This checkpoint's groups of each dtype, "all" after them.
+            let mut here: std::collections::BTreeMap<DType, Vec<&'static str>> = Default::default();
+            for j in &jobs {
+                let g = here.entry(j.dtype).or_default();
+                if !g.contains(&j.group) {
+                    g.push(j.group);
+                }
+            }
+            for (dtype, mut groups) in here {
+                groups.sort();
+                let mut all = RowSums::default();
+                for &group in &groups {
+                    let sel: Vec<&Job> = jobs
+                        .iter()
+                        .filter(|j| j.dtype == dtype && j.group == group)
+                        .collect();
+                    let sums = self.measure(&sel)?;
+                    if groups.len() == 1 {
+                        // "all" is the same jobs: the same sums.
+                        all = sums.clone();
+                    }
+                    self.rows
+                        .entry((mode, dtype, false, group))
+                        .or_default()
+                        .add(&sums);
+                }
+                if groups.len() > 1 {
+                    let sel: Vec<&Job> = jobs.iter().filter(|j| j.dtype == dtype).collect();
+                    all = self.measure(&sel)?;
+                }
+                self.rows
+                    .entry((mode, dtype, true, "all"))
+                    .or_default()
+                    .add(&all);
+            }
         }
-        groups.sort_by_key(|&(d, g)| (d, g == "all", g));
-        for (dtype, group) in groups {
-            let sel: Vec<&Job> = jobs
-                .iter()
-                .filter(|j| {
-                    j.dtype == dtype
-                        && (group == "all"
-                            || run.iter().any(|ck| {
-                                ck.tensors
-                                    .iter()
-                                    .any(|t| t.key == j.key && t.group == group)
-                            }))
-                })
-                .collect();
-            if sel.is_empty() {
-                continue;
+        Ok(())
+    }
+
+    /// Time and check every codec on `sel`, [`BenchOptions::batch_bytes`]
+    /// at a time.
+    /// ckvc (one thread and all), LMC and zstd -3 are timed side by side:
+    /// every pass runs each once, in turn, so a busy moment on a shared
+    /// machine slows them alike, and the fastest pass of each counts.
+    /// zstd -19 and bzip2 -9 are there for their ratio: one pass.
+    fn measure(&self, sel: &[&Job]) -> Result<RowSums, BenchError> {
+        let mut sums = RowSums::default();
+        let mut rest = sel;
+        while !rest.is_empty() {
+            let mut n = 0;
+            let mut bytes = 0u64;
+            while n < rest.len()
+                && (n == 0 || bytes + rest[n].raw.len() as u64 <= self.opts.batch_bytes)
+            {
+                bytes += rest[n].raw.len() as u64;
+                n += 1;
             }
-            // "all" equal to the only group adds nothing.
-            let distinct_groups = run
-                .iter()
-                .flat_map(|ck| ck.tensors.iter())
-                .filter(|t| t.dtype == dtype)
-                .map(|t| t.group)
-                .collect::<std::collections::BTreeSet<_>>();
-            if group == "all" && distinct_groups.len() < 2 {
-                continue;
-            }
-            let mk = |codec: &str,
-                      threads: usize,
-                      bytes_in: u64,
-                      out: u64,
-                      c: Option<f64>,
-                      d: Option<f64>| Row {
-                mode: mode.to_string(),
-                dtype: dtype.short_name().to_string(),
-                group: group.to_string(),
-                codec: codec.to_string(),
-                threads,
-                bytes_in,
-                ratio: out as f64 / bytes_in.max(1) as f64,
-                compress_mib_s: c,
-                decompress_mib_s: d,
-            };
-            let bytes_in: u64 = sel.iter().map(|j| j.raw.len() as u64).sum();
-            // ckvc (one thread and all), LMC and zstd -3 are timed side by
-            // side: every pass runs each once, in turn, so a busy moment on
-            // a shared machine slows them alike, and the fastest pass of
-            // each counts. zstd -19 is there for its ratio: one pass.
+            let (batch, next) = rest.split_at(n);
+            rest = next;
             let mut timed = vec![Timed::codec("ckvc", Options::default(), None)];
-            if let Some(p) = &pool {
+            if let Some(p) = &self.pool {
                 timed.push(Timed::codec("ckvc", Options::default(), Some(p)));
             }
             timed.push(Timed::codec("lmc", Options::lmc(), None));
             timed.push(Timed::zstd(3));
-            for _ in 0..passes(opts.repeat, bytes_in) {
+            for _ in 0..passes(self.opts.repeat, bytes) {
                 for t in &mut timed {
-                    t.pass(&sel);
+                    t.pass(batch);
                 }
             }
-            if opts.zstd19 {
+            if self.opts.zstd19 {
                 let mut t = Timed::zstd(19);
-                t.pass(&sel);
+                t.pass(batch);
                 timed.push(t);
             }
-            if opts.bzip2 {
+            if self.opts.bzip2 {
                 let mut t = Timed::new("bzip2-9".to_string(), Coder::Bzip2);
-                t.pass(&sel);
+                t.pass(batch);
                 timed.push(t);
             }
+            let mut here = RowSums {
+                bytes_in: bytes,
+                ..RowSums::default()
+            };
             for t in timed {
                 let (name, threads) = (t.name.clone(), t.threads());
-                let (out, c, d) = t.finish(&sel)?;
-                rows.push(mk(&name, threads, bytes_in, out, Some(c), Some(d)));
+                here.cells.push((name, threads, t.finish(batch)?));
             }
-            let bits: f64 = sel.iter().map(|j| grouped_entropy_bits(j)).sum();
-            rows.push(mk(
-                "entropy",
-                1,
-                bytes_in,
-                (bits / 8.0).ceil() as u64,
-                None,
-                None,
-            ));
+            sums.add(&here);
         }
+        sums.bits = sel.iter().map(|j| grouped_entropy_bits(j)).sum();
+        Ok(sums)
     }
-    Ok(rows)
+
+    /// The rows, "all" left out for a dtype whose tensors were all in one
+    /// group over the run (it would repeat that group's row).
+    fn finish(self) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for ((mode, dtype, is_all, group), r) in self.rows {
+            if is_all && self.groups.get(&dtype).map_or(0, |g| g.len()) < 2 {
+                continue;
+            }
+            let mk = |codec: &str, threads: usize, out: u64, s: Option<Sums>| Row {
+                mode: if mode == 0 { "FULL" } else { "DELTA" }.to_string(),
+                dtype: dtype.short_name().to_string(),
+                group: group.to_string(),
+                codec: codec.to_string(),
+                threads,
+                bytes_in: r.bytes_in,
+                ratio: out as f64 / r.bytes_in.max(1) as f64,
+                compress_mib_s: s.map(|s| mib_s(r.bytes_in, s.c_secs)),
+                decompress_mib_s: s.map(|s| mib_s(r.bytes_in, s.d_secs)),
+            };
+            for (name, threads, s) in &r.cells {
+                rows.push(mk(name, *threads, s.out, Some(*s)));
+            }
+            rows.push(mk("entropy", 1, (r.bits / 8.0).ceil() as u64, None));
+        }
+        rows
+    }
 }
 
 /// A row's timed passes code at least this many bytes through each codec.
@@ -437,10 +567,9 @@ impl<'p> Timed<'p> {
     }
 
     /// Check, once and outside the timed passes, that every frame gives
-    /// back its input; returns
-    /// (compressed bytes, compress MiB/s, decompress MiB/s).
-    fn finish(self, jobs: &[&Job]) -> Result<(u64, f64, f64), BenchError> {
-        let bytes_in: u64 = jobs.iter().map(|j| j.raw.len() as u64).sum();
+    /// back its input; returns the bytes out and the fastest passes'
+    /// seconds.
+    fn finish(self, jobs: &[&Job]) -> Result<Sums, BenchError> {
         let bad = match self.coder {
             Coder::Ckvc { .. } => jobs
                 .par_iter()
@@ -468,12 +597,11 @@ impl<'p> Timed<'p> {
         if let Some(tensor) = bad {
             return Err(BenchError::Mismatch { tensor });
         }
-        let out: u64 = self.frames.iter().map(|f| f.len() as u64).sum();
-        Ok((
-            out,
-            mib_s(bytes_in, self.best_c),
-            mib_s(bytes_in, self.best_d),
-        ))
+        Ok(Sums {
+            out: self.frames.iter().map(|f| f.len() as u64).sum(),
+            c_secs: self.best_c,
+            d_secs: self.best_d,
+        })
     }
 }
 
@@ -592,5 +720,176 @@ mod tests {
         };
         let rows = bench_checkpoints(&run, &opts).unwrap();
         assert!(!rows.iter().any(|r| r.codec == "bzip2-9"));
+    }
+
+    /// A tensor of `len` f32 elements: half noise, half zeros (so that
+    /// every codec shrinks it and the sizes differ between codecs).
+    fn f32_tensor(key: &str, group: &'static str, len: usize, seed: u64) -> Tensor {
+        let mut data = vec![0u8; 4 * len];
+        Rng(seed).fill(&mut data[..2 * len]);
+        Tensor {
+            key: key.into(),
+            dtype: DType::F32,
+            group,
+            shape: vec![len as u64],
+            data,
+        }
+    }
+
+    fn quick() -> BenchOptions {
+        BenchOptions {
+            threads: 1,
+            repeat: 1,
+            zstd19: false,
+            bzip2: false,
+            chunk_bytes: 8 << 10,
+            ..BenchOptions::default()
+        }
+    }
+
+    /// Sizes of every row, without the timings.
+    fn sizes(rows: &[Row]) -> Vec<(String, String, String, String, u64, u64)> {
+        rows.iter()
+            .map(|r| {
+                let out = (r.ratio * r.bytes_in as f64).round() as u64;
+                let (m, d, g, c) = (&r.mode, &r.dtype, &r.group, &r.codec);
+                (m.clone(), d.clone(), g.clone(), c.clone(), r.bytes_in, out)
+            })
+            .collect()
+    }
+
+    /// A row is coded in batches of at most `batch_bytes` (so the bench
+    /// holds a batch's frames, not a row's): the bytes are the same as in
+    /// one batch, and every checkpoint's tensors are counted once per row.
+    #[test]
+    fn a_row_coded_in_batches_has_the_bytes_of_one_batch() {
+        let run: Vec<Checkpoint> = (1..=3)
+            .map(|s| Checkpoint {
+                dir: PathBuf::from(format!("step-{s}")),
+                step: s,
+                tensors: vec![
+                    f32_tensor("model.safetensors/w", "weights", 10_000, s),
+                    f32_tensor("optimizer.pt/m", "optimizer", 6_000, 10 + s),
+                ],
+            })
+            .collect();
+        let whole = bench_checkpoints(&run, &quick()).unwrap();
+        let batched = BenchOptions {
+            batch_bytes: 10 << 10,
+            ..quick()
+        };
+        let batched = bench_checkpoints(&run, &batched).unwrap();
+        assert_eq!(sizes(&whole), sizes(&batched));
+        let bytes_in = |mode: &str, group: &str| {
+            let r = whole
+                .iter()
+                .find(|r| r.mode == mode && r.group == group && r.codec == "ckvc");
+            r.expect("the row").bytes_in
+        };
+        assert_eq!(bytes_in("FULL", "weights"), 3 * 40_000);
+        assert_eq!(bytes_in("FULL", "all"), 3 * 64_000);
+        // No base for the first checkpoint.
+        assert_eq!(bytes_in("DELTA", "optimizer"), 2 * 24_000);
+        assert_eq!(bytes_in("DELTA", "all"), 2 * 64_000);
+    }
+
+    /// The "all" row of a dtype counts a checkpoint whose tensors of that
+    /// dtype are in one group, once another checkpoint has two; a dtype in
+    /// one group over the whole run gets no "all" row.
+    #[test]
+    fn an_all_row_counts_the_checkpoints_with_one_group() {
+        let mut u8_tensor = f32_tensor("rng_state.pth/cpu", "weights", 1000, 7);
+        u8_tensor.dtype = DType::U8;
+        let run = vec![
+            Checkpoint {
+                dir: PathBuf::from("step-1"),
+                step: 1,
+                tensors: vec![
+                    f32_tensor("model.safetensors/w", "weights", 5_000, 1),
+                    u8_tensor.clone(),
+                ],
+            },
+            Checkpoint {
+                dir: PathBuf::from("step-2"),
+                step: 2,
+                tensors: vec![
+                    f32_tensor("model.safetensors/w", "weights", 5_000, 2),
+                    f32_tensor("optimizer.pt/m", "optimizer", 3_000, 3),
+                    u8_tensor,
+                ],
+            },
+        ];
+        let rows = bench_checkpoints(&run, &quick()).unwrap();
+        let all = rows
+            .iter()
+            .find(|r| {
+                r.mode == "FULL" && r.dtype == "fp32" && r.group == "all" && r.codec == "ckvc"
+            })
+            .expect("an all row");
+        assert_eq!(all.bytes_in, 4 * (5_000 + 5_000 + 3_000));
+        let weights = rows
+            .iter()
+            .find(|r| {
+                r.mode == "FULL" && r.dtype == "fp32" && r.group == "weights" && r.codec == "ckvc"
+            })
+            .expect("a weights row");
+        assert!(all.ratio > 0.0 && weights.ratio > 0.0);
+        assert!(!rows.iter().any(|r| r.dtype == "u8" && r.group == "all"));
+        assert!(rows.iter().any(|r| r.dtype == "u8" && r.group == "weights"));
+    }
+
+    /// A safetensors file of f32 tensors.
+    fn write_safetensors(path: &Path, tensors: &[(&str, &[u8])]) {
+        let mut header = String::from("{");
+        let mut at = 0;
+        for (i, (name, data)) in tensors.iter().enumerate() {
+            let n = data.len() / 4;
+            let end = at + data.len();
+            let sep = if i > 0 { "," } else { "" };
+            header += &format!(
+                r#"{sep}"{name}":{{"dtype":"F32","shape":[{n}],"data_offsets":[{at},{end}]}}"#
+            );
+            at = end;
+        }
+        header.push('}');
+        let mut f = (header.len() as u64).to_le_bytes().to_vec();
+        f.extend_from_slice(header.as_bytes());
+        for (_, data) in tensors {
+            f.extend_from_slice(data);
+        }
+        std::fs::write(path, f).unwrap();
+    }
+
+    /// `codec_bench` reads a run one checkpoint at a time (with the one
+    /// before it) and gives the rows of the whole run in memory; a
+    /// directory without tensors is still refused.
+    #[test]
+    fn codec_bench_reads_a_checkpoint_at_a_time_and_gives_the_whole_runs_rows() {
+        let tmp = tempfile::tempdir().unwrap();
+        for s in 1..=3u64 {
+            let d = tmp.path().join(format!("checkpoint-{s}"));
+            std::fs::create_dir(&d).unwrap();
+            let a = f32_tensor("a", "weights", 3_000, s).data;
+            let b = f32_tensor("b", "weights", 2_000, 10 + s).data;
+            write_safetensors(&d.join("model.safetensors"), &[("a", &a), ("b", &b)]);
+            let m = f32_tensor("m", "optimizer", 2_000, 20 + s).data;
+            write_safetensors(&d.join("optimizer.safetensors"), &[("m", &m)]);
+        }
+        // Not a checkpoint: no step in its name.
+        std::fs::create_dir(tmp.path().join("logs")).unwrap();
+        let streamed = codec_bench(tmp.path(), &quick()).unwrap();
+        let run = corpus::load_run(tmp.path(), corpus::MIN_ELEMENTS).unwrap();
+        assert_eq!(run.len(), 3);
+        let whole = bench_checkpoints(&run, &quick()).unwrap();
+        assert_eq!(sizes(&streamed), sizes(&whole));
+        assert!(streamed.iter().any(|r| r.group == "optimizer"));
+
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::create_dir(empty.path().join("step-5")).unwrap();
+        let err = codec_bench(empty.path(), &quick()).unwrap_err();
+        assert!(
+            matches!(err, BenchError::Load(LoadError::Empty { .. })),
+            "{err}"
+        );
     }
 }
