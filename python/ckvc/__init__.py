@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import collections
 import json
+import math
 import os
 import threading
 import time
@@ -403,20 +404,20 @@ def _add_guard(fut: "SaveFuture", deferred: List[Any]) -> None:
 
     ptrs = {storage_ptr(leaf.obj) for leaf, _, clone in deferred if clone is None} - {0}
     guard = StagingGuard(ptrs, fut._staged)
-    guard.__enter__()
+    guard.enter_below()
     with _hooks_lock:
         _guards.append((guard, threading.get_ident()))
 
 
 def _pop_finished_guards() -> None:
-    """Pop this thread's guards whose staging is done (each only when it is
-    the top of the thread's torch function stack; a later one stays until
-    a later call)."""
+    """Remove this thread's guards whose staging is done from its torch
+    function stack."""
     me = threading.get_ident()
     with _hooks_lock:
         for i in range(len(_guards) - 1, -1, -1):
             guard, owner = _guards[i]
-            if owner == me and guard.staged.is_set() and guard.pop_if_top():
+            if owner == me and guard.staged.is_set():
+                guard.remove()
                 del _guards[i]
 
 
@@ -665,6 +666,10 @@ class Repository:
         mets = []
         for k, v in (metrics or {}).items():
             mets.append((str(k), float(v)))
+            if not math.isfinite(mets[-1][1]):
+                # what the library refuses, refused in the call: a background
+                # save would only fail in its thread, and be lost
+                raise InvalidInputError(f"metric {k}={v} is not a finite number")
         _remove_finished_hooks()
         with self._lock:
             self._wait_inflight()
@@ -828,6 +833,15 @@ class Repository:
             inflight[1]._staged.wait()
         _remove_finished_hooks()
 
+    def _wait_saved(self) -> None:
+        """Wait until the save in flight (if any) is durable or has failed,
+        so that a read sees it (its error stays for ``result``/``wait``)."""
+        inflight = self._inflight
+        if inflight is not None:
+            _release_pause()
+            inflight[1]._event.wait()
+        _remove_finished_hooks()
+
     def _drain(self) -> List[BaseException]:
         """Wait for the save in flight; the unobserved errors."""
         with self._lock:
@@ -865,24 +879,30 @@ class Repository:
         tensor}}`` for files holding tensors and ``{path: bytes}`` for the
         others (torch tensors when torch is installed).
 
-        A background save still copying its tensors is waited for first
-        (what is loaded usually goes into those tensors next).
+        A background save still in flight is waited for first (until it is
+        durable or has failed: the state it saves is what ``rev`` may name;
+        its error is left to ``result()``/``wait()``).
         """
-        self._wait_staged()
         with self.open(rev) as ck:
             return ck._load_all()
 
     def open(self, rev: Rev) -> "Checkpoint":
         """A lazy view of one commit (use as a context manager): ``keys()``
-        and ``get_tensor(key)`` decode only the tensor asked for."""
+        and ``get_tensor(key)`` decode only the tensor asked for. A save in
+        flight is waited for first, as by ``load``."""
+        self._wait_saved()
         return Checkpoint(self, rev)
 
     def steps(self) -> List[int]:
-        """The steps on the current branch, ascending."""
+        """The steps on the current branch, ascending (a save in flight
+        waited for first)."""
+        self._wait_saved()
         return list(self._reader().steps(self.branch))
 
     def log(self, rev: Optional[Rev] = None, limit: Optional[int] = None) -> List[Commit]:
-        """The commits of the current branch (or from ``rev``), newest first."""
+        """The commits of the current branch (or from ``rev``), newest first
+        (a save in flight waited for first)."""
+        self._wait_saved()
         r = self._reader()
         if rev is not None:
             start: Optional[str] = _rev(rev)
@@ -900,12 +920,18 @@ class Repository:
         name; metrics from ``trainer_state.json``)."""
         if step is not None:
             _check_step(step)
-        d = _ckvc.commit_dir(self.path, os.fspath(path), step, message, self.branch)
+        with self._lock:
+            # after this object's save in flight (which holds the write
+            # lock, and whose step comes first)
+            self._wait_inflight()
+            d = _ckvc.commit_dir(self.path, os.fspath(path), step, message, self.branch)
         return self._commit(d["id"])
 
     def checkout(self, rev: Rev, out_dir: Union[str, os.PathLike], force: bool = False) -> Commit:
         """Write the files of ``rev`` into ``out_dir``, byte for byte, as
-        ``ckvc checkout REV -o OUT`` does; returns its ``Commit``."""
+        ``ckvc checkout REV -o OUT`` does; returns its ``Commit`` (a save in
+        flight waited for first)."""
+        self._wait_saved()
         r = self._reader()
         cid = self._resolve(r, rev)
         r.checkout(cid, os.fspath(out_dir), force)

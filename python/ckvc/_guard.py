@@ -24,10 +24,13 @@ that a guard on the stack costs one more compile of the model, not one per
 save (an optimizer step still waits in its pre-hook, which runs outside
 the graph).
 
-The guard is popped by the saving thread once the staging is done, when it
-is the top of that thread's stack (the next ``save``/``wait``/``load``/
-``result``/``wait_staged`` or ``optimizer.step()``); until then a finished
-guard lets every call through.
+The guard is pushed under the modes already on the saving thread's stack
+(``StagingGuard.enter_below``), so their ``with`` blocks pop them, not it,
+and is taken out of the stack wherever it sits (``StagingGuard.remove``,
+the modes above it staying in order) by that thread once the staging is
+done (the next ``save``/``wait``/``load``/``result``/``wait_staged`` or
+``optimizer.step()``); until then a finished guard lets every call
+through.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import threading
 from typing import Any, Iterable, Set
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _pop_mode, _push_mode
+from torch.utils._device import DeviceContext
 
 # In-place operations whose names do not end in a single "_".
 _INPLACE_DUNDERS = frozenset(
@@ -131,11 +135,29 @@ class StagingGuard(TorchFunctionMode):
                 self.staged.wait()
         return func(*args, **kwargs)
 
-    def pop_if_top(self) -> bool:
-        """Pop this guard from the calling thread's torch function stack if
-        it is the top (modes pushed after it still run); True if popped."""
+    def enter_below(self) -> None:
+        """Push this guard under the modes already on the calling thread's
+        torch function stack (above the ``torch.set_default_device``
+        context at its bottom, which must stay there): a mode entered
+        before the save (a ``with torch.device(...)`` block too) pops
+        itself at the end of its ``with`` block, not this guard (their
+        exits pop whatever is on top)."""
+        above = [_pop_mode() for _ in range(torch._C._len_torch_function_stack())]  # top first
+        default = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+        if above and isinstance(above[-1], DeviceContext) and above[-1] is default:
+            _push_mode(above.pop())
+        _push_mode(self)
+        for mode in reversed(above):
+            _push_mode(mode)
+
+    def remove(self) -> None:
+        """Remove this guard from the calling thread's torch function stack
+        wherever it is (the modes above it stay, in order)."""
         n = torch._C._len_torch_function_stack()
-        if n == 0 or torch._C._get_function_stack_at(n - 1) is not self:
-            return False
-        self.__exit__(None, None, None)
-        return True
+        for i in range(n - 1, -1, -1):
+            if torch._C._get_function_stack_at(i) is self:
+                above = [_pop_mode() for _ in range(n - 1 - i)]  # top first
+                _pop_mode()
+                for mode in reversed(above):
+                    _push_mode(mode)
+                return

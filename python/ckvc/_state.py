@@ -239,22 +239,24 @@ class Flattener:
             return self.tensor(x, path)
         if isinstance(x, bool):
             return {"type": "bool", "value": x}
-        if isinstance(x, int):
+        # Exact types only below: a subclass (an IntEnum, a namedtuple, a
+        # defaultdict, torch.Size) would load as its base class.
+        if type(x) is int:
             return {"type": "int", "value": int(x)}
-        if isinstance(x, float):
+        if type(x) is float:
             return _float_node(float(x))
-        if isinstance(x, str):
+        if type(x) is str:
             return {"type": "str", "value": x}
-        if isinstance(x, (bytes, bytearray)):
+        if type(x) in (bytes, bytearray):
             return {"type": "bytes", "value": base64.b64encode(bytes(x)).decode("ascii")}
         if (_TORCH and isinstance(x, torch.Tensor)) or isinstance(x, (np.ndarray, np.generic)):
             return self.tensor(x, path)
         if _TORCH and isinstance(x, torch.dtype):
             return {"type": "torch_dtype", "value": str(x).replace("torch.", "")}
-        if isinstance(x, dict):
+        if type(x) in (dict, collections.OrderedDict):
             items = []
             for k, v in x.items():
-                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                if type(k) not in (str, int):
                     raise TypeError(f"{'.'.join(path) or 'state'}: dict keys must be str or int, not {type(k).__name__}")
                 kn = {"type": "str", "value": k} if isinstance(k, str) else {"type": "int", "value": int(k)}
                 items.append([kn, self.node(v, path + [str(k)])])
@@ -262,9 +264,9 @@ class Flattener:
             if isinstance(x, collections.OrderedDict):
                 node["ordered"] = True
             return node
-        if isinstance(x, tuple):
+        if type(x) is tuple:
             return {"type": "tuple", "items": [self.node(v, path + [str(i)]) for i, v in enumerate(x)]}
-        if isinstance(x, list):
+        if type(x) is list:
             return {"type": "list", "items": [self.node(v, path + [str(i)]) for i, v in enumerate(x)]}
         raise TypeError(
             f"{'.'.join(path) or 'state'}: cannot save a {type(x).__module__}.{type(x).__qualname__} "
@@ -687,12 +689,20 @@ def _leaf_bytes(leaf: Leaf) -> np.ndarray:
     if leaf.kind == "torch":
         # as _copy_leaf's byte copy: on the CPU, lazy conj/neg resolved
         t = leaf.obj.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
-        b = t.reshape(-1).view(torch.uint8).numpy()
+        b = _flat(t).view(torch.uint8).numpy()
         if b.nbytes != leaf.nbytes:  # never store bytes of another length
             raise ValueError(f"tensor {leaf.key!r}: {b.nbytes} bytes, its layout says {leaf.nbytes}")
         return b
     a = np.ascontiguousarray(leaf.obj)
     return a.reshape(-1).view(np.uint8)
+
+
+def _flat(t):
+    """A contiguous tensor as a 1-d view of stride 1. ``reshape(-1)`` keeps
+    the stride of a one-element view (``x[:, 0]`` of a 1-row matrix:
+    shape (1,), stride (8,)), which torch counts as contiguous but will
+    not ``view`` as bytes."""
+    return t.as_strided((t.numel(),), (1,))
 
 
 def _check_version(leaf: Leaf, v: int) -> None:
@@ -713,7 +723,7 @@ def _copy_leaf(buf: np.ndarray, tbuf, h: int, leaf: Leaf, src: Any = None) -> No
             d.view(t.dtype).view(t.shape).copy_(t)
         except (RuntimeError, TypeError):
             # dtypes whose views torch refuses: copy their bytes
-            src = t.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            src = _flat(t.to("cpu").resolve_conj().resolve_neg().contiguous()).view(torch.uint8)
             d.copy_(src)
     else:
         a = leaf.obj

@@ -27,7 +27,7 @@ import threading
 from typing import List, Optional, Tuple
 
 from .. import _ckvc
-from .. import BACKGROUND_NICE, Repository
+from .. import BACKGROUND_NICE, CkvcError, Repository
 
 try:
     from transformers import TrainerCallback
@@ -116,8 +116,14 @@ class CkvcCallback(TrainerCallback):
         for _, cid, d in old:
             # Durable (the commit call returned) and verified against the
             # directory before anything is deleted.
-            if reader.holds_dir(cid, d):
-                shutil.rmtree(d)
+            try:
+                if reader.holds_dir(cid, d):
+                    shutil.rmtree(d)
+            except (OSError, CkvcError):
+                # The Trainer's own rotation (save_total_limit, in the main
+                # thread) deleted it meanwhile: nothing left to prune.
+                if os.path.lexists(d):
+                    raise
 
     def wait(self) -> None:
         """Wait for every pending commit; raise the error of a failed one
