@@ -125,7 +125,7 @@ impl fmt::Display for Space {
 #[non_exhaustive]
 pub enum StoreError {
     /// Another process (or another handle in this one) holds the write lock.
-    #[error("the store at {path} is locked by another ckvc process")]
+    #[error("the store at {path} is locked by another writer (another ckvc process, or another open repository in this one)")]
     Locked { path: PathBuf },
     /// A read-only open found no store at `path`.
     #[error("no store at {path}")]

@@ -487,7 +487,7 @@ fn rocks_second_writer_is_locked() {
         other => panic!("expected Locked, got {other:?}"),
     }
     let msg = StoreError::Locked { path: path.clone() }.to_string();
-    assert!(msg.contains("locked by another ckvc process"), "{msg}");
+    assert!(msg.contains("locked by another writer"), "{msg}");
     drop(first);
     // the lock goes with the writer
     RocksStore::open(&path, Mode::ReadWrite).unwrap();

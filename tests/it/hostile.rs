@@ -258,7 +258,7 @@ fn second_writer_always_gets_locked() {
             match o.status.code() {
                 Some(0) => {}
                 Some(4) => {
-                    assert!(err.contains("locked by another ckvc process"), "{err}");
+                    assert!(err.contains("locked by another writer"), "{err}");
                     locked += 1;
                 }
                 other => panic!("race {race}: exit {other:?}: {err}"),
