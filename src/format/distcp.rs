@@ -95,6 +95,14 @@ impl DcpIndex {
     }
 }
 
+/// The most fields of a DCP dataclass state read (real ones have a
+/// handful); with more, the object is not DCP's. Items can share one state
+/// by memo, so an unbounded scan per item would be quadratic in the file.
+const MAX_FIELDS: usize = 64;
+
+/// The most dimensions of an index offset read (same reason).
+const MAX_DIMS: usize = 64;
+
 /// `name` in the `BUILD` state dict of the object `v` (a dataclass).
 fn object_field(tree: &Pickle, v: Value, name: &str) -> Option<Value> {
     let Node::Object(o) = tree.node(v)? else {
@@ -103,6 +111,9 @@ fn object_field(tree: &Pickle, v: Value, name: &str) -> Option<Value> {
     let Node::Dict(state) = tree.node(o.state?)? else {
         return None;
     };
+    if state.len() > MAX_FIELDS {
+        return None;
+    }
     state
         .iter()
         .find(|(k, _)| tree.str(*k) == Some(name))
@@ -117,6 +128,9 @@ fn ints(tree: &Pickle, v: Value) -> Option<Vec<i64>> {
         Node::Tuple(t) | Node::List(t) => t,
         _ => return None,
     };
+    if items.len() > MAX_DIMS {
+        return None;
+    }
     items
         .iter()
         .map(|x| match x {

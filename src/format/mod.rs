@@ -206,6 +206,41 @@ pub fn parse<R: Read + Seek>(file_name: &str, r: &mut R, len: u64) -> Result<Lay
     }
 }
 
+/// Opens `path` for reading with `O_NONBLOCK`: a FIFO put where a
+/// checkpoint file was must not block the open (the caller checks the file
+/// type on the handle); for a regular file the flag changes nothing.
+pub(crate) fn open_nonblocking(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    o.open(path)
+}
+
+/// [`open_nonblocking`], failing unless `path` is a regular file.
+pub(crate) fn open_regular(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let f = open_nonblocking(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(f)
+}
+
+/// The bytes of the regular file at `path` when it holds at most `limit`;
+/// `None` for anything else (missing, a FIFO or device, too large).
+pub(crate) fn read_small_file(path: &std::path::Path, limit: u64) -> Option<Vec<u8>> {
+    let f = open_regular(path).ok()?;
+    let mut buf = Vec::new();
+    f.take(limit.saturating_add(1)).read_to_end(&mut buf).ok()?;
+    (buf.len() as u64 <= limit).then_some(buf)
+}
+
 /// What the files of one checkpoint directory say about each other: the
 /// item names of each DCP checkpoint's `.metadata` (in the directory or a
 /// subdirectory), which name the tensors of its `.distcp` files.
@@ -229,8 +264,7 @@ impl DirContext {
             if name != ".metadata" {
                 continue;
             }
-            let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= distcp::MAX_METADATA);
-            let Some(bytes) = small.then(|| std::fs::read(path).ok()).flatten() else {
+            let Some(bytes) = read_small_file(path, distcp::MAX_METADATA) else {
                 continue;
             };
             if let Ok(index) = DcpIndex::parse(&bytes) {

@@ -193,7 +193,14 @@ fn param_names_of(tree: &Pickle) -> Option<BTreeMap<u64, String>> {
     };
     let groups = tree.items(get(dict(tree.root)?, "param_groups")?)?;
     let mut names = BTreeMap::new();
+    // A real state dict has a dict per group; one listed twice (by memo)
+    // would make the scans below quadratic in the pickle.
+    let mut seen = HashSet::new();
     for g in groups {
+        match g {
+            Value::Ref(id) if seen.insert(*id) => {}
+            _ => return None,
+        }
         let g = dict(*g)?;
         let params = tree.items(get(g, "params")?)?;
         let pnames = tree.items(get(g, "param_names")?)?;

@@ -991,6 +991,13 @@ impl<'d> Writer<'_, 'd> {
                 };
                 let mut f = InFile::open(path).map_err(io)?;
                 let meta = f.metadata().map_err(io)?;
+                // Replaced since the listing by a FIFO or a device.
+                if !meta.is_file() {
+                    return Err(RepoError::BadInput {
+                        path: path.clone(),
+                        reason: "is a special file (device, socket or pipe)".into(),
+                    });
+                }
                 let mode = file_mode(&meta);
                 let input = Input::File(&mut f);
                 self.file(input, meta.len(), mode, path, rel, ctx, parents)?
@@ -1594,9 +1601,13 @@ fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
     Ok(out)
 }
 
+/// The largest `trainer_state.json` read for the step and metrics.
+pub(crate) const MAX_TRAINER_STATE: u64 = 64 << 20;
+
 fn read_trainer_state(dir: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
-    let text = std::fs::read_to_string(dir.join("trainer_state.json")).ok()?;
-    match serde_json::from_str(&text).ok()? {
+    // Never a FIFO (which would block) nor an unbounded read.
+    let bytes = format::read_small_file(&dir.join("trainer_state.json"), MAX_TRAINER_STATE)?;
+    match serde_json::from_slice(&bytes).ok()? {
         serde_json::Value::Object(m) => Some(m),
         _ => None,
     }

@@ -60,7 +60,7 @@ thread_local! {
 impl InFile {
     pub(crate) fn open(path: &Path) -> io::Result<InFile> {
         Ok(InFile {
-            file: File::open(path)?,
+            file: crate::format::open_nonblocking(path)?,
             direct: Direct::default(),
             refused: false,
             buf: None,
@@ -187,7 +187,7 @@ pub(crate) struct AtFile {
 impl AtFile {
     pub(crate) fn open(path: &Path) -> io::Result<AtFile> {
         Ok(AtFile {
-            file: File::open(path)?,
+            file: crate::format::open_nonblocking(path)?,
             direct: Direct::default(),
         })
     }

@@ -427,7 +427,8 @@ fn same_files(repo: &Repository, id: &CommitId, dir: &Path) -> Result<bool, Repo
 }
 
 fn hash_file(path: &Path) -> Result<[u8; 32], RepoError> {
-    let mut f = std::fs::File::open(path).map_err(|source| RepoError::Io {
+    // Never blocks on a FIFO put where a committed file was.
+    let mut f = crate::format::open_regular(path).map_err(|source| RepoError::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -446,13 +447,16 @@ fn scan(run_dir: &Path) -> Result<Vec<Found>, RepoError> {
         move |source| RepoError::Io { path, source }
     };
     // DeepSpeed's and Megatron's trackers: the newest complete step.
-    let deepspeed_latest = std::fs::read_to_string(run_dir.join("latest"))
-        .ok()
-        .and_then(|s| s.trim().strip_prefix("global_step")?.parse::<u64>().ok());
+    // Trackers and markers are read only when regular files (a FIFO would
+    // block the watcher) and small.
+    let tracker = |name: &str| {
+        crate::format::read_small_file(&run_dir.join(name), 4096)
+            .and_then(|b| String::from_utf8(b).ok())
+    };
+    let deepspeed_latest =
+        tracker("latest").and_then(|s| s.trim().strip_prefix("global_step")?.parse::<u64>().ok());
     let megatron_latest =
-        std::fs::read_to_string(run_dir.join("latest_checkpointed_iteration.txt"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok());
+        tracker("latest_checkpointed_iteration.txt").and_then(|s| s.trim().parse::<u64>().ok());
     let mut by_step: BTreeMap<u64, Found> = BTreeMap::new();
     for e in std::fs::read_dir(run_dir).map_err(io(run_dir))? {
         let e = e.map_err(io(run_dir))?;
@@ -479,10 +483,12 @@ fn scan(run_dir: &Path) -> Result<Vec<Found>, RepoError> {
             if has(".metadata") || signature.iter().any(|(p, _, _)| p.ends_with(".distcp")) {
                 (RunLayout::Dcp, has(".metadata"))
             } else if name.starts_with("checkpoint-") {
-                let state_ok = std::fs::read(dir.join("trainer_state.json"))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                    .is_some();
+                let state_ok = crate::format::read_small_file(
+                    &dir.join("trainer_state.json"),
+                    super::commit::MAX_TRAINER_STATE,
+                )
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .is_some();
                 (RunLayout::HfTrainer, state_ok)
             } else if name.starts_with("global_step") {
                 (

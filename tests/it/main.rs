@@ -17,6 +17,7 @@ mod remote;
 mod repo_bench;
 mod repo_corpus;
 mod show_diff;
+mod special_inputs;
 mod watch;
 
 use std::path::{Path, PathBuf};
