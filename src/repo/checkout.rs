@@ -582,32 +582,59 @@ fn set_mode(f: &std::fs::File, mode: u32) -> std::io::Result<()> {
 /// Glob match on `/`-separated paths: `*` and `?` within a component, `**`
 /// across components.
 pub fn glob_match(glob: &str, path: &str) -> bool {
-    let g: Vec<&str> = glob.split('/').collect();
-    let p: Vec<&str> = path.split('/').collect();
-    fn comps(g: &[&str], p: &[&str]) -> bool {
-        match (g.first(), p.first()) {
-            (None, None) => true,
-            (Some(&"**"), _) => comps(&g[1..], p) || (!p.is_empty() && comps(g, &p[1..])),
-            (Some(gc), Some(pc)) => comp(gc.as_bytes(), pc.as_bytes()) && comps(&g[1..], &p[1..]),
-            _ => false,
-        }
-    }
-    fn comp(g: &[u8], s: &[u8]) -> bool {
-        match (g.first(), s.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => comp(&g[1..], s) || (!s.is_empty() && comp(g, &s[1..])),
-            (Some(b'?'), Some(_)) => comp(&g[1..], &s[1..]),
-            (Some(a), Some(b)) => a == b && comp(&g[1..], &s[1..]),
-            _ => false,
-        }
-    }
+    let comp = |g: &str, s: &str| {
+        star_match(
+            g.as_bytes(),
+            s.as_bytes(),
+            |&g| g == b'*',
+            |g, s| *g == b'?' || g == s,
+        )
+    };
     // A glob without '/' matches the file name anywhere.
     if !glob.contains('/') {
-        return p
-            .last()
-            .is_some_and(|name| comp(glob.as_bytes(), name.as_bytes()));
+        return path.rsplit('/').next().is_some_and(|name| comp(glob, name));
     }
-    comps(&g, &p)
+    let g: Vec<&str> = glob.split('/').collect();
+    let p: Vec<&str> = path.split('/').collect();
+    star_match(&g, &p, |&g| g == "**", |g, s| comp(g, s))
+}
+
+/// Whether `pat` matches all of `s`, each of its items matching one item
+/// of `s` (`one`) but stars, which match any run of items (none too).
+/// Greedy, going back only to the last star: time at most the product of
+/// the lengths, where trying every split from each star was exponential in
+/// the number of stars (`*a*a*a*a*a*a*a*a*a*a*b` against a long name).
+fn star_match<G, S>(
+    pat: &[G],
+    s: &[S],
+    star: impl Fn(&G) -> bool,
+    one: impl Fn(&G, &S) -> bool,
+) -> bool {
+    let (mut pi, mut si) = (0, 0);
+    // After the last star seen: where the pattern goes on, and the first
+    // item of `s` not yet given to that star.
+    let mut back: Option<(usize, usize)> = None;
+    while si < s.len() {
+        match pat.get(pi) {
+            Some(p) if star(p) => {
+                back = Some((pi + 1, si));
+                pi += 1;
+            }
+            Some(p) if one(p, &s[si]) => {
+                pi += 1;
+                si += 1;
+            }
+            _ => match back {
+                Some((bp, bs)) => {
+                    // The star takes one more item.
+                    back = Some((bp, bs + 1));
+                    (pi, si) = (bp, bs + 1);
+                }
+                None => return false,
+            },
+        }
+    }
+    pat[pi..].iter().all(star)
 }
 
 #[cfg(test)]
@@ -622,5 +649,67 @@ mod tests {
         assert!(glob_match("sub/*.pt", "sub/optimizer.pt"));
         assert!(!glob_match("sub/*.pt", "other/optimizer.pt"));
         assert!(glob_match("**/x?.bin", "a/b/x1.bin"));
+        assert!(glob_match("**", "a/b"));
+        assert!(glob_match("a/**/c", "a/c"));
+        assert!(!glob_match("a/**/c", "a/b/d"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("?", ""));
+    }
+
+    /// The recursive matcher it replaced (exponential in the stars).
+    fn reference(glob: &str, path: &str) -> bool {
+        let g: Vec<&str> = glob.split('/').collect();
+        let p: Vec<&str> = path.split('/').collect();
+        fn comps(g: &[&str], p: &[&str]) -> bool {
+            match (g.first(), p.first()) {
+                (None, None) => true,
+                (Some(&"**"), _) => comps(&g[1..], p) || (!p.is_empty() && comps(g, &p[1..])),
+                (Some(gc), Some(pc)) => {
+                    comp(gc.as_bytes(), pc.as_bytes()) && comps(&g[1..], &p[1..])
+                }
+                _ => false,
+            }
+        }
+        fn comp(g: &[u8], s: &[u8]) -> bool {
+            match (g.first(), s.first()) {
+                (None, None) => true,
+                (Some(b'*'), _) => comp(&g[1..], s) || (!s.is_empty() && comp(g, &s[1..])),
+                (Some(b'?'), Some(_)) => comp(&g[1..], &s[1..]),
+                (Some(a), Some(b)) => a == b && comp(&g[1..], &s[1..]),
+                _ => false,
+            }
+        }
+        if !glob.contains('/') {
+            return p
+                .last()
+                .is_some_and(|name| comp(glob.as_bytes(), name.as_bytes()));
+        }
+        comps(&g, &p)
+    }
+
+    proptest::proptest! {
+        /// Small globs and paths over a few letters: the same answers as
+        /// the recursive matcher.
+        #[test]
+        fn glob_match_answers_as_the_recursive_matcher_did(
+            glob in "(\\*\\*|[ab*?]{0,4})(/(\\*\\*|[ab*?]{0,4})){0,3}",
+            path in "[ab*?]{0,5}(/[ab*?]{0,5}){0,3}",
+        ) {
+            proptest::prop_assert_eq!(glob_match(&glob, &path), reference(&glob, &path));
+        }
+    }
+
+    /// `checkout --only '*a*a*a*a*a*a*a*a*a*a*a*a*b'` against a long file
+    /// name tried every split from every star: exponential in the stars.
+    #[test]
+    fn a_glob_of_many_stars_against_a_long_name_does_not_backtrack_exponentially() {
+        let glob = "*a".repeat(14) + "*b";
+        let name = "a".repeat(200);
+        assert!(!glob_match(&glob, &name));
+        assert!(glob_match(&glob, &(name.clone() + "b")));
+        assert!(!glob_match(
+            &format!("x/**/{glob}"),
+            &format!("x/{}/{name}", "d/".repeat(50))
+        ));
     }
 }
