@@ -211,3 +211,42 @@ def test_commit_dir_waits_for_the_background_save_in_flight(repo, tmp_path, monk
         gate.set()
         timer.join()
     assert repo.steps() == [1, 2]
+
+
+def test_keep_local_tolerates_a_trainer_rotation_still_in_progress(tmp_path, monkeypatch):
+    # The Trainer's rmtree of the same directory is still running when
+    # holds_dir reads it: one of its files is gone, the directory is not
+    # (yet). The prune raised (os.path.lexists(d) was still true) and
+    # on_train_end failed the training run.
+    pytest.importorskip("transformers")
+    import ckvc.integrations.transformers as integ
+
+    repo_path = tmp_path / "repo"
+    ckvc.Repository.init(repo_path)
+    d = tmp_path / "run" / "checkpoint-1"
+    d.mkdir(parents=True)
+    (d / "a.bin").write_bytes(os.urandom(1 << 16))
+    (d / "b.bin").write_bytes(os.urandom(1 << 16))
+    cid = _ckvc.commit_dir(str(repo_path), str(d), 1)["id"]
+    real = _ckvc.Reader
+
+    class Rotating:
+        @staticmethod
+        def commit_dir(*a, **k):
+            return _ckvc.commit_dir(*a, **k)
+
+    class Reader:
+        def __init__(self, path):
+            self.r = real(path)
+
+        def holds_dir(self, cid, dirpath):
+            # the Trainer's rmtree, half way through
+            os.unlink(os.path.join(dirpath, "b.bin"))
+            # what holds_dir raises when a file vanishes under its read
+            raise FileNotFoundError(2, "No such file or directory", os.path.join(dirpath, "b.bin"))
+
+    Rotating.Reader = Reader
+    monkeypatch.setattr(integ, "_ckvc", Rotating)
+    cb = integ.CkvcCallback(str(repo_path), keep_local=0)
+    cb.committed.append((1, cid, str(d)))
+    cb._prune()  # must not raise: pruning a directory someone else deletes can wait

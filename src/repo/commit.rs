@@ -1601,13 +1601,12 @@ fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
     Ok(out)
 }
 
-/// The largest `trainer_state.json` read for the step and metrics.
-pub(crate) const MAX_TRAINER_STATE: u64 = 64 << 20;
-
 fn read_trainer_state(dir: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
-    // Never a FIFO (which would block) nor an unbounded read.
-    let bytes = format::read_small_file(&dir.join("trainer_state.json"), MAX_TRAINER_STATE)?;
-    match serde_json::from_slice(&bytes).ok()? {
+    // Never a FIFO (which would block the open); streamed, with no fixed
+    // limit: a long run's log_history passes any (64 MiB at ~480k logged
+    // steps).
+    let f = format::open_regular(&dir.join("trainer_state.json")).ok()?;
+    match serde_json::from_reader(std::io::BufReader::new(f)).ok()? {
         serde_json::Value::Object(m) => Some(m),
         _ => None,
     }

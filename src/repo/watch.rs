@@ -479,30 +479,34 @@ fn scan(run_dir: &Path) -> Result<Vec<Found>, RepoError> {
             Err(_) => continue,
         };
         let has = |n: &str| signature.iter().any(|(p, _, _)| p == n);
-        let (layout, marked) =
-            if has(".metadata") || signature.iter().any(|(p, _, _)| p.ends_with(".distcp")) {
-                (RunLayout::Dcp, has(".metadata"))
-            } else if name.starts_with("checkpoint-") {
-                let state_ok = crate::format::read_small_file(
-                    &dir.join("trainer_state.json"),
-                    super::commit::MAX_TRAINER_STATE,
-                )
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        let (layout, marked) = if has(".metadata")
+            || signature.iter().any(|(p, _, _)| p.ends_with(".distcp"))
+        {
+            (RunLayout::Dcp, has(".metadata"))
+        } else if name.starts_with("checkpoint-") {
+            // Whole (written last, parses), streamed: a long run's
+            // log_history passes any fixed size.
+            let state_ok = crate::format::open_regular(&dir.join("trainer_state.json"))
+                .ok()
+                .and_then(|f| {
+                    serde_json::from_reader::<_, serde::de::IgnoredAny>(std::io::BufReader::new(f))
+                        .ok()
+                })
                 .is_some();
-                (RunLayout::HfTrainer, state_ok)
-            } else if name.starts_with("global_step") {
-                (
-                    RunLayout::DeepSpeed,
-                    deepspeed_latest.is_some_and(|l| step <= l),
-                )
-            } else if name.starts_with("iter_") {
-                (
-                    RunLayout::Megatron,
-                    megatron_latest.is_some_and(|l| step <= l),
-                )
-            } else {
-                (RunLayout::Plain, false)
-            };
+            (RunLayout::HfTrainer, state_ok)
+        } else if name.starts_with("global_step") {
+            (
+                RunLayout::DeepSpeed,
+                deepspeed_latest.is_some_and(|l| step <= l),
+            )
+        } else if name.starts_with("iter_") {
+            (
+                RunLayout::Megatron,
+                megatron_latest.is_some_and(|l| step <= l),
+            )
+        } else {
+            (RunLayout::Plain, false)
+        };
         let f = Found {
             step,
             dir,
@@ -540,4 +544,33 @@ fn signature(dir: &Path) -> std::io::Result<Signature> {
     }
     out.sort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A long HF run's `trainer_state.json` (a `log_history` of ~500k
+    /// entries) passes 64 MiB; read with that limit, the checkpoint was
+    /// never marked complete.
+    #[test]
+    fn a_trainer_state_over_64_mib_still_marks_the_checkpoint_complete() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("checkpoint-10");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("model.safetensors"), b"x").unwrap();
+        let entry = r#"    {"epoch": 0.0016, "grad_norm": 1.2345678, "learning_rate": 4.9999e-05, "loss": 2.3456, "step": 10},
+"#;
+        let n = (65 << 20) / entry.len();
+        let mut s = String::from("{\"global_step\": 10, \"log_history\": [\n");
+        for _ in 0..n {
+            s.push_str(entry);
+        }
+        s.push_str("    {\"step\": 10}\n]}\n");
+        std::fs::write(d.join("trainer_state.json"), s).unwrap();
+        let found = super::scan(tmp.path()).unwrap();
+        assert_eq!(found.len(), 1);
+        assert!(
+            found[0].marked,
+            "a valid trainer_state.json over 64 MiB: never complete"
+        );
+    }
 }

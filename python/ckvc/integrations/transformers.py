@@ -119,6 +119,10 @@ class CkvcCallback(TrainerCallback):
             try:
                 if reader.holds_dir(cid, d):
                     shutil.rmtree(d)
+            except FileNotFoundError:
+                # A file of it vanished: someone else (the Trainer's own
+                # rotation) is deleting it; skipping a prune loses nothing.
+                continue
             except (OSError, CkvcError):
                 # The Trainer's own rotation (save_total_limit, in the main
                 # thread) deleted it meanwhile: nothing left to prune.

@@ -140,9 +140,10 @@ const BATCH_BYTES: u64 = 256 << 20;
 /// Run the whole benchmark on a run directory, loading one checkpoint at
 /// a time (with the one before it, the DELTA rows' bases).
 pub fn codec_bench(dir: &Path, opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
-    let mut bench = Bench::new(opts);
+    let dirs = corpus::run_dirs(dir)?;
+    let mut bench = Bench::new(opts, dirs.len());
     let mut prev: Option<Checkpoint> = None;
-    for (step, d) in corpus::run_dirs(dir)? {
+    for (step, d) in dirs {
         let Some(ck) = corpus::load_checkpoint(step, &d, opts.min_elements)? else {
             continue;
         };
@@ -161,7 +162,7 @@ pub fn codec_bench(dir: &Path, opts: &BenchOptions) -> Result<Vec<Row>, BenchErr
 /// The benchmark on checkpoints already in memory.
 #[cfg(test)]
 fn bench_checkpoints(run: &[Checkpoint], opts: &BenchOptions) -> Result<Vec<Row>, BenchError> {
-    let mut bench = Bench::new(opts);
+    let mut bench = Bench::new(opts, run.len());
     for (i, ck) in run.iter().enumerate() {
         bench.checkpoint(i.checked_sub(1).map(|p| &run[p]), ck)?;
     }
@@ -213,13 +214,15 @@ impl RowSums {
 struct Bench<'o> {
     opts: &'o BenchOptions,
     pool: Option<rayon::ThreadPool>,
+    /// Checkpoints in the run (for [`passes`]).
+    checkpoints: usize,
     rows: std::collections::BTreeMap<(u8, DType, bool, &'static str), RowSums>,
     /// The groups each dtype's tensors fell in over the run.
     groups: std::collections::BTreeMap<DType, std::collections::BTreeSet<&'static str>>,
 }
 
 impl<'o> Bench<'o> {
-    fn new(opts: &'o BenchOptions) -> Self {
+    fn new(opts: &'o BenchOptions, checkpoints: usize) -> Self {
         let threads = if opts.threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -233,6 +236,7 @@ impl<'o> Bench<'o> {
         });
         Bench {
             opts,
+            checkpoints,
             pool,
             rows: Default::default(),
             groups: Default::default(),
@@ -308,6 +312,11 @@ impl<'o> Bench<'o> {
     /// zstd -19 and bzip2 -9 are there for their ratio: one pass.
     fn measure(&self, sel: &[&Job]) -> Result<RowSums, BenchError> {
         let mut sums = RowSums::default();
+        // Passes as for the row over the whole run (this checkpoint's
+        // share times the checkpoints): a row of a few KiB per checkpoint
+        // gets the passes of its run's total, not 32 MiB per checkpoint.
+        let row_bytes: u64 = sel.iter().map(|j| j.raw.len() as u64).sum();
+        let passes = passes(self.opts.repeat, row_bytes * self.checkpoints.max(1) as u64);
         let mut rest = sel;
         while !rest.is_empty() {
             let mut n = 0;
@@ -326,7 +335,7 @@ impl<'o> Bench<'o> {
             }
             timed.push(Timed::codec("lmc", Options::lmc(), None));
             timed.push(Timed::zstd(3));
-            for _ in 0..passes(self.opts.repeat, bytes) {
+            for _ in 0..passes {
                 for t in &mut timed {
                     t.pass(batch);
                 }
@@ -891,5 +900,56 @@ mod tests {
             matches!(err, BenchError::Load(LoadError::Empty { .. })),
             "{err}"
         );
+    }
+
+    #[test]
+    fn odd_runs_give_the_rows_they_hold_and_do_not_panic() {
+        let mut u8_tensor = f32_tensor("rng_state.pth/cpu", "weights", 1000, 7);
+        u8_tensor.dtype = DType::U8;
+        let ck = |s: u64, tensors| Checkpoint {
+            dir: PathBuf::from(format!("step-{s}")),
+            step: s,
+            tensors,
+        };
+        let run = vec![
+            ck(
+                1,
+                vec![f32_tensor("model.safetensors/w", "weights", 1_000, 1)],
+            ),
+            ck(2, vec![u8_tensor.clone()]),
+            ck(
+                3,
+                vec![
+                    f32_tensor("model.safetensors/w", "weights", 2_000, 2),
+                    f32_tensor("optimizer.pt/m", "optimizer", 3_000, 3),
+                ],
+            ),
+            ck(
+                4,
+                vec![
+                    f32_tensor("model.safetensors/w", "weights", 2_000, 4),
+                    u8_tensor,
+                ],
+            ),
+        ];
+        let rows = bench_checkpoints(
+            &run,
+            &BenchOptions {
+                batch_bytes: 1,
+                ..quick()
+            },
+        )
+        .unwrap();
+        let get = |m: &str, d: &str, g: &str| {
+            rows.iter()
+                .find(|r| r.mode == m && r.dtype == d && r.group == g && r.codec == "ckvc")
+                .map(|r| r.bytes_in)
+        };
+        assert_eq!(get("FULL", "fp32", "weights"), Some(4 * 5_000));
+        assert_eq!(get("FULL", "fp32", "all"), Some(4 * 8_000));
+        assert_eq!(get("DELTA", "fp32", "weights"), Some(4 * 2_000));
+        assert_eq!(get("DELTA", "fp32", "optimizer"), None);
+        assert_eq!(get("DELTA", "u8", "weights"), None);
+        assert!(bench_checkpoints(&[], &quick()).unwrap().is_empty());
     }
 }
