@@ -826,13 +826,6 @@ class Repository:
         self._unobserved = keep
         return errors
 
-    def _wait_staged(self) -> None:
-        """Wait until the save in flight (if any) has copied its tensors."""
-        inflight = self._inflight
-        if inflight is not None:
-            inflight[1]._staged.wait()
-        _remove_finished_hooks()
-
     def _wait_saved(self) -> None:
         """Wait until the save in flight (if any) is durable or has failed,
         so that a read sees it (its error stays for ``result``/``wait``)."""

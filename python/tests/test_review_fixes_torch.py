@@ -144,11 +144,10 @@ def test_a_non_finite_metric_of_a_background_save_is_refused_in_the_call(repo):
     assert repo.steps() == [2]
 
 
-def test_keep_local_tolerates_a_checkpoint_the_trainer_deleted_meanwhile(tmp_path, monkeypatch):
-    # keep_local's prune runs in the commit thread while the Trainer's own
-    # save_total_limit rotation runs in the main thread: a directory deleted
-    # by the Trainer during holds_dir (or between it and rmtree) made the
-    # prune raise, and on_train_end failed the whole training run.
+def _prune_beside_a_rotation(tmp_path, monkeypatch, files, holds_dir):
+    """A committed checkpoint-1 holding `files` and a keep_local=0
+    callback whose Reader's holds_dir is `holds_dir(reader, cid, dir)`
+    (the Trainer's rotation acting meanwhile); prunes, returns the dir."""
     pytest.importorskip("transformers")
     import ckvc.integrations.transformers as integ
 
@@ -156,33 +155,41 @@ def test_keep_local_tolerates_a_checkpoint_the_trainer_deleted_meanwhile(tmp_pat
     ckvc.Repository.init(repo_path)
     d = tmp_path / "run" / "checkpoint-1"
     d.mkdir(parents=True)
-    (d / "model.bin").write_bytes(os.urandom(1 << 16))
+    for f in files:
+        (d / f).write_bytes(os.urandom(1 << 16))
     cid = _ckvc.commit_dir(str(repo_path), str(d), 1)["id"]
-
     real = _ckvc.Reader
-
-    class Rotating:
-        Reader = None
-
-        @staticmethod
-        def commit_dir(*a, **k):
-            return _ckvc.commit_dir(*a, **k)
 
     class Reader:
         def __init__(self, path):
             self.r = real(path)
 
         def holds_dir(self, cid, dirpath):
-            import shutil
+            return holds_dir(self.r, cid, dirpath)
 
-            shutil.rmtree(dirpath)  # the Trainer rotates it away meanwhile
-            return self.r.holds_dir(cid, dirpath)
+    class Rotating:
+        commit_dir = staticmethod(_ckvc.commit_dir)
 
     Rotating.Reader = Reader
     monkeypatch.setattr(integ, "_ckvc", Rotating)
     cb = integ.CkvcCallback(str(repo_path), keep_local=0)
     cb.committed.append((1, cid, str(d)))
     cb._prune()  # must not raise
+    return d
+
+
+def test_keep_local_tolerates_a_checkpoint_the_trainer_deleted_meanwhile(tmp_path, monkeypatch):
+    # keep_local's prune runs in the commit thread while the Trainer's own
+    # save_total_limit rotation runs in the main thread: a directory deleted
+    # by the Trainer during holds_dir (or between it and rmtree) made the
+    # prune raise, and on_train_end failed the whole training run.
+    import shutil
+
+    def rotated(reader, cid, dirpath):
+        shutil.rmtree(dirpath)  # the Trainer rotates it away meanwhile
+        return reader.holds_dir(cid, dirpath)
+
+    d = _prune_beside_a_rotation(tmp_path, monkeypatch, ["model.bin"], rotated)
     assert not d.exists()
 
 
@@ -218,35 +225,10 @@ def test_keep_local_tolerates_a_trainer_rotation_still_in_progress(tmp_path, mon
     # holds_dir reads it: one of its files is gone, the directory is not
     # (yet). The prune raised (os.path.lexists(d) was still true) and
     # on_train_end failed the training run.
-    pytest.importorskip("transformers")
-    import ckvc.integrations.transformers as integ
+    def half_rotated(reader, cid, dirpath):
+        # the Trainer's rmtree, half way through
+        os.unlink(os.path.join(dirpath, "b.bin"))
+        # what holds_dir raises when a file vanishes under its read
+        raise FileNotFoundError(2, "No such file or directory", os.path.join(dirpath, "b.bin"))
 
-    repo_path = tmp_path / "repo"
-    ckvc.Repository.init(repo_path)
-    d = tmp_path / "run" / "checkpoint-1"
-    d.mkdir(parents=True)
-    (d / "a.bin").write_bytes(os.urandom(1 << 16))
-    (d / "b.bin").write_bytes(os.urandom(1 << 16))
-    cid = _ckvc.commit_dir(str(repo_path), str(d), 1)["id"]
-    real = _ckvc.Reader
-
-    class Rotating:
-        @staticmethod
-        def commit_dir(*a, **k):
-            return _ckvc.commit_dir(*a, **k)
-
-    class Reader:
-        def __init__(self, path):
-            self.r = real(path)
-
-        def holds_dir(self, cid, dirpath):
-            # the Trainer's rmtree, half way through
-            os.unlink(os.path.join(dirpath, "b.bin"))
-            # what holds_dir raises when a file vanishes under its read
-            raise FileNotFoundError(2, "No such file or directory", os.path.join(dirpath, "b.bin"))
-
-    Rotating.Reader = Reader
-    monkeypatch.setattr(integ, "_ckvc", Rotating)
-    cb = integ.CkvcCallback(str(repo_path), keep_local=0)
-    cb.committed.append((1, cid, str(d)))
-    cb._prune()  # must not raise: pruning a directory someone else deletes can wait
+    _prune_beside_a_rotation(tmp_path, monkeypatch, ["a.bin", "b.bin"], half_rotated)

@@ -14,8 +14,6 @@ use std::time::Duration;
 
 use ckvc::repo::{CommitOptions, Config, Repository, WatchOptions};
 
-use super::corpus;
-
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn mkfifo(path: &Path) {
@@ -64,16 +62,7 @@ fn new_repo(tmp: &Path) -> PathBuf {
 
 /// The bf16 model of corpus step `i` in `<root>/step-<n>`.
 fn small_step(root: &Path, i: usize) -> PathBuf {
-    let mut steps: Vec<(u64, PathBuf)> = std::fs::read_dir(corpus())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            ckvc::format::step_of_dir_name(&n).map(|s| (s, e.path()))
-        })
-        .collect();
-    steps.sort();
+    let steps = super::steps();
     let (step, dir) = &steps[i];
     let d = root.join(format!("step-{step}"));
     std::fs::create_dir_all(&d).unwrap();
@@ -112,46 +101,45 @@ fn commit_run_hangs_on_a_fifo_trainer_state() {
 /// `watch` reads `trainer_state.json` of each `checkpoint-N/` (and the
 /// run's `latest` tracker) with `std::fs::read`: a FIFO there blocks the
 /// watcher forever.
+/// `watch --once` on `run` (a repository beside it) ends within the limit
+/// though `fifo` is a FIFO.
+fn watch_ends_despite(tmp: &Path, run: PathBuf, fifo: &Path) -> bool {
+    let root = new_repo(tmp);
+    mkfifo(fifo);
+    let opts = WatchOptions {
+        once: true,
+        interval: Duration::from_millis(10),
+        ..WatchOptions::default()
+    };
+    let r = bounded(fifo, move || {
+        ckvc::repo::watch(&root, &run, &opts, |_| std::ops::ControlFlow::Continue(()))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    r.is_some()
+}
+
 #[test]
 fn watch_hangs_on_a_fifo_marker() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = new_repo(tmp.path());
     let run = tmp.path().join("run");
     let ck = run.join("checkpoint-5");
     std::fs::create_dir_all(&ck).unwrap();
     std::fs::write(ck.join("a.bin"), b"hello").unwrap();
-    let fifo = ck.join("trainer_state.json");
-    mkfifo(&fifo);
-    let opts = WatchOptions {
-        once: true,
-        interval: Duration::from_millis(10),
-        ..WatchOptions::default()
-    };
-    let r = bounded(&fifo, move || {
-        ckvc::repo::watch(&root, &run, &opts, |_| std::ops::ControlFlow::Continue(()))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    });
-    assert!(r.is_some(), "watch hung on a FIFO named trainer_state.json");
+    assert!(
+        watch_ends_despite(tmp.path(), run, &ck.join("trainer_state.json")),
+        "watch hung on a FIFO named trainer_state.json"
+    );
 
     // The DeepSpeed tracker `latest` in the run directory itself.
     let tmp = tempfile::tempdir().unwrap();
-    let root = new_repo(tmp.path());
     let run = tmp.path().join("run");
     std::fs::create_dir_all(run.join("global_step5")).unwrap();
     let fifo = run.join("latest");
-    mkfifo(&fifo);
-    let opts = WatchOptions {
-        once: true,
-        interval: Duration::from_millis(10),
-        ..WatchOptions::default()
-    };
-    let r = bounded(&fifo, move || {
-        ckvc::repo::watch(&root, &run, &opts, |_| std::ops::ControlFlow::Continue(()))
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    });
-    assert!(r.is_some(), "watch hung on a FIFO named latest");
+    assert!(
+        watch_ends_despite(tmp.path(), run, &fifo),
+        "watch hung on a FIFO named latest"
+    );
 }
 
 /// A delta commit reads its bases from the parent's checkpoint directory
