@@ -299,13 +299,15 @@ pub fn encode(
     // places: chosen when no larger than the best (it decodes by the
     // places that are not that symbol, not symbol by symbol: faster than
     // any other coding of such a block; a slack of 5% bought nothing
-    // more on either corpus).
+    // more on either corpus), or than a rANS coding by the bytes its
+    // decode time is worth (`sparse_allowance`).
     if opts.sparse && n >= SPARSE_MIN_SYMBOLS {
         let (z, others) = sparse::dominant(&h);
         if others as f64 * scale * SPARSE_MAX_SHARE as f64 <= n as f64 {
             let max = 2 * n / SPARSE_MAX_SHARE;
-            if let Some(b) = sparse::plan(syms, z, max, best.0, &mut scratch.sparse) {
-                if b as f64 <= best.0 {
+            let limit = best.0 + sparse_allowance(best.1, n, others as f64 * scale);
+            if let Some(b) = sparse::plan(syms, z, max, limit, &mut scratch.sparse) {
+                if b as f64 <= limit {
                     best = (b as f64, BlockMode::Sparse);
                 }
             }
@@ -417,6 +419,37 @@ const PACKED_SLACK: f64 = 0.01;
 /// kept out of blocks shorter than [`floor_bytes`] speaks for.)
 const SPARSE_MIN_SYMBOLS: usize = ZSTD_MIN_SYMBOLS;
 const SPARSE_MAX_SHARE: usize = 8;
+
+/// The bytes a sparse coding of a block may add over its best coding
+/// `best`, for the decode time it saves: where that is rANS, which decodes
+/// symbol by symbol (a gather per symbol), against sparse's cost per
+/// symbol that is not the dominant one and per block. One byte for every
+/// [`SPARSE_NS_PER_BYTE`] saved. Measured on single 64 Ki blocks
+/// (`examples/sparse_speed.rs`): a rANS block decodes in ~40 us whatever
+/// its entropy, a sparse one in ~0.7 us plus ~3.5 ns for each other
+/// symbol. The large run's DELTA fp32 weights (ulp deltas whose top
+/// bytes change where the base is small: ~0.2 bits a symbol with the base
+/// as context, a little more sparse) decode 1.2x as fast for 0.15% more
+/// bytes; gpt-small's and bert-ft's rows grew by at most 0.0004
+/// (docs/performance.md, "The large run in codec-bench").
+fn sparse_allowance(best: BlockMode, n: usize, others: f64) -> f64 {
+    use BlockMode::{Rans, RansCtx, RansGamma, RansUp};
+    if !matches!(best, Rans | RansCtx | RansGamma | RansUp) {
+        return 0.0;
+    }
+    let saved_ns =
+        n as f64 * RANS_NS_PER_SYMBOL - others * SPARSE_NS_PER_OTHER - SPARSE_NS_PER_BLOCK;
+    (saved_ns / SPARSE_NS_PER_BYTE).max(0.0)
+}
+
+/// Decode time of a rANS block per symbol, and of a sparse block per
+/// symbol that is not its dominant one and per block (see
+/// [`sparse_allowance`]).
+const RANS_NS_PER_SYMBOL: f64 = 0.6;
+const SPARSE_NS_PER_OTHER: f64 = 3.5;
+const SPARSE_NS_PER_BLOCK: f64 = 700.0;
+/// Decode time saved for which a block may be one byte larger.
+const SPARSE_NS_PER_BYTE: f64 = 40.0;
 
 /// Encoder state kept between blocks (one per thread).
 #[derive(Default)]
@@ -852,6 +885,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Zeros with `others` places set to 1-3, at random.
+    fn zeros_with(others: usize, seed: u64) -> Vec<u8> {
+        let mut rng = crate::testing::Rng(seed | 1);
+        let mut syms = vec![0u8; 1 << 16];
+        for _ in 0..others {
+            let at = (rng.next_u64() % (1 << 16)) as usize;
+            syms[at] = 1 + (rng.next_u64() % 3) as u8;
+        }
+        syms
+    }
+
+    #[test]
+    fn sparse_is_chosen_over_a_smaller_rans_coding_for_the_decode_time_it_saves() {
+        let (opts, mut scratch) = (Options::default(), EncodeScratch::default());
+        // 4000 of 65536 symbols not 0: sparse codes them in a little more
+        // than rANS does, and decodes them in ~16 us against ~40 us.
+        let syms = zeros_with(4000, 5);
+        let rans = {
+            let mut out = Vec::new();
+            rans::encode(&syms, &stats::normalize(&histogram(&syms)), &mut out);
+            out.len()
+        };
+        let mut sc = sparse::EncodeScratch::default();
+        let sparse = sparse::plan(&syms, 0, syms.len(), f64::MAX, &mut sc).expect("planned");
+        assert!(sparse > rans, "sparse {sparse} rANS {rans}");
+        assert!(((sparse - rans) as f64) < sparse_allowance(BlockMode::Rans, syms.len(), 4000.0));
+        let mut out = Vec::new();
+        assert_eq!(
+            encode(&syms, None, None, &opts, &mut out, &mut scratch),
+            BlockMode::Sparse
+        );
+        // No allowance against codings that decode fast themselves, nor
+        // where the exceptions cost as much time as rANS would.
+        assert_eq!(sparse_allowance(BlockMode::Huffman, 1 << 16, 100.0), 0.0);
+        assert_eq!(sparse_allowance(BlockMode::Packed, 1 << 16, 100.0), 0.0);
+        assert_eq!(sparse_allowance(BlockMode::RansCtx, 1 << 16, 12_000.0), 0.0);
+        assert!(sparse_allowance(BlockMode::RansCtx, 1 << 16, 2000.0) > 500.0);
     }
 
     #[test]

@@ -2113,13 +2113,13 @@ pub fn ungroup_streams_into(joined: &[u8], base: Option<&[u8]>, dtype: DType, ou
     out.extend_from_slice(&joined[n * w..]);
 }
 
-/// Not part of the API: block-level entry points for the micro-benchmark
+/// Not part of the API: block-level entry points for the micro-benchmarks
 /// `examples/huff_speed.rs` (Huffman and rANS on single blocks, byte
-/// grouping). Anything here may change or vanish in any release.
+/// grouping) and `examples/sparse_speed.rs`. Anything here may change or vanish in any release.
 #[doc(hidden)]
 pub mod probe {
     pub use super::huffman::{DecodeTable, EncodeScratch};
-    use super::{histogram, huffman, rans, DecodeError, FORMAT_VERSION};
+    use super::{histogram, huffman, rans, sparse, DecodeError, FORMAT_VERSION};
 
     /// Byte grouping of 2-byte elements, rotated (`layout::group`).
     pub fn group2(raw: &[u8], streams: &mut [Vec<u8>; 2]) {
@@ -2150,6 +2150,25 @@ pub mod probe {
     /// A plain rANS block payload of `block`, appended to `out`.
     pub fn rans_encode(block: &[u8], out: &mut Vec<u8>) {
         rans::encode(block, &super::stats::normalize(&histogram(block)), out);
+    }
+
+    /// A sparse block payload of `block` around its most common symbol
+    /// (`None` where every symbol is that one).
+    pub fn sparse_encode(block: &[u8]) -> Option<Vec<u8>> {
+        let (z, _) = sparse::dominant(&histogram(block));
+        let mut scratch = sparse::EncodeScratch::default();
+        sparse::plan(block, z, block.len(), f64::MAX, &mut scratch)?;
+        Some(scratch.payload)
+    }
+
+    /// Decode a sparse block payload into `out` (as long as the block).
+    pub fn sparse_decode(
+        payload: &[u8],
+        out: &mut [u8],
+        table: &mut DecodeTable,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        sparse::decode(payload, 0, payload.len(), out, table, buf)
     }
 
     /// Decode a plain rANS block payload into `out` (as long as the block).
