@@ -9,6 +9,17 @@
 //!
 //! Memory is linear in the input: every opcode creates at most one node and
 //! pushes at most one 16-byte value, and strings are copied at most once.
+//! What the reader builds is counted as it goes and held to [`BUDGET`]:
+//! crafted streams of one-byte opcodes that each build a node, a memo
+//! entry or an object would otherwise take ~50 bytes a byte (900 MB for a
+//! 30 MB `data.pkl`).
+
+/// The bytes of nodes, values, marks and memo entries a stream may make
+/// the reader build. The corpora's `torch.save` pickles take 4-20 bytes a
+/// byte (an object for every tensor): a `data.pkl` of up to ~13 MB.
+const BUDGET: usize = 256 << 20;
+/// What a memo entry costs in the map (key, value, control byte, slack).
+const MEMO_ENTRY_BYTES: usize = 48;
 
 use std::collections::HashMap;
 
@@ -115,6 +126,7 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
         marks: Vec::new(),
         memo: HashMap::new(),
         persistent: Vec::new(),
+        spent: 0,
     };
     loop {
         m.op_at = m.pos;
@@ -138,29 +150,32 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
                     m.pos,
                 ));
             }
-            b'(' => m.marks.push(m.stack.len()),
+            b'(' => {
+                m.charge(std::mem::size_of::<usize>())?;
+                m.marks.push(m.stack.len());
+            }
             b'}' => {
-                m.push_node(Node::Dict(Vec::new()));
+                m.push_node(Node::Dict(Vec::new()))?;
             }
             b']' | 0x8f => {
-                m.push_node(Node::List(Vec::new())); // EMPTY_LIST, EMPTY_SET
+                m.push_node(Node::List(Vec::new()))?; // EMPTY_LIST, EMPTY_SET
             }
             b')' => {
-                m.push_node(Node::Tuple(Vec::new()));
+                m.push_node(Node::Tuple(Vec::new()))?;
             }
             b't' => {
                 let items = m.pop_mark()?;
-                m.push_node(Node::Tuple(items));
+                m.push_node(Node::Tuple(items))?;
             }
             b'l' | 0x91 => {
                 // LIST, FROZENSET
                 let items = m.pop_mark()?;
-                m.push_node(Node::List(items));
+                m.push_node(Node::List(items))?;
             }
             b'd' => {
                 let items = m.pop_mark()?;
                 let pairs = m.pairs(items)?;
-                m.push_node(Node::Dict(pairs));
+                m.push_node(Node::Dict(pairs))?;
             }
             0x85..=0x87 => {
                 // TUPLE1..3
@@ -168,33 +183,33 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
                 let at = m.stack.len().checked_sub(n).filter(|&a| a >= m.floor());
                 let at = at.ok_or_else(|| m.corrupt("stack underflow"))?;
                 let items = m.stack.split_off(at);
-                m.push_node(Node::Tuple(items));
+                m.push_node(Node::Tuple(items))?;
             }
             b'X' | 0x8c | 0x8d | b'T' | b'U' => {
                 // BINUNICODE, SHORT_BINUNICODE, BINUNICODE8, BINSTRING, SHORT_BINSTRING
                 let n = m.length(op)?;
                 let s = String::from_utf8_lossy(m.take(n)?).into_owned();
-                m.push_node(Node::Str(s));
+                m.push_node(Node::Str(s))?;
             }
             b'B' | b'C' | 0x8e | 0x96 => {
                 // BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
                 let n = m.length(op)?;
                 m.take(n)?;
-                m.push_node(Node::Bytes);
+                m.push_node(Node::Bytes)?;
             }
             b'J' => {
                 let b = m.take(4)?;
                 let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                m.stack.push(Value::Int(v.into()));
+                m.push(Value::Int(v.into()))?;
             }
             b'K' => {
                 let v = m.take(1)?[0];
-                m.stack.push(Value::Int(v.into()));
+                m.push(Value::Int(v.into()))?;
             }
             b'M' => {
                 let b = m.take(2)?;
                 let v = u16::from_le_bytes([b[0], b[1]]);
-                m.stack.push(Value::Int(v.into()));
+                m.push(Value::Int(v.into()))?;
             }
             0x8a | 0x8b => {
                 // LONG1, LONG4: little-endian two's complement
@@ -208,23 +223,23 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
                     };
                     let mut full = [fill; 8];
                     full[..b.len()].copy_from_slice(b);
-                    m.stack.push(Value::Int(i64::from_le_bytes(full)));
+                    m.push(Value::Int(i64::from_le_bytes(full)))?;
                 } else {
-                    m.push_node(Node::BigInt);
+                    m.push_node(Node::BigInt)?;
                 }
             }
             b'G' => {
                 let b = m.take(8)?;
                 let v = f64::from_be_bytes(b.try_into().expect("8 bytes"));
-                m.stack.push(Value::Float(v));
+                m.push(Value::Float(v))?;
             }
-            0x88 => m.stack.push(Value::Bool(true)),
-            0x89 => m.stack.push(Value::Bool(false)),
-            b'N' => m.stack.push(Value::None),
+            0x88 => m.push(Value::Bool(true))?,
+            0x89 => m.push(Value::Bool(false))?,
+            b'N' => m.push(Value::None)?,
             b'c' => {
                 let module = m.line()?;
                 let name = m.line()?;
-                m.push_node(Node::Global(Box::new((module, name))));
+                m.push_node(Node::Global(Box::new((module, name))))?;
             }
             0x93 => {
                 // STACK_GLOBAL
@@ -234,19 +249,19 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
                     (Some(a), Some(b)) => (a.to_string(), b.to_string()),
                     _ => return Err(m.corrupt("STACK_GLOBAL needs two strings")),
                 };
-                m.push_node(Node::Global(Box::new(g)));
+                m.push_node(Node::Global(Box::new(g)))?;
             }
             b'q' | b'r' => {
                 // BINPUT, LONG_BINPUT
                 let idx = m.index(op)?;
                 let top = m.top()?;
-                m.memo.insert(idx, top);
+                m.memoize(idx, top)?;
             }
             0x94 => {
                 // MEMOIZE
                 let top = m.top()?;
                 let idx = u32::try_from(m.memo.len()).map_err(|_| m.corrupt("memo overflow"))?;
-                m.memo.insert(idx, top);
+                m.memoize(idx, top)?;
             }
             b'h' | b'j' => {
                 // BINGET, LONG_BINGET
@@ -255,7 +270,7 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
                     .memo
                     .get(&idx)
                     .ok_or_else(|| m.corrupt("memo key not defined"))?;
-                m.stack.push(v);
+                m.push(v)?;
             }
             b's' => {
                 let v = m.pop()?;
@@ -280,14 +295,14 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
                 // REDUCE, NEWOBJ
                 let args = m.pop()?;
                 let callable = m.pop()?;
-                m.push_object(callable, args);
+                m.push_object(callable, args)?;
             }
             0x92 => {
                 // NEWOBJ_EX: keyword arguments are dropped
                 m.pop()?;
                 let args = m.pop()?;
                 let callable = m.pop()?;
-                m.push_object(callable, args);
+                m.push_object(callable, args)?;
             }
             b'b' => {
                 // BUILD
@@ -300,7 +315,7 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
             b'Q' => {
                 // BINPERSID
                 let pid = m.pop()?;
-                let id = m.push_node(Node::Persistent(pid));
+                let id = m.push_node(Node::Persistent(pid))?;
                 m.persistent.push(id);
             }
             b'0' => {
@@ -316,7 +331,7 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
             }
             b'2' => {
                 let top = m.top()?; // DUP
-                m.stack.push(top);
+                m.push(top)?;
             }
             _ => {
                 return Err(FormatError::UnsupportedPickle {
@@ -338,9 +353,39 @@ struct Machine<'a> {
     marks: Vec<usize>,
     memo: HashMap<u32, Value>,
     persistent: Vec<u32>,
+    /// Bytes built so far (at most [`BUDGET`]).
+    spent: usize,
 }
 
 impl Machine<'_> {
+    /// Count `bytes` more built; past the budget, an error.
+    fn charge(&mut self, bytes: usize) -> Result<(), FormatError> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent > BUDGET {
+            return Err(FormatError::TooLarge {
+                what: "memory to read a pickle",
+                size: self.spent as u64,
+                limit: BUDGET as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Push a value onto the stack.
+    fn push(&mut self, v: Value) -> Result<(), FormatError> {
+        self.charge(std::mem::size_of::<Value>())?;
+        self.stack.push(v);
+        Ok(())
+    }
+
+    /// Remember `v` under memo key `idx`.
+    fn memoize(&mut self, idx: u32, v: Value) -> Result<(), FormatError> {
+        if self.memo.insert(idx, v).is_none() {
+            self.charge(MEMO_ENTRY_BYTES)?;
+        }
+        Ok(())
+    }
+
     fn corrupt(&self, reason: &str) -> FormatError {
         FormatError::corrupt(
             self.base + self.op_at as u64,
@@ -439,22 +484,33 @@ impl Machine<'_> {
         Ok(pairs)
     }
 
-    fn push_node(&mut self, node: Node) -> u32 {
+    fn push_node(&mut self, node: Node) -> Result<u32, FormatError> {
+        use std::mem::size_of;
+        let held = match &node {
+            Node::Str(s) => s.capacity(),
+            Node::Tuple(v) | Node::List(v) => v.capacity() * size_of::<Value>(),
+            Node::Dict(d) => d.capacity() * size_of::<(Value, Value)>(),
+            Node::Global(g) => size_of::<(String, String)>() + g.0.capacity() + g.1.capacity(),
+            Node::Object(_) => size_of::<Object>(),
+            Node::Bytes | Node::BigInt | Node::Persistent(_) => 0,
+        };
+        self.charge(size_of::<Node>() + held)?;
         // Nodes never outnumber the bytes of a stream capped well below 4 GiB.
         let id = self.nodes.len() as u32;
         self.nodes.push(node);
-        self.stack.push(Value::Ref(id));
-        id
+        self.push(Value::Ref(id))?;
+        Ok(id)
     }
 
-    fn push_object(&mut self, callable: Value, args: Value) {
+    fn push_object(&mut self, callable: Value, args: Value) -> Result<(), FormatError> {
         self.push_node(Node::Object(Box::new(Object {
             callable,
             args,
             items: Vec::new(),
             list: Vec::new(),
             state: None,
-        })));
+        })))
+        .map(|_| ())
     }
 
     fn node_mut(&mut self, v: Value) -> Option<&mut Node> {
@@ -475,6 +531,7 @@ impl Machine<'_> {
     }
 
     fn set_items(&mut self, pairs: Vec<(Value, Value)>) -> Result<(), FormatError> {
+        self.charge(pairs.len() * std::mem::size_of::<(Value, Value)>())?;
         let target = self.top()?;
         match self.node_mut(target) {
             Some(Node::Dict(d)) => d.extend(pairs),
@@ -485,6 +542,7 @@ impl Machine<'_> {
     }
 
     fn append(&mut self, items: Vec<Value>) -> Result<(), FormatError> {
+        self.charge(items.len() * std::mem::size_of::<Value>())?;
         let target = self.top()?;
         match self.node_mut(target) {
             Some(Node::List(l)) => l.extend(items),
@@ -498,6 +556,50 @@ impl Machine<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A protocol-2 stream of `body` repeated `n` times after a `None`,
+    /// then STOP (the `None` is the root if the body leaves nothing).
+    fn repeated(body: &[u8], n: usize) -> Vec<u8> {
+        let mut p = b"\x80\x02N".to_vec();
+        for _ in 0..n {
+            p.extend_from_slice(body);
+        }
+        p.push(b'.');
+        p
+    }
+
+    #[test]
+    fn one_byte_opcodes_that_build_nodes_stop_at_the_memory_budget() {
+        // EMPTY_DICT + MEMOIZE: a node, a value and a memo entry (~96
+        // bytes) for two bytes of stream; then POP, so the stack stays
+        // short. 9 MB of stream would build ~290 MB: refused past 256
+        // MiB. An object the same (~230 bytes for five).
+        for (body, n) in [(&b"}\x940"[..], 3_000_000), (b"NN\x81\x940", 3_000_000)] {
+            let p = repeated(body, n);
+            match read(&p, 0) {
+                Err(FormatError::TooLarge { limit, .. }) => assert_eq!(limit, BUDGET as u64),
+                Err(e) => panic!("{body:?}: {e}"),
+                Ok(_) => panic!("{body:?}: read"),
+            }
+        }
+        // The same streams, short enough, read as before.
+        for body in [&b"}\x940"[..], b"NN\x81\x940"] {
+            let t = read(&repeated(body, 1000), 0).expect("within the budget");
+            assert_eq!(t.nodes.len(), 1000);
+        }
+    }
+
+    #[test]
+    fn a_long_string_is_built_once() {
+        // 16 MiB of one string: 16 MiB built, once.
+        let n = 16 << 20;
+        let mut p = b"\x80\x02\x8d".to_vec();
+        p.extend_from_slice(&(n as u64).to_le_bytes());
+        p.extend(std::iter::repeat_n(b'a', n));
+        p.extend_from_slice(b"\x94.");
+        let t = read(&p, 0).expect("one long string");
+        assert_eq!(t.str(t.root).map(str::len), Some(n));
+    }
 
     #[test]
     fn reads_a_nested_structure() {

@@ -31,8 +31,9 @@ const MAX_NAME_LEN: usize = 1024;
 /// Parses a `torch.save` zip archive.
 ///
 /// A sound zip that is not a torch archive (no `<archive>/data.pkl`) is one
-/// opaque segment. A torch archive whose `data.pkl` is compressed, or whose
-/// `byteorder` is `big`, keeps every storage opaque.
+/// opaque segment. A torch archive whose `data.pkl` is compressed or too
+/// large to read, or whose `byteorder` is `big`, keeps every storage
+/// opaque.
 pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
     let archive = zip::read_archive(r, len)?;
     let Some(prefix) = archive
@@ -71,7 +72,13 @@ pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, Fo
             }
         }
     }
-    let tree = read_data_pkl(r, len, pkl)?;
+    // A pickle longer than the reader reads, or building more than it
+    // holds (see `pickle`), keeps every storage opaque: the file is still
+    // stored whole, only not by tensor.
+    let tree = match read_data_pkl(r, len, pkl) {
+        Err(FormatError::TooLarge { .. }) => return all_opaque,
+        tree => tree?,
+    };
     let storages = storages(&tree, pkl.data_offset)?;
 
     // Every data entry must be referenced, every reference must have an entry.
@@ -790,6 +797,75 @@ mod tests {
         l.tensors()
             .find(|t| t.name == name)
             .unwrap_or_else(|| panic!("no tensor {name}"))
+    }
+
+    /// A stored zip of `entries`: local headers, central directory, end
+    /// record (CRCs 0 in both headers, which the reader compares).
+    fn stored_zip(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let (mut out, mut central) = (Vec::new(), Vec::new());
+        let le16 = |v: &mut Vec<u8>, x: usize| v.extend_from_slice(&(x as u16).to_le_bytes());
+        let le32 = |v: &mut Vec<u8>, x: usize| v.extend_from_slice(&(x as u32).to_le_bytes());
+        for (name, data) in entries {
+            let at = out.len();
+            out.extend_from_slice(b"PK\x03\x04");
+            for x in [20, 0, 0, 0, 0] {
+                le16(&mut out, x); // version, flags, method 0, time, date
+            }
+            for x in [0, data.len(), data.len()] {
+                le32(&mut out, x); // CRC, sizes
+            }
+            for x in [name.len(), 0] {
+                le16(&mut out, x);
+            }
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(data);
+            central.extend_from_slice(b"PK\x01\x02");
+            for x in [20, 20, 0, 0, 0, 0] {
+                le16(&mut central, x);
+            }
+            for x in [0, data.len(), data.len()] {
+                le32(&mut central, x);
+            }
+            for x in [name.len(), 0, 0, 0, 0] {
+                le16(&mut central, x); // name, extra, comment, disk, internal
+            }
+            for x in [0, at] {
+                le32(&mut central, x); // external attributes, offset
+            }
+            central.extend_from_slice(name.as_bytes());
+        }
+        let cd_at = out.len();
+        out.extend_from_slice(&central);
+        out.extend_from_slice(b"PK\x05\x06");
+        for x in [0, 0, entries.len(), entries.len()] {
+            le16(&mut out, x);
+        }
+        for x in [central.len(), cd_at] {
+            le32(&mut out, x);
+        }
+        le16(&mut out, 0);
+        out
+    }
+
+    #[test]
+    fn a_data_pkl_that_builds_past_the_readers_budget_keeps_the_file_opaque() {
+        // 9 MB of EMPTY_DICT, MEMOIZE, POP: ~290 MB of nodes and memo
+        // entries to read (900 MB of RSS for 30 MB before the budget).
+        let mut pkl = b"\x80\x02N".to_vec();
+        for _ in 0..3_000_000 {
+            pkl.extend_from_slice(b"}\x940");
+        }
+        pkl.push(b'.');
+        let f = stored_zip(&[("archive/data.pkl", &pkl), ("archive/version", b"3\n")]);
+        let layout = parse(&f).expect("a sound zip");
+        assert_eq!(layout.tensors().count(), 0);
+        assert_eq!(layout.segments.len(), 1, "{:?}", layout.segments);
+        // The same archive with a short pickle of that kind reads it.
+        let f = stored_zip(&[
+            ("archive/data.pkl", b"\x80\x02}\x940N."),
+            ("archive/version", b"3\n"),
+        ]);
+        assert_eq!(parse(&f).expect("read").tensors().count(), 0);
     }
 
     #[test]
