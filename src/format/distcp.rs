@@ -58,6 +58,9 @@ impl DcpIndex {
             return Err(bad("storage_data is not a dict"));
         };
         let mut index = DcpIndex::default();
+        // Names and paths are copied per item: an fqn, offsets or path
+        // shared by memo among many items must not be copied without bound.
+        let mut copied = 0usize;
         for (k, v) in items {
             let fqn = object_field(&tree, *k, "fqn")
                 .and_then(|f| tree.str(f))
@@ -80,6 +83,10 @@ impl DcpIndex {
                 }
                 _ => fqn.to_string(),
             };
+            copied = copied.saturating_add(name.len() + path.len());
+            if copied > MAX_METADATA as usize {
+                return Err(bad("item names longer than the file allows"));
+            }
             index
                 .files
                 .entry(path.to_string())

@@ -116,6 +116,17 @@ pub(crate) fn read(data: &[u8], base: u64) -> Result<Pickle, FormatError> {
 /// (`torch.save`'s legacy format writes pickles one after another);
 /// returns it and the bytes it took.
 pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), FormatError> {
+    read_prefix_within(data, base, &mut 0)
+}
+
+/// [`read_prefix`] for one of several pickles held at once: `spent`, the
+/// bytes the earlier ones built, counts against the same [`BUDGET`] and
+/// grows by what this one builds.
+pub(crate) fn read_prefix_within(
+    data: &[u8],
+    base: u64,
+    spent: &mut usize,
+) -> Result<(Pickle, usize), FormatError> {
     let mut m = Machine {
         data,
         base,
@@ -126,7 +137,7 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
         marks: Vec::new(),
         memo: HashMap::new(),
         persistent: Vec::new(),
-        spent: 0,
+        spent: *spent,
     };
     loop {
         m.op_at = m.pos;
@@ -141,6 +152,7 @@ pub(crate) fn read_prefix(data: &[u8], base: u64) -> Result<(Pickle, usize), For
             b'.' => {
                 // STOP
                 let root = m.pop()?;
+                *spent = m.spent;
                 return Ok((
                     Pickle {
                         nodes: m.nodes,
@@ -531,26 +543,32 @@ impl Machine<'_> {
     }
 
     fn set_items(&mut self, pairs: Vec<(Value, Value)>) -> Result<(), FormatError> {
-        self.charge(pairs.len() * std::mem::size_of::<(Value, Value)>())?;
         let target = self.top()?;
-        match self.node_mut(target) {
-            Some(Node::Dict(d)) => d.extend(pairs),
-            Some(Node::Object(o)) => o.items.extend(pairs),
+        let grown = match self.node_mut(target) {
+            Some(Node::Dict(d)) => extend_counted(d, pairs),
+            Some(Node::Object(o)) => extend_counted(&mut o.items, pairs),
             _ => return Err(self.corrupt("SETITEM on something that is not a dict")),
-        }
-        Ok(())
+        };
+        self.charge(grown)
     }
 
     fn append(&mut self, items: Vec<Value>) -> Result<(), FormatError> {
-        self.charge(items.len() * std::mem::size_of::<Value>())?;
         let target = self.top()?;
-        match self.node_mut(target) {
-            Some(Node::List(l)) => l.extend(items),
-            Some(Node::Object(o)) => o.list.extend(items),
+        let grown = match self.node_mut(target) {
+            Some(Node::List(l)) => extend_counted(l, items),
+            Some(Node::Object(o)) => extend_counted(&mut o.list, items),
             _ => return Err(self.corrupt("APPEND on something that is not a list")),
-        }
-        Ok(())
+        };
+        self.charge(grown)
     }
+}
+
+/// Extend `v` by `items`; the bytes its buffer grew by (a first item
+/// allocates room for four: counting items would count a quarter of it).
+fn extend_counted<T>(v: &mut Vec<T>, items: Vec<T>) -> usize {
+    let before = v.capacity();
+    v.extend(items);
+    (v.capacity() - before) * std::mem::size_of::<T>()
 }
 
 #[cfg(test)]
@@ -587,6 +605,30 @@ mod tests {
             let t = read(&repeated(body, 1000), 0).expect("within the budget");
             assert_eq!(t.nodes.len(), 1000);
         }
+    }
+
+    #[test]
+    fn a_first_item_counts_the_room_it_allocates() {
+        // EMPTY_DICT, SETITEM of two Nones, POP: the item allocates room
+        // for four pairs (128 bytes, not 32). 1.4 M of them build ~290 MB
+        // (counted at ~157 MB, read, before).
+        let p = repeated(b"}NNs0", 1_400_000);
+        assert!(matches!(read(&p, 0), Err(FormatError::TooLarge { .. })));
+        let p = repeated(b"]Na0", 2_200_000);
+        assert!(matches!(read(&p, 0), Err(FormatError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn pickles_read_within_one_budget_share_it() {
+        let p = repeated(b"N\x940", 1_100_000); // ~70 MB each
+        let mut spent = 0;
+        for _ in 0..3 {
+            read_prefix_within(&p, 0, &mut spent).expect("within the budget");
+        }
+        assert!(matches!(
+            read_prefix_within(&p, 0, &mut spent),
+            Err(FormatError::TooLarge { .. })
+        ));
     }
 
     #[test]

@@ -481,6 +481,50 @@ fn dcp_metadata_that_is_not_dcp_names_nothing() {
     assert!(DcpIndex::parse(&[0x80, 0x02, 0x4b, 0x01, 0x4b, 0x02, 0x86, 0x2e]).is_err());
 }
 
+/// A `.metadata` pickle whose `storage_data` has `n` items, all with the
+/// same index object (by memo), whose fqn is `fqn_len` bytes.
+fn metadata_sharing_one_fqn(fqn_len: usize, n: usize) -> Vec<u8> {
+    let s = |x: &str| [&[0x8c, x.len() as u8][..], x.as_bytes()].concat();
+    let mut p = b"\x80\x02c__main__\nM\nq\x000)q\x010".to_vec();
+    p.push(0x8d);
+    p.extend_from_slice(&(fqn_len as u64).to_le_bytes());
+    p.extend(std::iter::repeat_n(b'w', fqn_len));
+    p.extend_from_slice(b"q\x020");
+    for (i, k) in [
+        "fqn",
+        "relative_path",
+        "offset",
+        "length",
+        "a",
+        "storage_data",
+    ]
+    .iter()
+    .enumerate()
+    {
+        p.extend_from_slice(&s(k));
+        p.extend_from_slice(&[b'q', 3 + i as u8, b'0']);
+    }
+    p.extend_from_slice(b"h\x00h\x01\x81}(h\x03h\x02ubq\x090"); // the index object
+    p.extend_from_slice(b"h\x00h\x01\x81}(h\x08}"); // root, its state, storage_data
+    for i in 0..n as i32 {
+        p.extend_from_slice(b"h\x09h\x00h\x01\x81}(h\x04h\x07h\x05J");
+        p.extend_from_slice(&i.to_le_bytes());
+        p.extend_from_slice(b"h\x06K\x01ubs");
+    }
+    p.extend_from_slice(b"ub.");
+    p
+}
+
+#[test]
+fn dcp_metadata_cannot_copy_one_shared_fqn_without_bound() {
+    // Read as a DCP index when the names stay small.
+    let index = DcpIndex::parse(&metadata_sharing_one_fqn(16, 100)).expect("an index");
+    assert_eq!(index.items_of("a").map(|m| m.len()), Some(100));
+    // A 1 MiB fqn shared by 100 items: 2 MB of pickle, 100 MiB of names
+    // (a 64 MiB .metadata could ask for terabytes).
+    assert!(DcpIndex::parse(&metadata_sharing_one_fqn(1 << 20, 100)).is_err());
+}
+
 #[test]
 fn distcp_in_safetensors_serialization_is_split_by_the_metadata_ranges() {
     let root = dcp_fixture("st-step-1");

@@ -200,6 +200,10 @@ fn param_names_of(tree: &Pickle) -> Option<BTreeMap<u64, String>> {
     };
     let groups = tree.items(get(dict(tree.root)?, "param_groups")?)?;
     let mut names = BTreeMap::new();
+    // Names are copied out of the tree: one string listed many times (by
+    // memo) must not be copied without bound. Real names are each in the
+    // pickle once.
+    let mut copied = 0usize;
     // A real state dict has a dict per group; one listed twice (by memo)
     // would make the scans below quadratic in the pickle.
     let mut seen = HashSet::new();
@@ -218,6 +222,10 @@ fn param_names_of(tree: &Pickle) -> Option<BTreeMap<u64, String>> {
             let (Value::Int(i), Some(n)) = (i, tree.str(*n)) else {
                 return None;
             };
+            copied += n.len();
+            if copied > MAX_PICKLE as usize {
+                return None;
+            }
             if *i < 0 || names.insert(*i as u64, n.to_string()).is_some() {
                 return None;
             }
@@ -265,11 +273,13 @@ fn legacy<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
         return Err(FormatError::corrupt(0, "no legacy torch magic number"));
     }
     let mut pos = LEGACY_MAGIC.len();
+    // The four pickles are held at once: one budget for all of them.
+    let mut spent = 0;
     let mut next = |what: &str| -> Result<Pickle, FormatError> {
         let rest = head
             .get(pos..)
             .ok_or_else(|| FormatError::corrupt(pos as u64, format!("no {what}")))?;
-        let (p, n) = pickle::read_prefix(rest, pos as u64)?;
+        let (p, n) = pickle::read_prefix_within(rest, pos as u64, &mut spent)?;
         pos += n;
         Ok(p)
     };
@@ -866,6 +876,64 @@ mod tests {
             ("archive/version", b"3\n"),
         ]);
         assert_eq!(parse(&f).expect("read").tensors().count(), 0);
+    }
+
+    /// The legacy fixture with `k` memo entries built at the start of each
+    /// of its four pickles (stack-neutral: `None`, `k` MEMOIZEs, POP).
+    fn legacy_with_memo(k: usize) -> Vec<u8> {
+        let f = include_bytes!("../../tests/fixtures/format/legacy.bin");
+        let mut pos = LEGACY_MAGIC.len();
+        let mut out = f[..pos].to_vec();
+        for _ in 0..4 {
+            let (_, n) = pickle::read_prefix(&f[pos..], 0).unwrap();
+            let p = &f[pos..pos + n];
+            assert_eq!(&p[..2], b"\x80\x02");
+            out.extend_from_slice(&p[..2]);
+            out.push(b'N');
+            out.extend(std::iter::repeat_n(0x94, k));
+            out.push(b'0');
+            out.extend_from_slice(&p[2..]);
+            pos += n;
+        }
+        out.extend_from_slice(&f[pos..]);
+        out
+    }
+
+    #[test]
+    fn a_legacy_files_pickles_share_one_budget() {
+        let tensors = |f: &[u8]| {
+            let l = crate::format::parse("pytorch_model.bin", &mut Cursor::new(f), f.len() as u64);
+            l.unwrap().tensors().count()
+        };
+        assert_eq!(tensors(&legacy_with_memo(1000)), 1);
+        // Each pickle builds ~72 MiB, under the budget; the four are held
+        // at once (crafted ones of ~256 MiB each took 1.5 GB of RSS).
+        assert_eq!(tensors(&legacy_with_memo(1_500_000)), 0);
+    }
+
+    #[test]
+    fn optimizer_param_names_do_not_copy_one_shared_name_without_bound() {
+        // {'param_groups': [{'params': [0..n], 'param_names': [s] * n}]},
+        // s a 1 MiB string listed by memo.
+        let names = |len: usize, n: u16| {
+            let mut p = b"\x80\x02}\x8c\x0cparam_groups]}(\x8c\x06params](".to_vec();
+            for i in 0..n {
+                p.push(b'M');
+                p.extend_from_slice(&i.to_le_bytes());
+            }
+            p.extend_from_slice(b"e\x8c\x0bparam_names](\x8d");
+            p.extend_from_slice(&(len as u64).to_le_bytes());
+            p.extend(std::iter::repeat_n(b'p', len));
+            p.extend_from_slice(b"q\x00");
+            for _ in 1..n {
+                p.extend_from_slice(b"h\x00");
+            }
+            p.extend_from_slice(b"euas.");
+            param_names_of(&pickle::read(&p, 0).unwrap()).map(|m| m.len())
+        };
+        assert_eq!(names(10, 40), Some(40));
+        // 40 MiB of names from a 1 MiB pickle.
+        assert_eq!(names(1 << 20, 40), None);
     }
 
     #[test]
