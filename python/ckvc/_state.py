@@ -122,6 +122,24 @@ def _float_value(v) -> float:
     return float(v)  # float("nan"), float("inf"), float("-inf") and numbers
 
 
+# JSON writes an int in decimal, and a default Python process refuses to
+# read one of more than 4300 digits (`sys.int_info.default_max_str_digits`):
+# such an int is refused at save, whatever this process's own limit, so
+# that every saved state loads in a default process.
+_INT_DIGITS = 4300
+_INT_BOUND = 10**_INT_DIGITS
+
+
+def _int_value(x: int, path: List[str]) -> int:
+    if -_INT_BOUND < x < _INT_BOUND:
+        return int(x)
+    raise ValueError(
+        f"{'.'.join(path) or 'state'}: cannot save an int of more than {_INT_DIGITS} digits "
+        "(a default Python process cannot read it back from JSON); save it as bytes, "
+        "e.g. x.to_bytes((x.bit_length() + 8) // 8, 'little', signed=True)"
+    )
+
+
 class Flattener:
     """Walks a state, producing its JSON tree and the tensor leaves."""
 
@@ -242,7 +260,7 @@ class Flattener:
         # Exact types only below: a subclass (an IntEnum, a namedtuple, a
         # defaultdict, torch.Size) would load as its base class.
         if type(x) is int:
-            return {"type": "int", "value": int(x)}
+            return {"type": "int", "value": _int_value(x, path)}
         if type(x) is float:
             return _float_node(float(x))
         if type(x) is str:
@@ -258,7 +276,10 @@ class Flattener:
             for k, v in x.items():
                 if type(k) not in (str, int):
                     raise TypeError(f"{'.'.join(path) or 'state'}: dict keys must be str or int, not {type(k).__name__}")
-                kn = {"type": "str", "value": k} if isinstance(k, str) else {"type": "int", "value": int(k)}
+                if isinstance(k, str):
+                    kn = {"type": "str", "value": k}
+                else:
+                    kn = {"type": "int", "value": _int_value(k, path + ["<key>"])}
                 items.append([kn, self.node(v, path + [str(k)])])
             node = {"type": "dict", "items": items}
             if isinstance(x, collections.OrderedDict):

@@ -119,3 +119,24 @@ def test_numpy_scalars_come_back_as_numpy_scalars(repo):
     for k in ("f", "i", "b"):
         assert type(back[k]) is type(state[k]) and back[k] == state[k], k
     assert type(back["p"]) is float
+
+
+def test_an_int_of_more_than_4300_digits_is_refused_at_save_and_one_of_4300_round_trips(repo):
+    # JSON stores ints in decimal and a default process refuses to read
+    # more than 4300 digits: saved with the limit raised, such a state
+    # could not be loaded back ("not JSON"); without, json.dumps failed
+    # with a message naming no path.
+    big = 10**4300
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        for state in ({"opt": {"seed": big}}, {"opt": {"seed": -big}}, {"opt": {big: 1}}):
+            with pytest.raises(ValueError, match=r"^opt.*more than 4300 digits"):
+                repo.save(state, step=1)
+    finally:
+        sys.set_int_max_str_digits(old)
+    assert repo.steps() == []
+    edge = big - 1  # 4300 digits
+    repo.save({"seed": edge, "neg": -edge, "keys": {edge: 1}}, step=1)
+    back = repo.load(1)
+    assert back["seed"] == edge and back["neg"] == -edge and back["keys"] == {edge: 1}
