@@ -431,11 +431,17 @@ impl Repository {
         let target = self.commit_target(opts)?;
         let files = list_files(dir)?;
         let ctx = format::DirContext::read(files.iter().map(|(r, p)| (r.as_str(), p.as_path())));
-        let (step, step_source) = match opts.step {
-            Some(s) => (s, StepSource::Given),
-            None => detect_step(dir)?,
+        // Read once for both (a long run's file is large, and the step and
+        // metrics come from the same version of it), and dropped before
+        // the files are read.
+        let ((step, step_source), mut metrics) = {
+            let state = read_trainer_state(dir);
+            let step = match opts.step {
+                Some(s) => (s, StepSource::Given),
+                None => detect_step_with(dir, state.as_ref())?,
+            };
+            (step, metrics_of(state.as_ref()))
         };
-        let mut metrics = trainer_metrics(dir);
         add_metrics(&mut metrics, &opts.metrics, dir)?;
         let files: Vec<(String, Source<'_>)> = files
             .into_iter()
@@ -1614,9 +1620,15 @@ fn read_trainer_state(dir: &Path) -> Option<serde_json::Map<String, serde_json::
 
 /// `trainer_state.json`'s `global_step`, else the directory name's number.
 fn detect_step(dir: &Path) -> Result<(u64, StepSource), RepoError> {
-    if let Some(s) =
-        read_trainer_state(dir).and_then(|m| m.get("global_step").and_then(|v| v.as_u64()))
-    {
+    detect_step_with(dir, read_trainer_state(dir).as_ref())
+}
+
+/// [`detect_step`] with `dir`'s `trainer_state.json` read already.
+fn detect_step_with(
+    dir: &Path,
+    state: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(u64, StepSource), RepoError> {
+    if let Some(s) = state.and_then(|m| m.get("global_step").and_then(|v| v.as_u64())) {
         return Ok((s, StepSource::TrainerState));
     }
     let name = std::fs::canonicalize(dir)
@@ -1725,16 +1737,19 @@ fn is_metric(k: &str) -> bool {
     ) || k.starts_with("eval_")
 }
 
-/// The metrics of the checkpoint's own step from `trainer_state.json`: the
+/// The metrics of the checkpoint's own step from its `trainer_state.json`
+/// (`state`, as [`read_trainer_state`] gives it): the
 /// numeric metric keys at its top level, then, for each metric key, its
 /// value in the last `log_history` entry at or before `global_step` (where
 /// HF Trainer keeps `loss` and `eval_*`).
-pub(crate) fn trainer_metrics(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
+fn metrics_of(
+    state: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> serde_json::Map<String, serde_json::Value> {
     let mut out = serde_json::Map::new();
-    let Some(m) = read_trainer_state(dir) else {
+    let Some(m) = state else {
         return out;
     };
-    for (k, v) in &m {
+    for (k, v) in m {
         if is_metric(k) && v.is_number() {
             out.insert(k.clone(), v.clone());
         }
