@@ -2,6 +2,7 @@
 by the case that showed it (the others: test_review_fixes.py)."""
 
 import collections
+import contextlib
 import enum
 import os
 import threading
@@ -75,11 +76,10 @@ def test_a_background_save_inside_a_users_torch_function_mode_leaves_that_mode_t
     assert torch._C._len_torch_function_stack() == depth
 
 
-def test_load_and_steps_right_after_a_background_save_see_that_save(repo, monkeypatch):
-    # load/open/steps/log only waited for the staging copy, not the commit:
-    # right after save(step=2, blocking=False), load("main") silently gave
-    # step 1's state, steps() lacked 2 and load(2) raised NotFoundError.
-    repo.save({"w": torch.zeros(4)}, step=1)
+@contextlib.contextmanager
+def _commits_held(monkeypatch, seconds=0.5):
+    """Background commits wait `seconds` before they start (at most 30 s
+    if the body fails first): a save stays in flight meanwhile."""
     gate = threading.Event()
     real = _ckvc.commit_buffers
 
@@ -88,16 +88,25 @@ def test_load_and_steps_right_after_a_background_save_see_that_save(repo, monkey
         return real(*a, **k)
 
     monkeypatch.setattr(_ckvc, "commit_buffers", slow)
-    timer = threading.Timer(0.5, gate.set)
+    timer = threading.Timer(seconds, gate.set)
     timer.start()
     try:
+        yield
+    finally:
+        gate.set()
+        timer.join()
+
+
+def test_load_and_steps_right_after_a_background_save_see_that_save(repo, monkeypatch):
+    # load/open/steps/log only waited for the staging copy, not the commit:
+    # right after save(step=2, blocking=False), load("main") silently gave
+    # step 1's state, steps() lacked 2 and load(2) raised NotFoundError.
+    repo.save({"w": torch.zeros(4)}, step=1)
+    with _commits_held(monkeypatch):
         repo.save({"w": torch.ones(4)}, step=2, blocking=False)
         assert torch.equal(repo.load("main")["w"], torch.ones(4))
         assert repo.steps() == [1, 2]
         assert torch.equal(repo.load(2)["w"], torch.ones(4))
-    finally:
-        gate.set()
-        timer.join()
         repo.wait()
 
 
@@ -200,23 +209,10 @@ def test_commit_dir_waits_for_the_background_save_in_flight(repo, tmp_path, monk
     d = tmp_path / "ck"
     d.mkdir()
     (d / "a.bin").write_bytes(b"x" * 1000)
-    gate = threading.Event()
-    real = _ckvc.commit_buffers
-
-    def slow(*a, **k):
-        gate.wait(30)
-        return real(*a, **k)
-
-    monkeypatch.setattr(_ckvc, "commit_buffers", slow)
-    timer = threading.Timer(0.5, gate.set)
-    timer.start()
-    try:
+    with _commits_held(monkeypatch):
         fut = repo.save({"w": torch.ones(4)}, step=1, blocking=False)
         repo.commit_dir(d, step=2)
         assert fut.result().step == 1
-    finally:
-        gate.set()
-        timer.join()
     assert repo.steps() == [1, 2]
 
 
