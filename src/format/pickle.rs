@@ -14,16 +14,16 @@
 //! entry or an object would otherwise take ~50 bytes a byte (900 MB for a
 //! 30 MB `data.pkl`).
 
+use std::collections::HashMap;
+
+use super::FormatError;
+
 /// The bytes of nodes, values, marks and memo entries a stream may make
 /// the reader build. The corpora's `torch.save` pickles take 4-20 bytes a
 /// byte (an object for every tensor): a `data.pkl` of up to ~13 MB.
 const BUDGET: usize = 256 << 20;
 /// What a memo entry costs in the map (key, value, control byte, slack).
 const MEMO_ENTRY_BYTES: usize = 48;
-
-use std::collections::HashMap;
-
-use super::FormatError;
 
 /// A stack value: scalars inline, everything else a node in the arena.
 #[derive(Debug, Clone, Copy, PartialEq)]
