@@ -5,7 +5,8 @@
 //! safetensors, PyTorch `torch.save` zip archives (`.pt`, `.pth`, `.bin`;
 //! the pickle `data.pkl` inside is *read*, never executed), PyTorch
 //! distributed-checkpoint data files (`.distcp`: a sequence of such
-//! archives) and numpy `.npy`.
+//! archives) and numpy `.npy`; and HF Trainer's `trainer_state.json`,
+//! for the step and metrics a commit records ([`TrainerState`]).
 //! Any other file is one opaque segment. A layout covers its file exactly:
 //! concatenating the bytes of its segments, in order, reproduces the file.
 //!
@@ -29,12 +30,14 @@ mod npy;
 mod pickle;
 mod safetensors;
 mod torchzip;
+mod trainer_state;
 mod zip;
 
 pub use distcp::{parse_distcp, DcpIndex};
 pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
 pub use torchzip::{optimizer_param_names, parse_torch_legacy, parse_torch_zip};
+pub use trainer_state::{is_whole_json, TrainerState};
 
 /// The step number in a checkpoint directory name (`step-500`,
 /// `checkpoint-500`, `iter_0000500`): the trailing digits.

@@ -440,7 +440,7 @@ impl Repository {
                 Some(s) => (s, StepSource::Given),
                 None => detect_step_with(dir, state.as_ref())?,
             };
-            (step, metrics_of(state.as_ref()))
+            (step, state.map(|t| t.metrics).unwrap_or_default())
         };
         add_metrics(&mut metrics, &opts.metrics, dir)?;
         let files: Vec<(String, Source<'_>)> = files
@@ -1607,15 +1607,9 @@ fn list_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RepoError> {
     Ok(out)
 }
 
-fn read_trainer_state(dir: &Path) -> Option<serde_json::Map<String, serde_json::Value>> {
-    // Never a FIFO (which would block the open); streamed, with no fixed
-    // limit: a long run's log_history passes any (64 MiB at ~480k logged
-    // steps).
-    let f = format::open_regular(&dir.join("trainer_state.json")).ok()?;
-    match serde_json::from_reader(std::io::BufReader::new(f)).ok()? {
-        serde_json::Value::Object(m) => Some(m),
-        _ => None,
-    }
+/// `dir/trainer_state.json`, streamed in bounded memory.
+fn read_trainer_state(dir: &Path) -> Option<format::TrainerState> {
+    format::TrainerState::read(&dir.join("trainer_state.json"))
 }
 
 /// `trainer_state.json`'s `global_step`, else the directory name's number.
@@ -1626,9 +1620,9 @@ fn detect_step(dir: &Path) -> Result<(u64, StepSource), RepoError> {
 /// [`detect_step`] with `dir`'s `trainer_state.json` read already.
 fn detect_step_with(
     dir: &Path,
-    state: Option<&serde_json::Map<String, serde_json::Value>>,
+    state: Option<&format::TrainerState>,
 ) -> Result<(u64, StepSource), RepoError> {
-    if let Some(s) = state.and_then(|m| m.get("global_step").and_then(|v| v.as_u64())) {
+    if let Some(s) = state.and_then(|t| t.global_step) {
         return Ok((s, StepSource::TrainerState));
     }
     let name = std::fs::canonicalize(dir)
@@ -1726,53 +1720,4 @@ impl Repository {
         }
         Ok(items)
     }
-}
-
-/// Whether a `trainer_state.json` / `log_history` key is a metric worth
-/// keeping with the commit (for `log` and `gc --keep best=`).
-fn is_metric(k: &str) -> bool {
-    matches!(
-        k,
-        "loss" | "train_loss" | "learning_rate" | "grad_norm" | "epoch" | "global_step"
-    ) || k.starts_with("eval_")
-}
-
-/// The metrics of the checkpoint's own step from its `trainer_state.json`
-/// (`state`, as [`read_trainer_state`] gives it): the
-/// numeric metric keys at its top level, then, for each metric key, its
-/// value in the last `log_history` entry at or before `global_step` (where
-/// HF Trainer keeps `loss` and `eval_*`).
-fn metrics_of(
-    state: Option<&serde_json::Map<String, serde_json::Value>>,
-) -> serde_json::Map<String, serde_json::Value> {
-    let mut out = serde_json::Map::new();
-    let Some(m) = state else {
-        return out;
-    };
-    for (k, v) in m {
-        if is_metric(k) && v.is_number() {
-            out.insert(k.clone(), v.clone());
-        }
-    }
-    let upto = m
-        .get("global_step")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(u64::MAX);
-    if let Some(history) = m.get("log_history").and_then(|h| h.as_array()) {
-        for entry in history.iter().filter_map(|e| e.as_object()) {
-            if entry
-                .get("step")
-                .and_then(|s| s.as_u64())
-                .is_some_and(|s| s > upto)
-            {
-                continue;
-            }
-            for (k, v) in entry {
-                if is_metric(k) && v.is_number() && k != "global_step" {
-                    out.insert(k.clone(), v.clone());
-                }
-            }
-        }
-    }
-    out
 }

@@ -479,34 +479,27 @@ fn scan(run_dir: &Path) -> Result<Vec<Found>, RepoError> {
             Err(_) => continue,
         };
         let has = |n: &str| signature.iter().any(|(p, _, _)| p == n);
-        let (layout, marked) = if has(".metadata")
-            || signature.iter().any(|(p, _, _)| p.ends_with(".distcp"))
-        {
-            (RunLayout::Dcp, has(".metadata"))
-        } else if name.starts_with("checkpoint-") {
-            // Whole (written last, parses), streamed: a long run's
-            // log_history passes any fixed size.
-            let state_ok = crate::format::open_regular(&dir.join("trainer_state.json"))
-                .ok()
-                .and_then(|f| {
-                    serde_json::from_reader::<_, serde::de::IgnoredAny>(std::io::BufReader::new(f))
-                        .ok()
-                })
-                .is_some();
-            (RunLayout::HfTrainer, state_ok)
-        } else if name.starts_with("global_step") {
-            (
-                RunLayout::DeepSpeed,
-                deepspeed_latest.is_some_and(|l| step <= l),
-            )
-        } else if name.starts_with("iter_") {
-            (
-                RunLayout::Megatron,
-                megatron_latest.is_some_and(|l| step <= l),
-            )
-        } else {
-            (RunLayout::Plain, false)
-        };
+        let (layout, marked) =
+            if has(".metadata") || signature.iter().any(|(p, _, _)| p.ends_with(".distcp")) {
+                (RunLayout::Dcp, has(".metadata"))
+            } else if name.starts_with("checkpoint-") {
+                // Whole (written last, parses), streamed: a long run's
+                // log_history passes any fixed size.
+                let state_ok = crate::format::is_whole_json(&dir.join("trainer_state.json"));
+                (RunLayout::HfTrainer, state_ok)
+            } else if name.starts_with("global_step") {
+                (
+                    RunLayout::DeepSpeed,
+                    deepspeed_latest.is_some_and(|l| step <= l),
+                )
+            } else if name.starts_with("iter_") {
+                (
+                    RunLayout::Megatron,
+                    megatron_latest.is_some_and(|l| step <= l),
+                )
+            } else {
+                (RunLayout::Plain, false)
+            };
         let f = Found {
             step,
             dir,
