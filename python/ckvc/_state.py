@@ -12,6 +12,7 @@ import base64
 import collections
 import json
 import math
+import struct
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -115,11 +116,27 @@ class Leaf:
 def _float_node(x: float) -> Dict[str, Any]:
     if math.isfinite(x):
         return {"type": "float", "value": x}
-    return {"type": "float", "value": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
+    if math.isnan(x):
+        # A NaN's sign and payload (`-nan`, one from a bit pattern) are its
+        # bits; "nan" alone loads as Python's own NaN.
+        return {"type": "float", "value": "nan", "bits": struct.pack(">d", x).hex()}
+    return {"type": "float", "value": "inf" if x > 0 else "-inf"}
 
 
-def _float_value(v) -> float:
-    return float(v)  # float("nan"), float("inf"), float("-inf") and numbers
+def _float_value(node: Dict[str, Any]) -> float:
+    bits = node.get("bits")
+    if bits is not None:
+        return struct.unpack(">d", bytes.fromhex(bits))[0]
+    return float(node["value"])  # float("nan"), float("inf"), float("-inf") and numbers
+
+
+def _is_nan_bits(v: Any) -> bool:
+    """True for a float node's ``bits``: 16 lowercase hex digits of a
+    big-endian IEEE 754 double that is a NaN."""
+    if not isinstance(v, str) or len(v) != 16 or any(c not in "0123456789abcdef" for c in v):
+        return False
+    b = int(v, 16)
+    return (b >> 52) & 0x7FF == 0x7FF and b & ((1 << 52) - 1) != 0
 
 
 # JSON writes an int in decimal, and a default Python process refuses to
@@ -842,6 +859,8 @@ class StateDoc:
                 need(isinstance(v, str), "has no string value")
             elif t == "float":
                 need(_is_float_value(v), "has no number value a float holds")
+                if "bits" in n:
+                    need(v == "nan" and _is_nan_bits(n["bits"]), "has bits that are no NaN's (16 hex digits)")
             elif t == "torch_dtype":
                 need(isinstance(v, str) and (not _TORCH or _is_torch_dtype(v)), f"names no torch dtype ({v!r})")
             elif t == "tensor":
@@ -955,7 +974,7 @@ def build(node, get_tensor: Callable[[str, Dict[str, Any]], Any], cache: Dict[st
     if t in ("bool", "int", "str"):
         return node["value"]
     if t == "float":
-        return _float_value(node["value"])
+        return _float_value(node)
     if t == "bytes":
         try:
             return base64.b64decode(node["value"], validate=True)

@@ -62,6 +62,18 @@ CASES = {
     "a bool that is a string": (lambda d: with_root(d, {"type": "bool", "value": "yes"}), "no bool value"),
     "a float that is a word": (lambda d: with_root(d, {"type": "float", "value": "lots"}), "no number value"),
     "a float past a float's range": (lambda d: with_root(d, {"type": "float", "value": 10**400}), "no number value"),
+    "nan bits that are no NaN's": (
+        lambda d: with_root(d, {"type": "float", "value": "nan", "bits": "3ff0000000000000"}),
+        "no NaN's",
+    ),
+    "nan bits that are not hex": (
+        lambda d: with_root(d, {"type": "float", "value": "nan", "bits": "7ff8zz0000000000"}),
+        "no NaN's",
+    ),
+    "bits on a float that is no NaN": (
+        lambda d: with_root(d, {"type": "float", "value": 1.5, "bits": "7ff8000000000000"}),
+        "no NaN's",
+    ),
     "bytes that are not base64": (lambda d: with_root(d, {"type": "bytes", "value": "!!!"}), "base64"),
     "an unknown node type": (lambda d: with_root(d, {"type": "set", "items": []}), "unknown node type"),
     "a node that is not an object": (lambda d: with_root(d, [1, 2]), "not an object"),

@@ -44,6 +44,29 @@ def test_numpy_only_round_trip(repo):
     assert isinstance(s[6], bool)
 
 
+def test_a_float_nan_keeps_its_sign_and_payload_and_a_plain_nan_node_still_loads(repo, tmp_path):
+    import struct
+
+    def bits(x):
+        return struct.pack(">d", x).hex()
+
+    nans = [float("nan"), -float("nan"), struct.unpack(">d", bytes.fromhex("7ff4000000000123"))[0],
+            struct.unpack(">d", bytes.fromhex("fff0000000000001"))[0]]
+    repo.save({"nans": nans, "x": np.zeros(2, dtype=np.float32)}, step=1)
+    back = repo.load(1)["nans"]
+    assert [bits(x) for x in back] == [bits(x) for x in nans]
+    # A state.json written before NaN nodes had bits: Python's own NaN.
+    out = tmp_path / "co"
+    repo.checkout(1, out)
+    doc = json.loads((out / "state.json").read_text())
+    for n in doc["root"]["items"][0][1]["items"]:
+        assert n["type"] == "float" and n["value"] == "nan" and "bits" in n
+        del n["bits"]
+    (out / "state.json").write_text(json.dumps(doc))
+    repo.commit_dir(out, step=2)
+    assert all(bits(x) == bits(float("nan")) for x in repo.load(2)["nans"])
+
+
 def _raw(t):
     """A tensor's bytes (any dtype, any strides) as a uint8 tensor."""
     import torch
