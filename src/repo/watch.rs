@@ -375,10 +375,18 @@ fn prune(
             }
             verified.insert(f.dir.clone());
         }
-        std::fs::remove_dir_all(&f.dir).map_err(|source| RepoError::Io {
-            path: f.dir.clone(),
-            source,
-        })?;
+        match std::fs::remove_dir_all(&f.dir) {
+            Ok(()) => {}
+            // Deleted meanwhile by someone else (the trainer's own
+            // rotation): nothing left to prune.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(RepoError::Io {
+                    path: f.dir.clone(),
+                    source,
+                })
+            }
+        }
         report.pruned.push(f.dir.clone());
         if on_event(WatchEvent::Pruned {
             dir: &f.dir,
@@ -404,13 +412,22 @@ impl Repository {
 }
 
 /// True when commit `id` holds the files of `dir` with their lengths and
-/// whole-file blake3 (so deleting `dir` loses nothing).
+/// whole-file blake3 (so deleting `dir` loses nothing). A file or the
+/// directory gone while it is read (a trainer's rotation deleting it):
+/// false, not an error.
 fn same_files(repo: &Repository, id: &CommitId, dir: &Path) -> Result<bool, RepoError> {
     let tree = repo.tree(&repo.commit_object(id)?.tree)?;
-    let sig = signature(dir).map_err(|source| RepoError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let sig = match signature(dir) {
+        Ok(s) => s,
+        Err(e) if gone(&e) => return Ok(false),
+        Err(source) => {
+            return Err(RepoError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
     if sig.len() != tree.entries.len() {
         return Ok(false);
     }
@@ -419,24 +436,25 @@ fn same_files(repo: &Repository, id: &CommitId, dir: &Path) -> Result<bool, Repo
             return Ok(false);
         }
         let m = repo.manifest(mid, path)?;
-        if m.len != *len || hash_file(&dir.join(rel))? != m.hash {
+        if m.len != *len {
             return Ok(false);
+        }
+        let file = dir.join(rel);
+        match hash_file(&file) {
+            Ok(h) if h == m.hash => {}
+            Ok(_) => return Ok(false),
+            Err(e) if gone(&e) => return Ok(false),
+            Err(source) => return Err(RepoError::Io { path: file, source }),
         }
     }
     Ok(true)
 }
 
-fn hash_file(path: &Path) -> Result<[u8; 32], RepoError> {
+fn hash_file(path: &Path) -> std::io::Result<[u8; 32]> {
     // Never blocks on a FIFO put where a committed file was.
-    let mut f = crate::format::open_regular(path).map_err(|source| RepoError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let mut f = crate::format::open_regular(path)?;
     let mut h = blake3::Hasher::new();
-    std::io::copy(&mut f, &mut h).map_err(|source| RepoError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    std::io::copy(&mut f, &mut h)?;
     Ok(*h.finalize().as_bytes())
 }
 
@@ -541,6 +559,40 @@ fn signature(dir: &Path) -> std::io::Result<Signature> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A file of a checkpoint directory that vanishes between the
+    /// directory's listing and its hashing (the trainer's rotation
+    /// deleting it; here a dangling symlink of the committed file's
+    /// length) made `holds_dir` fail, and `watch --keep-local` and the
+    /// Trainer callback's prune with it: the directory is simply not held.
+    #[test]
+    fn holds_dir_of_a_directory_losing_a_file_is_false_not_an_io_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("repo");
+        let repo = Repository::init(&root, Default::default()).unwrap();
+        let d = tmp.path().join("checkpoint-3");
+        std::fs::create_dir(&d).unwrap();
+        let target = tmp.path().join("gone-0123456789");
+        std::fs::write(d.join("model.bin"), vec![7u8; target.as_os_str().len()]).unwrap();
+        let id = repo
+            .commit(
+                &d,
+                &CommitOptions {
+                    step: Some(3),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .id;
+        assert!(repo.holds_dir(&id, &d).unwrap());
+        std::fs::remove_file(d.join("model.bin")).unwrap();
+        std::os::unix::fs::symlink(&target, d.join("model.bin")).unwrap();
+        assert!(!repo.holds_dir(&id, &d).unwrap());
+        std::fs::remove_dir_all(&d).unwrap();
+        assert!(!repo.holds_dir(&id, &d).unwrap());
+    }
+
     /// A long HF run's `trainer_state.json` (a `log_history` of ~500k
     /// entries) passes 64 MiB; read with that limit, the checkpoint was
     /// never marked complete.
