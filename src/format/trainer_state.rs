@@ -501,6 +501,60 @@ mod tests {
         }
     }
 
+    /// JSON text (objects may repeat keys) over the keys that matter.
+    fn json_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let key = prop::sample::select(vec![
+            "global_step",
+            "log_history",
+            "step",
+            "loss",
+            "eval_loss",
+            "epoch",
+            "grad_norm",
+            "x",
+        ]);
+        let leaf = prop_oneof![
+            (0u64..40).prop_map(|n| n.to_string()),
+            Just("18446744073709551615".to_string()),
+            (-5i64..0).prop_map(|n| n.to_string()),
+            (-1e3f64..1e3).prop_map(|f| format!("{f:?}")),
+            Just("null".to_string()),
+            Just("true".to_string()),
+            Just("\"s\"".to_string()),
+        ];
+        leaf.prop_recursive(4, 64, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec((key.clone(), inner), 0..6).prop_map(|v| {
+                    let items: Vec<String> =
+                        v.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+                    format!("{{{}}}", items.join(", "))
+                }),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+        /// Random files over the keys that matter: the streamed reading
+        /// and the whole tree agree.
+        #[test]
+        fn streamed_reading_agrees_with_the_whole_tree_on_random_files(
+            top in proptest::collection::vec(
+                (proptest::sample::select(vec!["global_step", "log_history", "loss", "x"]), json_text()),
+                0..8,
+            ),
+            any in json_text(),
+        ) {
+            let items: Vec<String> = top.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+            for s in [format!("{{{}}}", items.join(", ")), any] {
+                proptest::prop_assert_eq!(read_str(&s), by_tree(&s), "{}", s);
+            }
+        }
+    }
+
     #[test]
     fn a_string_or_number_past_its_limit_makes_the_file_not_understood() {
         let long = "a".repeat(MAX_STRING);
