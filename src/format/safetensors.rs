@@ -4,10 +4,17 @@
 //! (offsets relative to the first data byte) plus an optional
 //! `"__metadata__"` object. The 8-byte length and the JSON are one opaque
 //! segment; gaps between tensors and trailing bytes are opaque too.
+//!
+//! The header is read straight into what the checks need (never into a JSON
+//! tree: one held ~25 bytes per byte of a crafted 100 MiB header), within
+//! [`ENTRIES_BUDGET`].
 
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::fmt;
 use std::io::{Read, Seek};
 
-use serde_json::{Map, Value};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{read_at, tensor_bytes, DType, FileKind, FormatError, Layout, TensorInfo};
 
@@ -15,12 +22,29 @@ use super::{read_at, tensor_bytes, DType, FileKind, FormatError, Layout, TensorI
 /// same bound).
 pub const MAX_HEADER: u64 = 100 << 20;
 
+/// What the header's entries may take in memory as read (names, dtypes,
+/// shapes, and [`ENTRY_COST`] each). A header past it keeps every tensor
+/// opaque (the file is still stored whole, only not by tensor). An entry
+/// takes ~300 bytes as read (~3 bytes a byte of a model's header): a
+/// header of up to ~800,000 tensors fits.
+pub const ENTRIES_BUDGET: usize = 256 << 20;
+
+/// An entry's cost beside its strings and dimensions: its share of the
+/// map's nodes (~200 bytes: key, fields, slack) and the allocator's
+/// overhead of its three allocations.
+const ENTRY_COST: usize = 256;
+
 /// Parses a safetensors file; every structural lie is an error.
 ///
 /// A tensor whose dtype ckvc does not know (a dtype newer than
 /// [`DType`]) keeps its byte range but becomes opaque: the file is sound, only
 /// its compression is worse.
 pub fn parse_safetensors<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
+    parse_within(r, len, ENTRIES_BUDGET)
+}
+
+/// [`parse_safetensors`] with `budget` bytes for the header's entries.
+fn parse_within<R: Read + Seek>(r: &mut R, len: u64, budget: usize) -> Result<Layout, FormatError> {
     let prefix = read_at(r, len, 0, 8, 8, "safetensors header length")?;
     let n = u64::from_le_bytes(prefix.try_into().expect("read_at returned 8 bytes"));
     if n > MAX_HEADER {
@@ -32,42 +56,44 @@ pub fn parse_safetensors<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, 
     }
     let json = read_at(r, len, 8, n, MAX_HEADER, "safetensors header")?;
     let data_start = 8 + n;
-    let header: Map<String, Value> = serde_json::from_slice(&json).map_err(|e| {
+    let mut header = Header {
+        budget,
+        ..Header::default()
+    };
+    let mut de = serde_json::Deserializer::from_slice(&json);
+    let read = HeaderSeed(&mut header)
+        .deserialize(&mut de)
+        .and_then(|()| de.end());
+    drop(json);
+    if header.over_budget.get() {
+        return Layout::from_tensors(FileKind::Safetensors, len, Vec::new());
+    }
+    read.map_err(|e| {
         FormatError::corrupt(8, format!("safetensors header is not a JSON object: {e}"))
     })?;
 
-    let mut tensors = Vec::with_capacity(header.len());
+    let mut tensors = Vec::with_capacity(header.entries.len());
     let mut unknown = Vec::new();
-    for (name, entry) in &header {
-        if name == "__metadata__" {
-            continue;
-        }
+    for (name, entry) in header.entries {
         let bad = |reason: &str| FormatError::corrupt(8, format!("tensor {name:?}: {reason}"));
-        let entry = entry
-            .as_object()
-            .ok_or_else(|| bad("entry is not an object"))?;
-        let dtype_name = entry
-            .get("dtype")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad("missing or non-string dtype"))?;
-        let shape = entry
-            .get("shape")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("missing or non-array shape"))?
-            .iter()
-            .map(|d| {
-                d.as_u64()
-                    .ok_or_else(|| bad("shape has a non-integer dimension"))
-            })
-            .collect::<Result<Vec<u64>, _>>()?;
-        let offsets = entry
-            .get("data_offsets")
-            .and_then(Value::as_array)
-            .filter(|a| a.len() == 2)
-            .ok_or_else(|| bad("data_offsets is not a pair"))?;
-        let (s, e) = match (offsets[0].as_u64(), offsets[1].as_u64()) {
-            (Some(s), Some(e)) if s <= e => (s, e),
-            _ => return Err(bad("data_offsets are not an increasing pair of integers")),
+        if !entry.is_object {
+            return Err(bad("entry is not an object"));
+        }
+        let dtype_name = match entry.dtype {
+            Some(Some(d)) => d,
+            _ => return Err(bad("missing or non-string dtype")),
+        };
+        let shape = match entry.shape {
+            Some(Some(Ok(shape))) => shape,
+            Some(Some(Err(()))) => return Err(bad("shape has a non-integer dimension")),
+            _ => return Err(bad("missing or non-array shape")),
+        };
+        let (s, e) = match entry.offsets {
+            Some(Some((2, s, e))) => match (s, e) {
+                (Some(s), Some(e)) if s <= e => (s, e),
+                _ => return Err(bad("data_offsets are not an increasing pair of integers")),
+            },
+            _ => return Err(bad("data_offsets is not a pair")),
         };
         let offset = data_start
             .checked_add(s)
@@ -80,7 +106,7 @@ pub fn parse_safetensors<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, 
                 have: len,
             });
         }
-        match DType::from_safetensors_name(dtype_name) {
+        match DType::from_safetensors_name(&dtype_name) {
             Some(dtype) => {
                 if tensor_bytes(&shape, dtype) != Some(byte_len) {
                     return Err(bad(&format!(
@@ -88,7 +114,7 @@ pub fn parse_safetensors<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, 
                     )));
                 }
                 tensors.push(TensorInfo {
-                    name: name.clone(),
+                    name,
                     dtype,
                     shape,
                     offset,
@@ -102,15 +128,353 @@ pub fn parse_safetensors<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, 
     Layout::from_tensors(FileKind::Safetensors, len, tensors)
 }
 
+/// The header as read: each tensor name's last entry (a name repeated in
+/// the JSON object: the last one counts, as in a parsed JSON tree), in
+/// name order.
+#[derive(Default)]
+struct Header {
+    entries: BTreeMap<String, Entry>,
+    budget: usize,
+    /// Bytes the entries take, counted as they are read.
+    built: usize,
+    over_budget: Cell<bool>,
+}
+
+/// One entry as read. `None`: the key is missing; `Some(None)`: its
+/// value is not of the type the key needs. Keys repeated: the last counts.
+#[derive(Default)]
+struct Entry {
+    is_object: bool,
+    dtype: Option<Option<String>>,
+    /// The dimensions, or `Err` when one is not a whole number of 0 or more.
+    shape: Option<Option<Result<Vec<u64>, ()>>>,
+    offsets: Option<Option<Offsets>>,
+}
+
+/// `data_offsets` as read: the array's length and its first two items as
+/// whole numbers.
+type Offsets = (usize, Option<u64>, Option<u64>);
+
+impl Entry {
+    fn cost(&self) -> usize {
+        let dtype = match &self.dtype {
+            Some(Some(d)) => d.len(),
+            _ => 0,
+        };
+        let shape = match &self.shape {
+            Some(Some(Ok(s))) => 8 * s.capacity(),
+            _ => 0,
+        };
+        ENTRY_COST + dtype + shape
+    }
+}
+
+/// Visitor methods giving `$v` for numbers, booleans and null (the
+/// value has not the type wanted).
+macro_rules! scalars_give {
+    ($v:expr) => {
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+    };
+}
+
+/// Visitor methods giving `$v` for strings, arrays and objects (drained).
+macro_rules! containers_give {
+    ($v:expr) => {
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($v)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            while a.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($v)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok($v)
+        }
+    };
+}
+
+struct HeaderSeed<'a>(&'a mut Header);
+
+impl<'de> DeserializeSeed<'de> for HeaderSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for HeaderSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+        let h = self.0;
+        while let Some(name) = a.next_key::<String>()? {
+            if name == "__metadata__" {
+                a.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            let e = a.next_value_seed(EntrySeed {
+                dims_left: (h.budget - h.built) / 8,
+                over_budget: &h.over_budget,
+            })?;
+            h.built += name.len() + e.cost();
+            if h.built > h.budget {
+                h.over_budget.set(true);
+            }
+            if h.over_budget.get() {
+                return Err(de::Error::custom("entries over their memory budget"));
+            }
+            h.entries.insert(name, e);
+        }
+        Ok(())
+    }
+}
+
+/// An entry; a shape of more than `dims_left` dimensions puts the header
+/// over its budget.
+struct EntrySeed<'a> {
+    dims_left: usize,
+    over_budget: &'a Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for EntrySeed<'_> {
+    type Value = Entry;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Entry, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EntrySeed<'_> {
+    type Value = Entry;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Entry, A::Error> {
+        let mut e = Entry {
+            is_object: true,
+            ..Entry::default()
+        };
+        while let Some(k) = a.next_key::<KeyName>()? {
+            match k {
+                KeyName::Dtype => e.dtype = Some(a.next_value::<Text>()?.0),
+                KeyName::Shape => {
+                    e.shape = Some(a.next_value_seed(Dims {
+                        left: self.dims_left,
+                        over_budget: self.over_budget,
+                    })?)
+                }
+                KeyName::Offsets => e.offsets = Some(a.next_value::<Pair>()?.0),
+                KeyName::Other => {
+                    a.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(e)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Entry, E> {
+        Ok(Entry::default())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Entry, A::Error> {
+        while a.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Entry::default())
+    }
+    scalars_give!(Entry::default());
+}
+
+/// The keys of an entry that the checks read.
+enum KeyName {
+    Dtype,
+    Shape,
+    Offsets,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for KeyName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = KeyName;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, k: &str) -> Result<KeyName, E> {
+                Ok(match k {
+                    "dtype" => KeyName::Dtype,
+                    "shape" => KeyName::Shape,
+                    "data_offsets" => KeyName::Offsets,
+                    _ => KeyName::Other,
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A string (`Some`), or any other value (`None`).
+struct Text(Option<String>);
+
+impl<'de> de::Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(Some(v.to_owned())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Text, A::Error> {
+                while a.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Text(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Text, A::Error> {
+                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Text(None))
+            }
+            scalars_give!(Text(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A whole number of 0 or more (`Some`), or any other value (`None`).
+struct Whole(Option<u64>);
+
+impl<'de> de::Deserialize<'de> for Whole {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Whole;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Whole, E> {
+                Ok(Whole(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Whole, E> {
+                Ok(Whole(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Whole, E> {
+                Ok(Whole(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Whole, E> {
+                Ok(Whole(None))
+            }
+            fn visit_unit<E>(self) -> Result<Whole, E> {
+                Ok(Whole(None))
+            }
+            containers_give!(Whole(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `shape`: an array's dimensions (`Err` when one is not a whole number),
+/// or `None` for any other value.
+struct Dims<'a> {
+    left: usize,
+    over_budget: &'a Cell<bool>,
+}
+
+impl<'de> DeserializeSeed<'de> for Dims<'_> {
+    type Value = Option<Result<Vec<u64>, ()>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Dims<'_> {
+    type Value = Option<Result<Vec<u64>, ()>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        let mut dims = Ok(Vec::new());
+        while let Some(Whole(d)) = a.next_element::<Whole>()? {
+            match (&mut dims, d) {
+                (Ok(v), Some(_)) if v.len() >= self.left => {
+                    self.over_budget.set(true);
+                    return Err(de::Error::custom("a shape over the header's memory budget"));
+                }
+                (Ok(v), Some(d)) => v.push(d),
+                _ => dims = Err(()),
+            }
+        }
+        Ok(Some(dims))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    scalars_give!(None);
+}
+
+/// `data_offsets`: an array's length and its first two items as whole
+/// numbers, or `None` for any other value.
+struct Pair(Option<Offsets>);
+
+impl<'de> de::Deserialize<'de> for Pair {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Pair;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Pair, A::Error> {
+                let (mut n, mut first, mut second) = (0usize, None, None);
+                while let Some(Whole(d)) = a.next_element::<Whole>()? {
+                    match n {
+                        0 => first = d,
+                        1 => second = d,
+                        _ => {}
+                    }
+                    n += 1;
+                }
+                Ok(Pair(Some((n, first, second))))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Pair, E> {
+                Ok(Pair(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Pair, A::Error> {
+                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Pair(None))
+            }
+            scalars_give!(Pair(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// Tensors of unknown dtype become opaque, but may still not overlap anything.
 fn check_disjoint(
     tensors: &[TensorInfo],
-    unknown: &[(u64, u64, &String)],
+    unknown: &[(u64, u64, String)],
 ) -> Result<(), FormatError> {
     let mut ranges: Vec<(u64, u64, &str)> = tensors
         .iter()
         .map(|t| (t.offset, t.len, t.name.as_str()))
-        .chain(unknown.iter().map(|&(o, l, n)| (o, l, n.as_str())))
+        .chain(unknown.iter().map(|(o, l, n)| (*o, *l, n.as_str())))
         .filter(|&(_, l, _)| l > 0)
         .collect();
     ranges.sort_unstable();
@@ -143,6 +507,104 @@ mod tests {
 
     fn parse(f: &[u8]) -> Result<Layout, FormatError> {
         parse_safetensors(&mut Cursor::new(f), f.len() as u64)
+    }
+
+    /// What a header gives: the tensors' names in layout order, or the
+    /// error's text.
+    fn outcome(h: &str, data: usize) -> Result<Vec<String>, String> {
+        parse(&build(h, &vec![0u8; data]))
+            .map(|l| l.tensors().map(|t| t.name.clone()).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_entry_shape_gives_the_check_it_always_gave() {
+        let e = |name: &str, body: &str| format!(r#"{{"{name}": {body}}}"#);
+        let ok = r#"{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
+        let cases: Vec<(String, Result<Vec<&str>, &str>)> = vec![
+            // A name repeated: the last entry counts; keys repeated in an
+            // entry: the last counts; other keys and __metadata__ skipped.
+            (
+                r#"{"a":{"dtype":"F32","shape":[9],"data_offsets":[0,36]},"__metadata__":{"x":[1,{"y":null}]},"a":{"dtype":"BF16","dtype":"F32","shape":[1,2],"x":[[]],"data_offsets":[0,8]}}"#.into(),
+                Ok(vec!["a"]),
+            ),
+            (r#"{"__metadata__":1,"__metadata__":"s"}"#.into(), Ok(vec![])),
+            (e("a", "[1]"), Err("entry is not an object")),
+            (e("a", "null"), Err("entry is not an object")),
+            (e("a", r#""x""#), Err("entry is not an object")),
+            (e("a", r#"{"dtype":7,"shape":[2],"data_offsets":[0,8]}"#), Err("missing or non-string dtype")),
+            (e("a", r#"{"dtype":"F32","dtype":[],"shape":[2],"data_offsets":[0,8]}"#), Err("missing or non-string dtype")),
+            (e("a", r#"{"shape":[2],"data_offsets":[0,8]}"#), Err("missing or non-string dtype")),
+            (e("a", r#"{"dtype":"F32","shape":{"0":2},"data_offsets":[0,8]}"#), Err("missing or non-array shape")),
+            (e("a", r#"{"dtype":"F32","data_offsets":[0,8]}"#), Err("missing or non-array shape")),
+            (e("a", r#"{"dtype":"F32","shape":[2,-1],"data_offsets":[0,8]}"#), Err("non-integer dimension")),
+            (e("a", r#"{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}"#), Err("non-integer dimension")),
+            (e("a", r#"{"dtype":"F32","shape":["2"],"data_offsets":[0,8]}"#), Err("non-integer dimension")),
+            (e("a", r#"{"dtype":"F32","shape":[2],"data_offsets":[0,8,9]}"#), Err("data_offsets is not a pair")),
+            (e("a", r#"{"dtype":"F32","shape":[2],"data_offsets":"0,8"}"#), Err("data_offsets is not a pair")),
+            (e("a", r#"{"dtype":"F32","shape":[2]}"#), Err("data_offsets is not a pair")),
+            (e("a", r#"{"dtype":"F32","shape":[2],"data_offsets":[8,0]}"#), Err("increasing pair")),
+            (e("a", r#"{"dtype":"F32","shape":[2],"data_offsets":[-1,8]}"#), Err("increasing pair")),
+            (e("a", r#"{"dtype":"F32","shape":[2],"data_offsets":[0,8.5]}"#), Err("increasing pair")),
+            // Errors come in name order, whatever the file's order.
+            (format!(r#"{{"b": 1, "a": {ok}, "0": []}}"#), Err("tensor \"0\": entry is not an object")),
+            ("[]".into(), Err("not a JSON object")),
+            ("{\"a\": ".into(), Err("not a JSON object")),
+            (format!("{} x", e("a", ok)), Err("not a JSON object")),
+        ];
+        for (h, want) in cases {
+            match (outcome(&h, 8), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{h}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{h}: {got}"),
+                (got, want) => panic!("{h}: {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    /// A header whose entries would take more than the budget (a crafted
+    /// 100 MiB header of 1.8 million entries took 2.5 GB as a JSON tree):
+    /// every tensor opaque, the file still one layout of its bytes.
+    #[test]
+    fn a_header_over_its_entries_budget_keeps_every_tensor_opaque() {
+        let entry = |i: usize| {
+            format!(
+                r#""t{i:03}":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}"#,
+                4 * i,
+                4 * i + 4
+            )
+        };
+        let h = format!("{{{}}}", (0..100).map(entry).collect::<Vec<_>>().join(","));
+        let f = build(&h, &[0u8; 400]);
+        // Each entry: 256 + its name (4) + dtype (3) + a shape's capacity (4 x 8).
+        let whole = parse_within(&mut Cursor::new(&f), f.len() as u64, 100 * 300).unwrap();
+        assert_eq!(whole.tensors().count(), 100);
+        let opaque = parse_within(&mut Cursor::new(&f), f.len() as u64, 50 * 300).unwrap();
+        assert_eq!(
+            (opaque.tensors().count(), opaque.kind),
+            (0, FileKind::Safetensors)
+        );
+        opaque.validate().unwrap();
+        assert_eq!(opaque.len, f.len() as u64);
+        // One shape of more dimensions than the budget holds.
+        let h = format!(
+            r#"{{"a":{{"dtype":"F32","shape":[{}1],"data_offsets":[0,4]}}}}"#,
+            "1,".repeat(5000)
+        );
+        let f = build(&h, &[0u8; 4]);
+        assert_eq!(
+            parse_within(&mut Cursor::new(&f), f.len() as u64, 40_000)
+                .unwrap()
+                .tensors()
+                .count(),
+            0
+        );
+        assert_eq!(
+            parse_within(&mut Cursor::new(&f), f.len() as u64, 80_000)
+                .unwrap()
+                .tensors()
+                .count(),
+            1
+        );
     }
 
     #[test]
