@@ -67,6 +67,60 @@ def test_a_float_nan_keeps_its_sign_and_payload_and_a_plain_nan_node_still_loads
     assert all(bits(x) == bits(float("nan")) for x in repo.load(2)["nans"])
 
 
+# docs/format/python-state.md, byte for byte: one node of every type.
+PINNED_STATE_JSON = (
+    '{"format":"ckvc-python-state","version":1,"tensors_file":"tensors.safetensors","root":{"type":"dict","items":['
+    '[{"type":"str","value":"n"},{"type":"none"}],'
+    '[{"type":"str","value":"b"},{"type":"bool","value":true}],'
+    '[{"type":"str","value":"i"},{"type":"int","value":-7}],'
+    '[{"type":"str","value":"big"},{"type":"int","value":1180591620717411303424}],'
+    '[{"type":"str","value":"f"},{"type":"float","value":1.5}],'
+    '[{"type":"str","value":"nan"},{"type":"float","value":"nan","bits":"fff8000000000001"}],'
+    '[{"type":"str","value":"inf"},{"type":"float","value":"inf"}],'
+    '[{"type":"str","value":"s"},{"type":"str","value":"x"}],'
+    '[{"type":"str","value":"by"},{"type":"bytes","value":"AP8="}],'
+    '[{"type":"str","value":"l"},{"type":"list","items":[{"type":"int","value":1},'
+    '{"type":"tuple","items":[{"type":"int","value":2},{"type":"int","value":3}]}]}],'
+    '[{"type":"str","value":"d"},{"type":"dict","items":[[{"type":"int","value":3},{"type":"str","value":"a"}]]}],'
+    '[{"type":"str","value":"od"},{"type":"dict","items":[[{"type":"str","value":"z"},{"type":"int","value":1}]],"ordered":true}],'
+    '[{"type":"str","value":"t"},{"type":"tensor","key":"t","kind":"numpy","dtype":"<f4","shape":[3]}]]}}'
+)
+PINNED_TENSORS = bytes.fromhex(
+    "7800000000000000"
+    + b'{"__metadata__":{"format":"ckvc-python-state","version":"1"},'
+    b'"t":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}     '.hex()
+    + "000000000000803f00000040"
+)
+
+
+def test_state_json_and_tensors_file_bytes_are_pinned(repo, tmp_path):
+    import struct
+
+    nan = struct.unpack(">d", bytes.fromhex("fff8000000000001"))[0]
+    state = {
+        "n": None, "b": True, "i": -7, "big": 2**70, "f": 1.5, "nan": nan, "inf": float("inf"), "s": "x",
+        "by": b"\x00\xff", "l": [1, (2, 3)], "d": {3: "a"}, "od": collections.OrderedDict(z=1),
+        "t": np.arange(3, dtype=np.float32),
+    }
+    repo.save(state, step=1)
+    out = tmp_path / "out"
+    repo.checkout(1, out)
+    assert (out / "state.json").read_text() == PINNED_STATE_JSON
+    assert (out / "tensors.safetensors").read_bytes() == PINNED_TENSORS
+    # And the pinned files load as that state.
+    d = tmp_path / "pinned"
+    d.mkdir()
+    (d / "state.json").write_text(PINNED_STATE_JSON)
+    (d / "tensors.safetensors").write_bytes(PINNED_TENSORS)
+    repo.commit_dir(d, step=2)
+    back = repo.load(2)
+    assert struct.pack(">d", back.pop("nan")).hex() == "fff8000000000001"
+    t = back.pop("t")
+    np.testing.assert_array_equal(t, state.pop("t"))
+    state.pop("nan")
+    assert back == state and type(back["od"]) is collections.OrderedDict and type(back["l"][1]) is tuple
+
+
 def _raw(t):
     """A tensor's bytes (any dtype, any strides) as a uint8 tensor."""
     import torch
