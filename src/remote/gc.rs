@@ -13,9 +13,12 @@
 //! in `gc/pending` with the time it was first seen so; only a later gc
 //! that finds it still unreachable after the grace period deletes it, the
 //! index first (so no pusher counts on its objects any more) and then the
-//! pack. A push that takes longer than the grace period between listing
-//! the remote's indexes and moving its ref is the one case this does not
-//! cover; the default grace is seven days.
+//! pack. A push does not count on the objects of packs already recorded
+//! there (one may be past its grace period, and a gc running during the
+//! push deletes it): it sends them again. A push that takes longer than
+//! the grace period between listing the remote's indexes and moving its
+//! ref is the one case this does not cover; the default grace is seven
+//! days.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -226,7 +229,7 @@ impl PackReader<'_> {
     }
 }
 
-fn read_pending(remote: &dyn Remote) -> Result<HashMap<Hash32, u64>, RemoteError> {
+pub(crate) fn read_pending(remote: &dyn Remote) -> Result<HashMap<Hash32, u64>, RemoteError> {
     let Some(bytes) = remote.get_limited(PENDING_KEY, MAX_PENDING)? else {
         return Ok(HashMap::new());
     };

@@ -112,12 +112,6 @@ pub(crate) struct RemoteIndex {
     pub(crate) contents: HashMap<Hash32, Vec<pack::Entry>>,
 }
 
-impl RemoteIndex {
-    pub(crate) fn has(&self, kind: Kind, id: &[u8; 32]) -> bool {
-        self.entries.contains_key(&(kind, *id))
-    }
-}
-
 pub(crate) fn load_index(remote: &dyn Remote) -> Result<RemoteIndex, RemoteError> {
     let mut ix = RemoteIndex::default();
     for key in remote.list(PACKS)? {

@@ -123,12 +123,32 @@ impl PackWriter {
     }
 
     /// The pack's bytes, its name (blake3 of the bytes) and its index file.
-    pub fn finish(mut self) -> (Vec<u8>, Hash32, Vec<u8>) {
-        let n = self.entries.len() as u32;
-        self.bytes[12..16].copy_from_slice(&n.to_le_bytes());
-        let name = Hash32::digest(&self.bytes);
-        let idx = encode_index(&name, self.bytes.len() as u64, &self.entries);
-        (self.bytes, name, idx)
+    pub fn finish(self) -> (Vec<u8>, Hash32, Vec<u8>) {
+        self.finish_unlike(|_| false)
+    }
+
+    /// Like [`PackWriter::finish`], but the pack is never named as one
+    /// `taken` refuses (a pack a remote gc is about to delete: re-sending
+    /// its very bytes under its name would be deleted with it): while it
+    /// would be, its smallest entry is repeated at its end (readers accept
+    /// an entry twice).
+    pub fn finish_unlike(mut self, taken: impl Fn(&Hash32) -> bool) -> (Vec<u8>, Hash32, Vec<u8>) {
+        loop {
+            let n = self.entries.len() as u32;
+            self.bytes[12..16].copy_from_slice(&n.to_le_bytes());
+            let name = Hash32::digest(&self.bytes);
+            let smallest = self.entries.iter().min_by_key(|e| e.len).copied();
+            match smallest {
+                Some(e) if taken(&name) => {
+                    let data = self.bytes[e.offset as usize..(e.offset + e.len) as usize].to_vec();
+                    self.add(e.kind, e.id, &data);
+                }
+                _ => {
+                    let idx = encode_index(&name, self.bytes.len() as u64, &self.entries);
+                    return (self.bytes, name, idx);
+                }
+            }
+        }
     }
 }
 
@@ -335,6 +355,21 @@ mod tests {
             x[i / 8] ^= 1 << (i % 8);
             assert!(decode_index(&x, "i").is_err());
         }
+    }
+
+    #[test]
+    fn a_pack_named_like_a_taken_one_repeats_an_entry_and_still_reads() {
+        let (_, taken, _) = sample();
+        let mut w = PackWriter::new();
+        let obj = b"a tree".to_vec();
+        w.add(Kind::Tree, *blake3::hash(&obj).as_bytes(), &obj);
+        w.add(Kind::Chunk, [7; 32], &[1, 2, 3, 4]);
+        let (pack, name, idx) = w.finish_unlike(|n| *n == taken);
+        assert_ne!(name, taken);
+        let entries = verify_pack(&pack, &name, "pack").unwrap();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[2].id, [7; 32]);
+        assert_eq!(decode_index(&idx, "index").unwrap().entries, entries);
     }
 
     #[test]

@@ -8,9 +8,12 @@
 //! remote ref untouched. Reads the repository only through its export API
 //! ([`Repository::object_bytes`]).
 
-use crate::repo::{check_branch_name, ObjectKind, RepoError, Repository, WalkOptions};
-use crate::store::{ChunkId, CommitId, ObjectId};
+use std::collections::{HashMap, HashSet};
 
+use crate::repo::{check_branch_name, ObjectKind, RepoError, Repository, WalkOptions};
+use crate::store::{ChunkId, CommitId, Hash32, ObjectId};
+
+use super::gc::read_pending;
 use super::layout::{
     check_layout, idx_key, load_index, pack_key, parse_ref, ref_file, HEADS, REF_BYTES,
 };
@@ -116,6 +119,17 @@ pub fn push(
     }
 
     let ix = load_index(remote)?;
+    // Packs a remote gc found unreachable may be deleted by the next gc at
+    // any moment, before this push moves its ref: their objects do not
+    // count as on the remote (they are sent again, in packs of other
+    // names), whatever else the indexes say.
+    let pending = read_pending(remote)?;
+    let held: HashSet<(Kind, [u8; 32])> = ix
+        .contents
+        .iter()
+        .filter(|(p, _)| !pending.contains_key(*p))
+        .flat_map(|(_, es)| es.iter().map(|e| (e.kind, e.id)))
+        .collect();
     let reach = repo.reachable(
         &[head],
         WalkOptions {
@@ -133,7 +147,7 @@ pub fn push(
     for s in repo.shallow()? {
         if reach.commits.contains(&s) {
             for p in repo.commit_object(&s)?.parents {
-                if !ix.has(Kind::Commit, p.as_bytes()) {
+                if !held.contains(&(Kind::Commit, *p.as_bytes())) {
                     return Err(RemoteError::Refused {
                         reason: format!(
                             "this shallow clone lacks the history before commit {}, and the remote does not have it either; push from a full clone",
@@ -181,7 +195,7 @@ pub fn push(
     todo.extend(trees.iter().map(|t| (Kind::Tree, *t.as_bytes())));
     todo.extend(reach.commits.iter().map(|c| (Kind::Commit, *c.as_bytes())));
     let total = todo.len() as u64;
-    todo.retain(|(k, id)| !ix.has(*k, id));
+    todo.retain(|k_id| !held.contains(k_id));
     report.objects_present = total - todo.len() as u64;
     for (k, id) in &todo {
         if *k == Kind::Commit {
@@ -203,12 +217,18 @@ pub fn push(
         }
         w.add(*kind, *id, &buf);
         if w.len() >= opts.pack_bytes {
-            send_pack(remote, std::mem::take(&mut w), &mut report, progress)?;
+            send_pack(
+                remote,
+                std::mem::take(&mut w),
+                &pending,
+                &mut report,
+                progress,
+            )?;
             w = PackWriter::new();
         }
     }
     if !w.is_empty() {
-        send_pack(remote, w, &mut report, progress)?;
+        send_pack(remote, w, &pending, &mut report, progress)?;
     }
     progress.finish();
 
@@ -236,11 +256,13 @@ pub fn push(
 fn send_pack(
     remote: &dyn Remote,
     w: PackWriter,
+    pending: &HashMap<Hash32, u64>,
     report: &mut PushReport,
     progress: &dyn Progress,
 ) -> Result<(), RemoteError> {
     let count = w.count() as u64;
-    let (bytes, name, idx) = w.finish();
+    // Never the name of a pack a gc is about to delete.
+    let (bytes, name, idx) = w.finish_unlike(|n| pending.contains_key(n));
     let n = (bytes.len() + idx.len()) as u64;
     // The pack before its index: an index always names a complete pack.
     remote.put(&pack_key(&name), bytes)?;

@@ -858,15 +858,23 @@ fn remote_gc_flow(url: &str, extra: &[&str], env: &[(&str, String)]) {
         first["packs_before"].as_u64().unwrap()
     );
 
-    // A push that reuses objects of those packs (A's history, as branch
-    // `a`) races the gc: it sends nothing new and its ref makes them
-    // reachable, so the next gc, even with no grace left, keeps them.
+    // A push that needs objects of those packs (A's history, as branch
+    // `a`) does not count on them (a gc may delete a recorded pack at any
+    // moment, before its ref moves): it sends them again. The next gc,
+    // even with no grace left, deletes at most the recorded packs, and
+    // `a` keeps everything it needs (checked by the clones below).
     ok(run(&t.join("a"), &["branch", "a"]));
     let out = ok(run(&t.join("a"), &["push", "origin", "a"]));
-    assert!(out.contains("already there"), "{out}");
+    assert!(!out.contains("(0 objects"), "{out}");
     let second = remote_gc(&t.join("b"), "0s", env);
-    assert_eq!(second["deleted"].as_array().unwrap().len(), 0, "{second}");
+    let gone = second["deleted"].as_array().unwrap().len() as u64;
+    assert!(gone <= pending, "{second}");
     assert_eq!(second["pending_packs"], 0, "{second}");
+    let c = "clone-a-early";
+    let mut args = vec!["clone", url, c, "--branch", "a"];
+    args.extend_from_slice(extra);
+    ok(run(t, &args));
+    ok(run(&t.join(c), &["fsck"]));
 
     // Force `a` away too: now A's packs go, after a gc that recorded them.
     ok(run(&t.join("b"), &["branch", "a"]));
@@ -938,11 +946,16 @@ fn remote_gc_keeps_the_packs_of_a_push_killed_before_its_ref_moved() {
     let r = remote_gc(&a, "1h", &[]);
     assert_eq!(r["deleted"].as_array().unwrap().len(), 0, "{r}");
     assert!(r["pending_packs"].as_u64().unwrap() >= 2, "{r}");
-    // The push resumes (not resending complete packs) and finishes; its
-    // packs are reachable now and no later gc deletes them.
+    // The push resumes and finishes. The packs the gc recorded may be
+    // deleted by any later gc, so it sends their objects again rather than
+    // count on them; a gc with no grace left deletes at most those.
+    let recorded = r["pending_packs"].as_u64().unwrap();
     ok(super::run_ckvc(&a, &["push", "--pack-size", "500000"]));
     let r = remote_gc(&a, "0s", &[]);
-    assert_eq!(r["deleted"].as_array().unwrap().len(), 0, "{r}");
+    assert!(
+        r["deleted"].as_array().unwrap().len() as u64 <= recorded,
+        "{r}"
+    );
     ok(super::run_ckvc(
         t,
         &["clone", remote_dir.to_str().unwrap(), "b"],
@@ -1633,4 +1646,104 @@ fn checkout_without_a_revision_after_clone_writes_head() {
     let (step, dir) = &steps()[1];
     assert!(out.contains(&format!("step {step}")), "{out}");
     same_tree(dir, &t.join("b").join(format!("step-{step}")));
+}
+
+// ------------------------------------------------------------ gc beside a push
+
+/// A remote on which a `gc --remote` (at time `now`, grace 100 s) runs just
+/// before every ref move: the worst moment for a push.
+struct GcBeforeRefMoves {
+    inner: DirRemote,
+    now: u64,
+    deleted: std::sync::atomic::AtomicUsize,
+}
+
+impl Remote for GcBeforeRefMoves {
+    fn url(&self) -> String {
+        self.inner.url()
+    }
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+        self.inner.get(key)
+    }
+    fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        self.inner.get_limited(key, max)
+    }
+    fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        self.inner.get_range(key, start, len)
+    }
+    fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, remote::Version)>, RemoteError> {
+        self.inner.get_versioned(key)
+    }
+    fn put(&self, key: &str, data: Vec<u8>) -> Result<(), RemoteError> {
+        self.inner.put(key, data)
+    }
+    fn put_if(
+        &self,
+        key: &str,
+        data: Vec<u8>,
+        expected: Option<&remote::Version>,
+    ) -> Result<(), RemoteError> {
+        if key.starts_with("refs/heads/") {
+            let opts = remote::RemoteGcOptions {
+                dry_run: false,
+                grace_secs: 100,
+                now: self.now,
+            };
+            let r = remote::gc_remote(&self.inner, &opts).unwrap();
+            self.deleted
+                .fetch_add(r.deleted.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.put_if(key, data, expected)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, RemoteError> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, key: &str) -> Result<(), RemoteError> {
+        self.inner.delete(key)
+    }
+}
+
+#[test]
+fn a_push_reusing_a_pack_that_gc_deletes_meanwhile_loses_nothing() {
+    let (step, dir) = &steps()[0];
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let ckpt = t.join(format!("step-{step}"));
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for f in ["model.bf16.safetensors", "trainer_state.json"] {
+        std::fs::copy(dir.join(f), ckpt.join(f)).unwrap();
+    }
+    let a = Repository::init(&t.join("a"), Config::default()).unwrap();
+    a.commit(&ckpt, &CommitOptions::default()).unwrap();
+    let url = t.join("remote");
+    let r = DirRemote::new(url.clone());
+    remote::push(&a, "origin", &r, &Default::default(), &NoProgress).unwrap();
+    // The branch is dropped on the remote (a force push elsewhere, a
+    // deletion); a gc records its packs as unreachable since t=1000.
+    r.delete("refs/heads/main").unwrap();
+    let opts = remote::RemoteGcOptions {
+        dry_run: false,
+        grace_secs: 100,
+        now: 1000,
+    };
+    let g = remote::gc_remote(&r, &opts).unwrap();
+    assert!(g.pending_packs >= 1 && g.deleted.is_empty(), "{g:?}");
+    // Long after, the same commit is pushed again while a gc runs: the gc
+    // finds the recorded packs still unreachable (the ref has not moved
+    // yet) and past their grace period, and deletes them.
+    let racing = GcBeforeRefMoves {
+        inner: DirRemote::new(url.clone()),
+        now: 2000,
+        deleted: 0.into(),
+    };
+    remote::push(&a, "origin", &racing, &Default::default(), &NoProgress).unwrap();
+    assert!(racing.deleted.into_inner() >= 1, "the gc deleted nothing");
+    // The ref names a commit whose every object is still on the remote.
+    let b = Repository::init(&t.join("b"), Config::default()).unwrap();
+    remote::fetch(&b, "origin", &r, &Default::default(), &NoProgress).unwrap();
+    let head = b.remote_ref("origin", "main").unwrap().unwrap();
+    let out = t.join("out");
+    b.checkout(&head, &out, &CheckoutOptions::default())
+        .unwrap();
+    same_tree(&ckpt, &out);
 }
