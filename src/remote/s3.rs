@@ -13,7 +13,8 @@ use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::path::Path as OsPath;
 use object_store::{
-    ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
+    GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    UpdateVersion,
 };
 
 use super::aws_files::SharedConfig;
@@ -22,6 +23,14 @@ use super::{check_key, Remote, RemoteError, Version};
 /// Bodies larger than this go up as multipart uploads.
 const MULTIPART_ABOVE: usize = 32 << 20;
 const PART_BYTES: usize = 16 << 20;
+
+/// No file of an S3 remote is read if larger than this (the largest pack
+/// a reader accepts, `pack::MAX_PACK_BYTES`).
+const MAX_FILE: u64 = super::pack::MAX_PACK_BYTES;
+
+/// A body's buffer is allocated for at most this many bytes before they
+/// arrive (it grows as they do).
+const BODY_PREALLOC: u64 = 64 << 20;
 
 /// S3 settings beyond the URL. Unset fields come from the standard AWS
 /// environment variables (`AWS_ENDPOINT_URL`/`AWS_ENDPOINT`, `AWS_REGION`,
@@ -162,20 +171,63 @@ impl S3Remote {
         }
     }
 
-    /// The bytes and ETag of a file.
-    fn fetch(&self, key: &str) -> Result<Option<Fetched>, RemoteError> {
+    /// The bytes and ETag of a file of at most `max` bytes.
+    fn fetch(&self, key: &str, max: u64) -> Result<Option<Fetched>, RemoteError> {
         let path = self.path(key)?;
         self.rt.block_on(async {
             match self.store.get(&path).await {
                 Ok(r) => {
                     let etag = r.meta.e_tag.clone();
-                    let bytes = r.bytes().await.map_err(|e| self.err(key, e))?;
-                    Ok(Some((bytes.to_vec(), etag)))
+                    let bytes = self.body(key, r, max).await?;
+                    Ok(Some((bytes, etag)))
                 }
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(self.err(key, e)),
             }
         })
+    }
+
+    /// The body of a GET, in bounded memory whatever the server says: the
+    /// length it declares (the object's, or the range's) must be at most
+    /// `max`, checked before anything is read, and the body is read as a
+    /// stream and refused as soon as it runs past that length (a server
+    /// may send more than its Content-Length, or stream without end); a
+    /// shorter body is refused too.
+    async fn body(
+        &self,
+        key: &str,
+        r: object_store::GetResult,
+        max: u64,
+    ) -> Result<Vec<u8>, RemoteError> {
+        let want = r.range.end.saturating_sub(r.range.start);
+        if want > max {
+            return Err(RemoteError::TooLarge {
+                key: key.into(),
+                len: want,
+                limit: max,
+            });
+        }
+        let mut buf = Vec::with_capacity(want.min(BODY_PREALLOC) as usize);
+        let mut stream = r.into_stream();
+        while let Some(b) = stream.try_next().await.map_err(|e| self.err(key, e))? {
+            if (buf.len() + b.len()) as u64 > want {
+                return Err(RemoteError::Corrupt {
+                    what: format!("s3://{}/{}", self.bucket, self.full(key)),
+                    reason: format!("the server sent more than the {want} bytes it declared"),
+                });
+            }
+            buf.extend_from_slice(&b);
+        }
+        if (buf.len() as u64) < want {
+            return Err(RemoteError::Corrupt {
+                what: format!("s3://{}/{}", self.bucket, self.full(key)),
+                reason: format!(
+                    "the server sent {} of the {want} bytes it declared",
+                    buf.len()
+                ),
+            });
+        }
+        Ok(buf)
     }
 }
 
@@ -189,27 +241,11 @@ impl Remote for S3Remote {
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, RemoteError> {
-        Ok(self.fetch(key)?.map(|(b, _)| b))
+        Ok(self.fetch(key, MAX_FILE)?.map(|(b, _)| b))
     }
 
     fn get_limited(&self, key: &str, max: u64) -> Result<Option<Vec<u8>>, RemoteError> {
-        let path = self.path(key)?;
-        self.rt.block_on(async {
-            match self.store.get(&path).await {
-                // The object's size is known before its body is read.
-                Ok(r) if r.meta.size > max => Err(RemoteError::TooLarge {
-                    key: key.into(),
-                    len: r.meta.size,
-                    limit: max,
-                }),
-                Ok(r) => {
-                    let bytes = r.bytes().await.map_err(|e| self.err(key, e))?;
-                    Ok(Some(bytes.to_vec()))
-                }
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(self.err(key, e)),
-            }
-        })
+        Ok(self.fetch(key, max.min(MAX_FILE))?.map(|(b, _)| b))
     }
 
     fn get_range(&self, key: &str, start: u64, len: u64) -> Result<Option<Vec<u8>>, RemoteError> {
@@ -223,10 +259,11 @@ impl Remote for S3Remote {
                     Err(e) => Err(self.err(key, e)),
                 };
             }
-            match self.store.get_range(&path, start..end).await {
+            let opts = GetOptions::new().with_range(Some(start..end));
+            match self.store.get_opts(&path, opts).await {
                 // A server that sends another length is not trusted.
-                Ok(b) if b.len() as u64 == len => Ok(Some(b.to_vec())),
-                Ok(b) => Err(super::short_file(key, start + b.len() as u64, end)),
+                Ok(r) if r.range != (start..end) => Err(super::short_file(key, r.range.end, end)),
+                Ok(r) => self.body(key, r, len).await.map(Some),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(self.err(key, e)),
             }
@@ -234,7 +271,7 @@ impl Remote for S3Remote {
     }
 
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
-        match self.fetch(key)? {
+        match self.fetch(key, MAX_FILE)? {
             None => Ok(None),
             Some((b, Some(etag))) => Ok(Some((b, Version(etag)))),
             Some((_, None)) => Err(RemoteError::Backend {
@@ -343,5 +380,98 @@ impl Remote for S3Remote {
                 Err(e) => Err(self.err(key, e)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// A hostile S3 server on 127.0.0.1: every request gets `head` (status
+    /// line and headers) and then zeros, up to `body` bytes per response.
+    /// Returns its endpoint and the body bytes it managed to send.
+    fn hostile_server(head: &'static str, body: u64) -> (String, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut c) = conn else { return };
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    let _ = c.set_write_timeout(Some(Duration::from_secs(2)));
+                    let mut req = Vec::new();
+                    let mut b = [0u8; 4096];
+                    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => req.extend_from_slice(&b[..n]),
+                        }
+                    }
+                    if c.write_all(head.as_bytes()).is_err() {
+                        return;
+                    }
+                    let zeros = vec![0u8; 64 << 10];
+                    let mut left = body;
+                    while left > 0 {
+                        let n = left.min(zeros.len() as u64) as usize;
+                        if c.write_all(&zeros[..n]).is_err() {
+                            return;
+                        }
+                        counter.fetch_add(n as u64, Ordering::Relaxed);
+                        left -= n as u64;
+                    }
+                });
+            }
+        });
+        (endpoint, sent)
+    }
+
+    fn remote_at(endpoint: String) -> S3Remote {
+        let opts = S3Options {
+            endpoint: Some(endpoint),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+        };
+        S3Remote::new("bucket", "p", &opts).unwrap()
+    }
+
+    #[test]
+    fn an_s3_range_body_longer_than_the_range_is_refused_without_reading_it() {
+        // 41 bytes asked for; the server says so in Content-Range but
+        // sends a 1 GiB body (64 MiB of it, per response).
+        let (endpoint, sent) = hostile_server(
+            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 16-56/1000\r\n\
+             Content-Length: 1073741824\r\nETag: \"e\"\r\n\
+             Last-Modified: Sun, 29 Nov 2026 18:00:00 GMT\r\n\r\n",
+            64 << 20,
+        );
+        let r = remote_at(endpoint);
+        let e = r.get_range("packs/x.pack", 16, 41).unwrap_err();
+        assert!(matches!(e, RemoteError::Corrupt { .. }), "{e}");
+        let sent = sent.load(Ordering::Relaxed);
+        assert!(sent < 16 << 20, "{} MiB read for 41 bytes", sent >> 20);
+    }
+
+    #[test]
+    fn an_s3_ref_claiming_gigabytes_is_refused_before_reading_it() {
+        let (endpoint, sent) = hostile_server(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3221225472\r\nETag: \"e\"\r\n\
+             Last-Modified: Sun, 29 Nov 2026 18:00:00 GMT\r\n\r\n",
+            64 << 20,
+        );
+        let r = remote_at(endpoint);
+        let e = r.get_versioned("refs/heads/main").unwrap_err();
+        assert!(matches!(e, RemoteError::TooLarge { .. }), "{e}");
+        let e = r.get("refs/heads/main").unwrap_err();
+        assert!(matches!(e, RemoteError::TooLarge { .. }), "{e}");
+        let sent = sent.load(Ordering::Relaxed);
+        assert!(sent < 16 << 20, "{} MiB read", sent >> 20);
     }
 }
