@@ -245,10 +245,20 @@ impl Remote for DirRemote {
     }
 
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
-        Ok(Self::read(&self.path(key)?, key, MAX_FILE)?.map(|d| {
-            let v = version_of(&d);
-            (d, v)
-        }))
+        self.get_versioned_limited(key, MAX_FILE)
+    }
+
+    fn get_versioned_limited(
+        &self,
+        key: &str,
+        max: u64,
+    ) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
+        Ok(
+            Self::read(&self.path(key)?, key, max.min(MAX_FILE))?.map(|d| {
+                let v = version_of(&d);
+                (d, v)
+            }),
+        )
     }
 
     fn put(&self, key: &str, data: Vec<u8>) -> Result<(), RemoteError> {

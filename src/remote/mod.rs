@@ -222,6 +222,24 @@ pub trait Remote: Send + Sync {
     /// The file's bytes and version, for a later [`Remote::put_if`].
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError>;
 
+    /// [`Remote::get_versioned`] of a file of at most `max` bytes: a larger
+    /// one is [`RemoteError::TooLarge`], refused without reading it (as by
+    /// [`Remote::get_limited`]). The default reads and then checks.
+    fn get_versioned_limited(
+        &self,
+        key: &str,
+        max: u64,
+    ) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
+        match self.get_versioned(key)? {
+            Some((b, _)) if b.len() as u64 > max => Err(RemoteError::TooLarge {
+                key: key.into(),
+                len: b.len() as u64,
+                limit: max,
+            }),
+            r => Ok(r),
+        }
+    }
+
     /// Write (or overwrite) a file atomically.
     fn put(&self, key: &str, data: Vec<u8>) -> Result<(), RemoteError>;
 

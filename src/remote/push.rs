@@ -88,7 +88,7 @@ pub fn push(
     // progress writes fresh ones); failing to remove them fails nothing.
     let _ = remote.clean_stale(std::time::Duration::from_secs(3600));
     let key = format!("{HEADS}{branch}");
-    let old = match remote.get_versioned(&key)? {
+    let old = match remote.get_versioned_limited(&key, REF_BYTES)? {
         Some((b, v)) => Some((parse_ref(&b, &key)?, v)),
         None => None,
     };

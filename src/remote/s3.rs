@@ -271,7 +271,15 @@ impl Remote for S3Remote {
     }
 
     fn get_versioned(&self, key: &str) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
-        match self.fetch(key, MAX_FILE)? {
+        self.get_versioned_limited(key, MAX_FILE)
+    }
+
+    fn get_versioned_limited(
+        &self,
+        key: &str,
+        max: u64,
+    ) -> Result<Option<(Vec<u8>, Version)>, RemoteError> {
+        match self.fetch(key, max.min(MAX_FILE))? {
             None => Ok(None),
             Some((b, Some(etag))) => Ok(Some((b, Version(etag)))),
             Some((_, None)) => Err(RemoteError::Backend {

@@ -1322,6 +1322,22 @@ fn huge_sparse_ref_and_index_files_are_refused_before_reading() {
     assert!(rss < 256 << 20, "clone peaked at {} MiB", rss >> 20);
 }
 
+#[test]
+fn a_huge_remote_ref_is_refused_by_push_before_reading_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    // 1 GiB, sparse: under the 2 GiB any remote file may be, far over the
+    // 256 bytes a ref may be.
+    let f = std::fs::File::create(remote.join("refs/heads/main")).unwrap();
+    f.set_len(1 << 30).unwrap();
+    let (code, err, rss, killed) = run_bounded(&t.join("a"), &["push"], Duration::from_secs(60));
+    assert!(!killed, "{err}");
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("more than the 256 allowed"), "{err}");
+    assert!(rss < 256 << 20, "push peaked at {} MiB", rss >> 20);
+}
+
 // ------------------------------------------------------------ shallow fetch
 
 /// A remote that counts the bytes and requests read through it.
