@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::repo::objects::{ChunkRecord, Commit, FileManifest, Tree};
 use crate::store::{ChunkId, CommitId, Hash32};
 
-use super::layout::{check_layout, idx_key, load_index, pack_key, remote_heads};
+use super::layout::{check_layout, idx_key, load_index, pack_key, remote_heads, PACKS};
 use super::pack::{self, Entry, Kind};
 use super::{Remote, RemoteError};
 
@@ -73,12 +73,21 @@ pub fn gc_remote(
     opts: &RemoteGcOptions,
 ) -> Result<RemoteGcReport, RemoteError> {
     check_layout(remote, false)?;
+    // Packs listed before their indexes are: a pack whose index is still
+    // missing then was left by a push killed between the two, or by a gc
+    // killed between deleting the two (a push writes the index right after
+    // its pack).
+    let pack_files = pack_files(remote)?;
     let heads = remote_heads(remote)?;
     let index = load_index(remote)?;
+    let orphans: Vec<Hash32> = pack_files
+        .into_iter()
+        .filter(|p| !index.packs.contains_key(p))
+        .collect();
     let mut report = RemoteGcReport {
         dry_run: opts.dry_run,
         branches: heads.len(),
-        packs_before: index.packs.len(),
+        packs_before: index.packs.len() + orphans.len(),
         bytes_before: index.packs.values().sum(),
         ..RemoteGcReport::default()
     };
@@ -87,11 +96,18 @@ pub fn gc_remote(
 
     let old = read_pending(remote)?;
     let mut pending: BTreeMap<Hash32, u64> = BTreeMap::new();
-    for name in index.packs.keys().filter(|p| !reachable.contains(*p)) {
+    // No reader counts on a pack without an index: like an unreachable
+    // pack, it is recorded, then deleted after the grace period.
+    for name in index
+        .packs
+        .keys()
+        .filter(|p| !reachable.contains(*p))
+        .chain(&orphans)
+    {
         let since = old.get(name).copied().unwrap_or(opts.now);
         if opts.now.saturating_sub(since) >= opts.grace_secs {
             report.deleted.push(*name);
-            report.deleted_bytes += index.packs[name];
+            report.deleted_bytes += index.packs.get(name).copied().unwrap_or(0);
         } else {
             pending.insert(*name, since);
         }
@@ -111,6 +127,15 @@ pub fn gc_remote(
         remote.delete(&pack_key(name))?;
     }
     Ok(report)
+}
+
+/// The names of the `.pack` files of the remote.
+fn pack_files(remote: &dyn Remote) -> Result<Vec<Hash32>, RemoteError> {
+    Ok(remote
+        .list(PACKS)?
+        .iter()
+        .filter_map(|k| k[PACKS.len()..].strip_suffix(".pack")?.parse().ok())
+        .collect())
 }
 
 /// The packs holding everything reachable from `roots`.
@@ -262,5 +287,41 @@ fn corrupt(what: impl Into<String>, reason: impl Into<String>) -> RemoteError {
     RemoteError::Corrupt {
         what: what.into(),
         reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::pack::PackWriter;
+    use crate::remote::MemRemote;
+
+    #[test]
+    fn a_pack_left_without_its_index_is_deleted_after_the_grace_period() {
+        let r = MemRemote::new();
+        check_layout(&r, true).unwrap();
+        // A push killed between its pack and its index (or a gc killed
+        // between deleting the two) leaves a pack no index names.
+        let mut w = PackWriter::new();
+        let obj = b"a tree".to_vec();
+        w.add(Kind::Tree, *blake3::hash(&obj).as_bytes(), &obj);
+        let (bytes, name, _) = w.finish();
+        r.put(&pack_key(&name), bytes).unwrap();
+        let gc = |now| {
+            let opts = RemoteGcOptions {
+                dry_run: false,
+                grace_secs: 100,
+                now,
+            };
+            gc_remote(&r, &opts).unwrap()
+        };
+        let first = gc(1000);
+        assert!(first.deleted.is_empty(), "{first:?}");
+        assert_eq!(first.pending_packs, 1, "{first:?}");
+        assert!(r.get(&pack_key(&name)).unwrap().is_some());
+        let second = gc(2000);
+        assert_eq!(second.deleted, vec![name], "{second:?}");
+        assert_eq!(r.get(&pack_key(&name)).unwrap(), None);
+        assert_eq!(second.packs_after, 0, "{second:?}");
     }
 }
