@@ -15,6 +15,7 @@
 //! Must not: know where the bytes come from (packs, remotes); the caller
 //! stages them and names their origin.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -131,6 +132,7 @@ impl Repository {
             heads: Mutex::new(Vec::new()),
             reencoded: AtomicU64::new(0),
             chunk_count: AtomicU64::new(0),
+            depths: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -164,6 +166,8 @@ pub struct Import<'r> {
     heads: Mutex<Vec<(ChunkId, Vec<u8>)>>,
     reencoded: AtomicU64,
     chunk_count: AtomicU64,
+    /// The delta depth each imported chunk is stored with.
+    depths: Mutex<HashMap<ChunkId, u16>>,
 }
 
 /// An error about received bytes (not about the local repository).
@@ -330,9 +334,23 @@ impl Import<'_> {
             whole.written = self.written;
             whole.encode()
         } else {
+            // The depth the record claims is the sender's; a commit here
+            // trusts stored depths to bound delta chains (`max_chain`), so
+            // it is set to the real one: the base's as stored here, plus
+            // one (a lie, or a base stored deeper here, would understate
+            // it and let chains grow past every bound).
+            rec.depth = match rec.base {
+                Some(b) => self.stored_depth(&b)?.saturating_add(1),
+                None => 0,
+            };
             rec.written = self.written;
             rec.encode()
         };
+        let depth = if keyframe { 0 } else { rec.depth };
+        self.depths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(*id, depth);
         self.chunk_count.fetch_add(1, Ordering::Relaxed);
         if let Some(head) = stored_head(&bytes).map_err(corrupt(Site::chunk(*id)))? {
             self.heads
@@ -349,6 +367,24 @@ impl Import<'_> {
             self.repo.store.write(full).map_err(RepoError::from)?;
         }
         Ok(raw)
+    }
+
+    /// The delta depth chunk `id` is stored with: as imported here, else as
+    /// the local store has it.
+    fn stored_depth(&self, id: &ChunkId) -> Result<u16, RepoError> {
+        let imported = self
+            .depths
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .copied();
+        if let Some(d) = imported {
+            return Ok(d);
+        }
+        Ok(match self.repo.chunk_head(id)? {
+            Some(h) => h.depth,
+            None => self.repo.chunk_header(id)?.depth,
+        })
     }
 
     /// Chunks stored re-encoded without their base so far.

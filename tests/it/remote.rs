@@ -1338,6 +1338,62 @@ fn a_huge_remote_ref_is_refused_by_push_before_reading_it() {
     assert!(rss < 256 << 20, "push peaked at {} MiB", rss >> 20);
 }
 
+#[test]
+fn a_received_chunk_understating_its_delta_depth_is_stored_with_its_real_depth() {
+    use ckvc::remote::pack::{decode_index, verify_pack, Kind, PackWriter};
+    use ckvc::repo::objects::ChunkRecord;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let (_, url) = pushed_step_by_step(t);
+    let r = DirRemote::new(url.clone());
+    // The remote claims every delta chunk is one step from a full chunk
+    // (depth 1): a local commit would then delta on them for `max_chain`
+    // more steps, past any bound, since it trusts stored depths.
+    let mut lied = 0;
+    for idx_path in packs(&url, "idx") {
+        let idx = decode_index(&std::fs::read(&idx_path).unwrap(), "idx").unwrap();
+        let key = format!("packs/{}.pack", idx.pack);
+        let bytes = r.get(&key).unwrap().unwrap();
+        let mut w = PackWriter::new();
+        for e in verify_pack(&bytes, &idx.pack, "pack").unwrap() {
+            let mut data = bytes[e.offset as usize..(e.offset + e.len) as usize].to_vec();
+            if e.kind == Kind::Chunk {
+                let mut rec = ChunkRecord::decode(&data).unwrap();
+                if rec.base.is_some() && rec.depth > 1 {
+                    rec.depth = 1;
+                    lied += 1;
+                    data = rec.encode();
+                }
+            }
+            w.add(e.kind, e.id, &data);
+        }
+        let (pack, name, new_idx) = w.finish();
+        r.delete(&format!("packs/{}.idx", idx.pack)).unwrap();
+        r.delete(&key).unwrap();
+        r.put(&format!("packs/{name}.pack"), pack).unwrap();
+        r.put(&format!("packs/{name}.idx"), new_idx).unwrap();
+    }
+    assert!(lied > 0, "no chunk two steps deep: nothing to lie about");
+    let b = Repository::init(&t.join("b"), Config::default()).unwrap();
+    remote::fetch(&b, "origin", &r, &Default::default(), &NoProgress).unwrap();
+    // Every stored delta chunk says its real depth: its base's plus one.
+    let records = b.store().collect_prefix(Space::Chunks, b"").unwrap();
+    let depth_of: std::collections::HashMap<Vec<u8>, (Option<[u8; 32]>, u16)> = records
+        .iter()
+        .map(|(k, v)| {
+            let h = ChunkRecord::decode_header(v).unwrap();
+            (k.clone(), (h.base.map(|b| *b.as_bytes()), h.depth))
+        })
+        .collect();
+    for (id, (base, depth)) in &depth_of {
+        let want = match base {
+            None => 0,
+            Some(b) => depth_of[&b.to_vec()].1 + 1,
+        };
+        assert_eq!(*depth, want, "chunk {}", ckvc::store::to_hex(&id[..6]));
+    }
+}
+
 // ------------------------------------------------------------ shallow fetch
 
 /// A remote that counts the bytes and requests read through it.
