@@ -28,6 +28,10 @@ const LOCK_WAIT: Duration = Duration::from_secs(10);
 /// pack a reader accepts, `pack::MAX_PACK_BYTES`).
 const MAX_FILE: u64 = super::pack::MAX_PACK_BYTES;
 
+/// Directories below `refs/heads` a branch name makes at most (200 bytes,
+/// a `/` between parts): how deep `clean_stale` looks for temporary files.
+const MAX_REF_NESTING: usize = 100;
+
 /// A remote in a directory.
 #[derive(Debug, Clone)]
 pub struct DirRemote {
@@ -215,16 +219,27 @@ impl Remote for DirRemote {
     }
 
     fn clean_stale(&self, older_than: Duration) -> Result<usize, RemoteError> {
-        // Temporary files are `.<name>.tmp-<pid>-<n>` beside their target
-        // (packs and refs); a push in progress has fresh ones, so only old
-        // ones go.
+        // Temporary files are `.<name>.tmp-<pid>-<n>` beside their target:
+        // packs, refs (branch names with `/` nest), `gc/pending` and the
+        // layout file at the root; a push in progress has fresh ones, so
+        // only old ones go.
         let mut removed = 0;
-        for dir in ["packs", "refs/heads"] {
-            let d = self.root.join(dir);
+        let mut dirs: Vec<(PathBuf, usize)> = vec![
+            (self.root.clone(), 0),
+            (self.root.join("gc"), 0),
+            (self.root.join("packs"), 0),
+            (self.root.join("refs/heads"), MAX_REF_NESTING),
+        ];
+        while let Some((d, nest)) = dirs.pop() {
             let Ok(rd) = fs::read_dir(&d) else { continue };
             for e in rd.flatten() {
+                let Ok(kind) = e.file_type() else { continue };
+                if kind.is_dir() && nest > 0 {
+                    dirs.push((e.path(), nest - 1));
+                    continue;
+                }
                 let name = e.file_name().to_string_lossy().into_owned();
-                if !(name.starts_with('.') && name.contains(".tmp-")) {
+                if !(kind.is_file() && name.starts_with('.') && name.contains(".tmp-")) {
                     continue;
                 }
                 let old = e
@@ -233,10 +248,7 @@ impl Remote for DirRemote {
                     .and_then(|m| m.modified().ok())
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age >= older_than);
-                if old
-                    && e.file_type().is_ok_and(|t| t.is_file())
-                    && fs::remove_file(e.path()).is_ok()
-                {
+                if old && fs::remove_file(e.path()).is_ok() {
                     removed += 1;
                 }
             }
@@ -340,5 +352,46 @@ impl Remote for DirRemote {
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Self::io(&p)(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A killed write of `gc/pending`, of the layout file or of a branch
+    /// ref whose name has a `/` left its temporary file where
+    /// `clean_stale` never looked (it read `packs/` and `refs/heads/`
+    /// only, not below): leaked space on the remote, forever.
+    #[test]
+    fn clean_stale_removes_old_temporary_files_wherever_a_write_puts_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let r = DirRemote::new(root.to_path_buf());
+        let old = std::time::SystemTime::now() - Duration::from_secs(7200);
+        let mut stale = Vec::new();
+        for (dir, name) in [
+            ("", ".ckvc-remote.tmp-1-0"),
+            ("gc", ".pending.tmp-1-1"),
+            ("packs", ".ab.pack.tmp-1-2"),
+            ("refs/heads", ".main.tmp-1-3"),
+            ("refs/heads/team/x", ".y.tmp-1-4"),
+        ] {
+            let d = root.join(dir);
+            fs::create_dir_all(&d).unwrap();
+            let f = File::create(d.join(name)).unwrap();
+            f.set_modified(old).unwrap();
+            stale.push(d.join(name));
+        }
+        let fresh = root.join("refs/heads/team/.z.tmp-1-5");
+        File::create(&fresh).unwrap();
+        let kept = root.join("refs/heads/team/x/y");
+        File::create(&kept).unwrap().set_modified(old).unwrap();
+        assert_eq!(
+            r.clean_stale(Duration::from_secs(3600)).unwrap(),
+            stale.len()
+        );
+        assert!(stale.iter().all(|p| !p.exists()));
+        assert!(fresh.exists() && kept.exists());
     }
 }
