@@ -311,10 +311,16 @@ impl Remote for S3Remote {
                     return Err(self.err(key, e));
                 }
             }
-            up.complete()
-                .await
-                .map(|_| ())
-                .map_err(|e| self.err(key, e))
+            match up.complete().await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    // An upload left open keeps its parts stored (and
+                    // billed) until the bucket's lifecycle rules, if any,
+                    // remove them.
+                    let _ = up.abort().await;
+                    Err(self.err(key, e))
+                }
+            }
         })
     }
 
@@ -438,6 +444,75 @@ mod tests {
             }
         });
         (endpoint, sent)
+    }
+
+    /// An S3 server that takes a multipart upload's parts but refuses to
+    /// complete it (403); returns its endpoint and how many aborts (a
+    /// DELETE with the upload id) it got.
+    fn refusing_completion_server() -> (String, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let aborts = Arc::new(AtomicU64::new(0));
+        let counter = aborts.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut c) = conn else { return };
+                let counter = counter.clone();
+                std::thread::spawn(move || loop {
+                    // One request: its head, then its body (Content-Length).
+                    let mut req = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !req.ends_with(b"\r\n\r\n") {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => req.push(b[0]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&req).to_ascii_lowercase();
+                    let len: u64 = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if std::io::copy(&mut (&mut c).take(len), &mut std::io::sink()).is_err() {
+                        return;
+                    }
+                    let line = head.lines().next().unwrap_or("").to_string();
+                    let (status, body) = if line.starts_with("post") && line.contains("?uploads") {
+                        ("200 OK", "<InitiateMultipartUploadResult><Bucket>bucket</Bucket><Key>p/k</Key><UploadId>u1</UploadId></InitiateMultipartUploadResult>")
+                    } else if line.starts_with("put") {
+                        ("200 OK", "")
+                    } else if line.starts_with("delete") && line.contains("uploadid=u1") {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        ("204 No Content", "")
+                    } else {
+                        (
+                            "403 Forbidden",
+                            "<Error><Code>AccessDenied</Code><Message>no</Message></Error>",
+                        )
+                    };
+                    let resp = format!(
+                        "HTTP/1.1 {status}\r\nETag: \"e\"\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if c.write_all(resp.as_bytes()).is_err() {
+                        return;
+                    }
+                });
+            }
+        });
+        (endpoint, aborts)
+    }
+
+    #[test]
+    fn a_multipart_upload_whose_completion_fails_is_aborted() {
+        let (endpoint, aborts) = refusing_completion_server();
+        let r = remote_at(endpoint);
+        let e = r
+            .put("packs/x.pack", vec![7u8; MULTIPART_ABOVE + 1])
+            .unwrap_err();
+        assert!(!matches!(e, RemoteError::TooLarge { .. }), "{e}");
+        assert_eq!(aborts.load(Ordering::Relaxed), 1, "{e}");
     }
 
     fn remote_at(endpoint: String) -> S3Remote {
