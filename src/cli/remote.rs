@@ -76,10 +76,10 @@ pub enum RemoteCommand {
         /// Branch to check out (and the only one fetched).
         #[arg(long, short = 'b')]
         branch: Option<String>,
-        /// Only the newest N commits, with full snapshots where delta bases
-        /// are left behind.
-        #[arg(long)]
-        depth: Option<usize>,
+        /// Only the newest N commits (N at least 1), with full snapshots
+        /// where delta bases are left behind.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        depth: Option<u64>,
         #[command(flatten)]
         s3: S3Args,
         /// Print the clone report as JSON.
@@ -345,7 +345,7 @@ pub fn run(cmd: RemoteCommand, w: &Where) -> Result<(), Failure> {
         } => {
             let opts = remote::CloneOptions {
                 branch,
-                depth,
+                depth: depth.map(|d| usize::try_from(d).unwrap_or(usize::MAX)),
                 s3: s3.options(),
                 config: Default::default(),
             };

@@ -19,7 +19,7 @@ pub struct CloneOptions {
     /// The branch to check out (default `main` if the remote has it, else
     /// its first branch). Only this branch is fetched when given.
     pub branch: Option<String>,
-    /// Only the newest `n` commits (shallow).
+    /// Only the newest `n` commits (shallow; `Some(0)` is taken as 1).
     pub depth: Option<usize>,
     pub s3: S3Options,
     pub config: Config,

@@ -41,7 +41,8 @@ pub struct FetchOptions {
     /// Only these branches (default: all).
     pub branches: Option<Vec<String>>,
     /// Only the newest `n` commits of each branch (a shallow fetch): chunks
-    /// whose delta bases are left behind are stored as full snapshots.
+    /// whose delta bases are left behind are stored as full snapshots
+    /// (`Some(0)` is taken as 1; the CLI refuses 0).
     pub depth: Option<usize>,
 }
 

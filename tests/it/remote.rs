@@ -1243,6 +1243,19 @@ fn status_understands_a_shallow_clone() {
     ok(super::run_ckvc(&t.join("b"), &["fsck"]));
 }
 
+/// `--depth 0` cloned as `--depth 1` did (found by the remote review).
+#[test]
+fn clone_depth_0_is_refused_not_taken_as_1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let remote = pushed_dir_remote(t);
+    let (code, _, err) =
+        super::run_ckvc(t, &["clone", "--depth", "0", remote.to_str().unwrap(), "b"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--depth"), "{err}");
+    assert!(!t.join("b").exists());
+}
+
 #[test]
 fn push_fetch_pull_and_clone_print_json_with_json() {
     let all = steps();
