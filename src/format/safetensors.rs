@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{Read, Seek};
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{read_at, tensor_bytes, DType, FileKind, FormatError, Layout, TensorInfo};
+use super::{read_at, tensor_bytes, DType, FileKind, FormatError, Layout, SkipJson, TensorInfo};
 
 /// The largest JSON header accepted (the reference implementation uses the
 /// same bound).
@@ -198,11 +198,11 @@ macro_rules! containers_give {
             Ok($v)
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-            while a.next_element::<IgnoredAny>()?.is_some() {}
+            while a.next_element::<SkipJson>()?.is_some() {}
             Ok($v)
         }
         fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-            while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
             Ok($v)
         }
     };
@@ -226,7 +226,7 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
         let h = self.0;
         while let Some(name) = a.next_key::<String>()? {
             if name == "__metadata__" {
-                a.next_value::<IgnoredAny>()?;
+                a.next_value::<SkipJson>()?;
                 continue;
             }
             let e = a.next_value_seed(EntrySeed {
@@ -281,7 +281,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
                 }
                 KeyName::Offsets => e.offsets = Some(a.next_value::<Pair>()?.0),
                 KeyName::Other => {
-                    a.next_value::<IgnoredAny>()?;
+                    a.next_value::<SkipJson>()?;
                 }
             }
         }
@@ -291,7 +291,7 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
         Ok(Entry::default())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Entry, A::Error> {
-        while a.next_element::<IgnoredAny>()?.is_some() {}
+        while a.next_element::<SkipJson>()?.is_some() {}
         Ok(Entry::default())
     }
     scalars_give!(Entry::default());
@@ -341,11 +341,11 @@ impl<'de> de::Deserialize<'de> for Text {
                 Ok(Text(Some(v.to_owned())))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Text, A::Error> {
-                while a.next_element::<IgnoredAny>()?.is_some() {}
+                while a.next_element::<SkipJson>()?.is_some() {}
                 Ok(Text(None))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Text, A::Error> {
-                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
                 Ok(Text(None))
             }
             scalars_give!(Text(None));
@@ -423,7 +423,7 @@ impl<'de> Visitor<'de> for Dims<'_> {
         Ok(None)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-        while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
         Ok(None)
     }
     scalars_give!(None);
@@ -457,7 +457,7 @@ impl<'de> de::Deserialize<'de> for Pair {
                 Ok(Pair(None))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Pair, A::Error> {
-                while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
                 Ok(Pair(None))
             }
             scalars_give!(Pair(None));
@@ -558,6 +558,53 @@ mod tests {
                 (Err(got), Err(want)) => assert!(got.contains(want), "{h}: {got}"),
                 (got, want) => panic!("{h}: {got:?}, want {want:?}"),
             }
+        }
+    }
+
+    /// Values the reader keeps nothing of (`__metadata__`, other keys of
+    /// an entry, the insides of a wrong-typed field) were skipped
+    /// unchecked: invalid UTF-8, a lone surrogate escape, a number out of
+    /// range or nesting past 128 levels there, which the whole tree
+    /// rejected, gave tensors. Now the old reader's error and message.
+    #[test]
+    fn a_header_not_json_inside_a_skipped_value_is_corrupt_as_before() {
+        let ok = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
+        let mut cases: Vec<Vec<u8>> = vec![
+            format!(r#"{{"__metadata__":{{"format":"\ud800"}},{ok}}}"#).into_bytes(),
+            format!(r#"{{"__metadata__":[1e400],{ok}}}"#).into_bytes(),
+            format!(
+                r#"{{"__metadata__":{}{},{ok}}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            )
+            .into_bytes(),
+            br#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":[-1e999]}}"#.to_vec(),
+            br#"{"a":{"dtype":["\udc00"],"shape":[2],"data_offsets":[0,8]}}"#.to_vec(),
+            br#"{"a":{"dtype":"F32","shape":{"\ud800":1},"data_offsets":[0,8]}}"#.to_vec(),
+            br#"{"a":{"dtype":"F32","shape":[2],"data_offsets":{"x":1e999}}}"#.to_vec(),
+            br#"{"a":[{"x":1e999}]}"#.to_vec(),
+        ];
+        let mut bad_utf8 = format!("{{\"__metadata__\":{{\"format\":\"x\"}},{ok}}}").into_bytes();
+        let at = bad_utf8.iter().position(|&b| b == b'x').unwrap();
+        bad_utf8[at] = 0xff;
+        cases.push(bad_utf8);
+        for h in cases {
+            let whole = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&h);
+            let Err(want) = whole else {
+                panic!("{}: parses", String::from_utf8_lossy(&h))
+            };
+            let mut f = (h.len() as u64).to_le_bytes().to_vec();
+            f.extend_from_slice(&h);
+            f.extend_from_slice(&[0u8; 8]);
+            let got = parse(&f)
+                .map(|l| l.tensors().count())
+                .map_err(|e| e.to_string());
+            let want = format!("safetensors header is not a JSON object: {want}");
+            assert!(
+                matches!(&got, Err(g) if g.contains(&want)),
+                "{}: {got:?}, want {want}",
+                String::from_utf8_lossy(&h)
+            );
         }
     }
 

@@ -25,6 +25,8 @@ use std::path::Path;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+use super::SkipJson;
+
 /// Longest JSON string (key or value) read, in bytes of the file.
 pub const MAX_STRING: usize = 1 << 20;
 /// Longest number read, in bytes of the file.
@@ -188,11 +190,11 @@ impl<'de> Visitor<'de> for ScalarVisitor {
         Ok(Scalar::Other)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
-        while a.next_element::<IgnoredAny>()?.is_some() {}
+        while a.next_element::<SkipJson>()?.is_some() {}
         Ok(Scalar::Other)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
-        while a.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
         Ok(Scalar::Other)
     }
 }
@@ -552,6 +554,43 @@ mod tests {
             for s in [format!("{{{}}}", items.join(", ")), any] {
                 proptest::prop_assert_eq!(read_str(&s), by_tree(&s), "{}", s);
             }
+        }
+    }
+
+    /// Values the reader keeps nothing of (inside arrays and objects)
+    /// were skipped unchecked: invalid UTF-8, a lone surrogate escape or a
+    /// number out of range there, which make the whole tree fail to parse
+    /// (the step then comes from the directory's name), gave a step and
+    /// metrics.
+    #[test]
+    fn a_file_not_json_inside_a_skipped_value_is_not_understood_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("trainer_state.json");
+        // Past serde_json's 128 levels (skipped, the nesting was kept a
+        // byte a level: a file of 300 MiB of `[` took as much memory).
+        let deep = format!(
+            r#"{{"global_step": 5, "x": {}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        for s in [
+            deep.as_bytes(),
+            &b"{\"global_step\": 5, \"x\": [\"\xff\"]}"[..],
+            &b"{\"global_step\": 5, \"x\": {\"\xc3\": 1}}"[..],
+            br#"{"global_step": 5, "x": {"a": ["\ud800"]}}"#,
+            br#"{"global_step": 5, "log_history": [{"loss": 1, "x": [1e400]}]}"#,
+            br#"{"global_step": 5, "log_history": {"\udc00": 1}}"#,
+            br#"{"global_step": 5, "log_history": [[-1e999]]}"#,
+            br#"{"global_step": 5, "loss": {"a": [2E+400]}}"#,
+        ] {
+            assert!(serde_json::from_slice::<Value>(s).is_err());
+            std::fs::write(&p, s).unwrap();
+            assert_eq!(
+                TrainerState::read(&p),
+                None,
+                "{}",
+                String::from_utf8_lossy(s)
+            );
         }
     }
 
