@@ -220,7 +220,8 @@ impl<'de> DeserializeSeed<'de> for HeaderSeed<'_> {
 impl<'de> Visitor<'de> for HeaderSeed<'_> {
     type Value = ();
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
+        // As serde_json::Map says it (the whole tree's message).
+        f.write_str("a map")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
         let h = self.0;
@@ -604,6 +605,22 @@ mod tests {
                 matches!(&got, Err(g) if g.contains(&want)),
                 "{}: {got:?}, want {want}",
                 String::from_utf8_lossy(&h)
+            );
+        }
+    }
+
+    /// A header that is JSON but not an object said "expected a JSON
+    /// object" where the whole tree said "expected a map".
+    #[test]
+    fn a_header_not_an_object_gives_the_old_readers_message() {
+        for h in ["[]", "7", "null", "\"a\""] {
+            let want =
+                serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(h).unwrap_err();
+            let want = format!("safetensors header is not a JSON object: {want}");
+            let got = parse(&build(h, &[])).map(|_| ()).map_err(|e| e.to_string());
+            assert!(
+                matches!(&got, Err(g) if g.contains(&want)),
+                "{h}: {got:?}, want {want}"
             );
         }
     }
