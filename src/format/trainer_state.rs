@@ -31,7 +31,8 @@ use super::SkipJson;
 pub const MAX_STRING: usize = 1 << 20;
 /// Longest number read, in bytes of the file.
 pub const MAX_NUMBER: usize = 4096;
-/// Most metric names kept from the top level, and from `log_history`.
+/// Most metric names kept from the top level, from `log_history`, and in
+/// all (`log_history`'s first).
 pub const MAX_METRICS: usize = 256;
 /// Longest metric name kept, in bytes.
 pub const MAX_NAME: usize = 256;
@@ -46,7 +47,7 @@ pub struct TrainerState {
     /// then, over them, for each metric name, its value in the last
     /// `log_history` entry whose `step` is not after `global_step` (where
     /// HF Trainer keeps `loss` and `eval_*`; an entry with no whole-number
-    /// `step` counts).
+    /// `step` counts). At most [`MAX_METRICS`] names.
     pub metrics: Map<String, Value>,
 }
 
@@ -63,13 +64,17 @@ impl TrainerState {
             _ => first,
         };
         let global_step = pass.global_step();
+        // log_history's values over the top level's; at most MAX_METRICS
+        // names in all, log_history's first.
         let mut metrics: Map<String, Value> = pass
-            .top
+            .history
             .into_iter()
             .map(|(k, v)| (k, Value::Number(v)))
             .collect();
-        for (k, v) in pass.history {
-            metrics.insert(k, Value::Number(v));
+        for (k, v) in pass.top {
+            if metrics.len() < MAX_METRICS && !metrics.contains_key(&k) {
+                metrics.insert(k, Value::Number(v));
+            }
         }
         Some(TrainerState {
             global_step,
@@ -634,6 +639,27 @@ mod tests {
         let t = read_str(&s).unwrap();
         assert_eq!(t.metrics.len(), MAX_METRICS);
         assert!(t.metrics.keys().all(|k| k.len() <= MAX_NAME));
+    }
+
+    /// README and CHANGELOG: at most 256 metric names. The top level and
+    /// `log_history` each kept 256, and a commit recorded both: 512.
+    #[test]
+    fn metric_names_top_level_and_history_together_are_at_most_max_metrics() {
+        let top: Vec<String> = (1..MAX_METRICS)
+            .map(|i| format!(r#""eval_t{i:04}": {i}"#))
+            .collect();
+        let history: Vec<String> = (1..MAX_METRICS)
+            .map(|i| format!(r#""eval_h{i:04}": {i}"#))
+            .collect();
+        let s = format!(
+            r#"{{"loss": 1, {}, "log_history": [{{"loss": 2, {}}}]}}"#,
+            top.join(", "),
+            history.join(", ")
+        );
+        let t = read_str(&s).unwrap();
+        assert_eq!(t.metrics.len(), MAX_METRICS);
+        // log_history's values win over the top level's, as before.
+        assert_eq!(t.metrics["loss"], 2);
     }
 
     #[test]
