@@ -56,8 +56,7 @@ impl TrainerState {
     /// not a JSON object, or past the limits above.
     pub fn read(path: &Path) -> Option<TrainerState> {
         let first = pass(path, None)?;
-        let upto = first.global_step();
-        let upto = upto.unwrap_or(u64::MAX);
+        let upto = first.global_step().unwrap_or(u64::MAX);
         let pass = match first.history_upto {
             // Filtered by a step that a later `global_step` changed.
             Some(used) if used != upto => pass(path, Some(upto))?,
