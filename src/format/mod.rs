@@ -26,6 +26,7 @@ use std::io::{Read, Seek, SeekFrom};
 pub use crate::codec::DType;
 
 mod distcp;
+mod json;
 mod npy;
 mod pickle;
 mod safetensors;
@@ -38,54 +39,6 @@ pub use npy::parse_npy;
 pub use safetensors::parse_safetensors;
 pub use torchzip::{optimizer_param_names, parse_torch_legacy, parse_torch_zip};
 pub use trainer_state::{is_whole_json, TrainerState};
-
-/// Any JSON value, skipped but checked as parsing it into a
-/// `serde_json::Value` tree checks it (strings of valid UTF-8 without a
-/// lone surrogate, numbers in range, at most serde_json's 128 levels deep),
-/// without keeping it. serde's `IgnoredAny` checks none of this, and keeps
-/// a byte per level of nesting.
-pub(crate) struct SkipJson;
-
-impl<'de> serde::Deserialize<'de> for SkipJson {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(SkipJsonVisitor)
-    }
-}
-
-struct SkipJsonVisitor;
-
-impl<'de> serde::de::Visitor<'de> for SkipJsonVisitor {
-    type Value = SkipJson;
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<SkipJson, E> {
-        Ok(SkipJson)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<SkipJson, E> {
-        Ok(SkipJson)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<SkipJson, E> {
-        Ok(SkipJson)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<SkipJson, E> {
-        Ok(SkipJson)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<SkipJson, E> {
-        Ok(SkipJson)
-    }
-    fn visit_unit<E>(self) -> Result<SkipJson, E> {
-        Ok(SkipJson)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<SkipJson, A::Error> {
-        while a.next_element::<SkipJson>()?.is_some() {}
-        Ok(SkipJson)
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<SkipJson, A::Error> {
-        while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
-        Ok(SkipJson)
-    }
-}
 
 /// The step number in a checkpoint directory name (`step-500`,
 /// `checkpoint-500`, `iter_0000500`): the trailing digits.

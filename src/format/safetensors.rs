@@ -16,7 +16,8 @@ use std::io::{Read, Seek};
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use super::{read_at, tensor_bytes, DType, FileKind, FormatError, Layout, SkipJson, TensorInfo};
+use super::json::{map_gives, scalars_give, seq_gives, JsonScalar, SkipJson};
+use super::{read_at, tensor_bytes, DType, FileKind, FormatError, Layout, TensorInfo};
 
 /// The largest JSON header accepted (the reference implementation uses the
 /// same bound).
@@ -169,45 +170,6 @@ impl Entry {
     }
 }
 
-/// Visitor methods giving `$v` for numbers, booleans and null (the
-/// value has not the type wanted).
-macro_rules! scalars_give {
-    ($v:expr) => {
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($v)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($v)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($v)
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($v)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok($v)
-        }
-    };
-}
-
-/// Visitor methods giving `$v` for strings, arrays and objects (drained).
-macro_rules! containers_give {
-    ($v:expr) => {
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($v)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-            while a.next_element::<SkipJson>()?.is_some() {}
-            Ok($v)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-            while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
-            Ok($v)
-        }
-    };
-}
-
 struct HeaderSeed<'a>(&'a mut Header);
 
 impl<'de> DeserializeSeed<'de> for HeaderSeed<'_> {
@@ -273,7 +235,12 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
         };
         while let Some(k) = a.next_key::<KeyName>()? {
             match k {
-                KeyName::Dtype => e.dtype = Some(a.next_value::<Text>()?.0),
+                KeyName::Dtype => {
+                    e.dtype = Some(match a.next_value()? {
+                        JsonScalar::Str(d) => Some(d),
+                        _ => None,
+                    })
+                }
                 KeyName::Shape => {
                     e.shape = Some(a.next_value_seed(Dims {
                         left: self.dims_left,
@@ -288,14 +255,8 @@ impl<'de> Visitor<'de> for EntrySeed<'_> {
         }
         Ok(e)
     }
-    fn visit_str<E>(self, _: &str) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Entry, A::Error> {
-        while a.next_element::<SkipJson>()?.is_some() {}
-        Ok(Entry::default())
-    }
     scalars_give!(Entry::default());
+    seq_gives!(Entry::default());
 }
 
 /// The keys of an entry that the checks read.
@@ -327,66 +288,6 @@ impl<'de> de::Deserialize<'de> for KeyName {
     }
 }
 
-/// A string (`Some`), or any other value (`None`).
-struct Text(Option<String>);
-
-impl<'de> de::Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Text;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
-                Ok(Text(Some(v.to_owned())))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Text, A::Error> {
-                while a.next_element::<SkipJson>()?.is_some() {}
-                Ok(Text(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Text, A::Error> {
-                while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
-                Ok(Text(None))
-            }
-            scalars_give!(Text(None));
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// A whole number of 0 or more (`Some`), or any other value (`None`).
-struct Whole(Option<u64>);
-
-impl<'de> de::Deserialize<'de> for Whole {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Whole;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Whole, E> {
-                Ok(Whole(Some(v)))
-            }
-            fn visit_i64<E>(self, v: i64) -> Result<Whole, E> {
-                Ok(Whole(u64::try_from(v).ok()))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Whole, E> {
-                Ok(Whole(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Whole, E> {
-                Ok(Whole(None))
-            }
-            fn visit_unit<E>(self) -> Result<Whole, E> {
-                Ok(Whole(None))
-            }
-            containers_give!(Whole(None));
-        }
-        d.deserialize_any(V)
-    }
-}
-
 /// `shape`: an array's dimensions (`Err` when one is not a whole number),
 /// or `None` for any other value.
 struct Dims<'a> {
@@ -408,8 +309,8 @@ impl<'de> Visitor<'de> for Dims<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
         let mut dims = Ok(Vec::new());
-        while let Some(Whole(d)) = a.next_element::<Whole>()? {
-            match (&mut dims, d) {
+        while let Some(d) = a.next_element::<JsonScalar>()? {
+            match (&mut dims, d.as_u64()) {
                 (Ok(v), Some(_)) if v.len() >= self.left => {
                     self.over_budget.set(true);
                     return Err(de::Error::custom("a shape over the header's memory budget"));
@@ -420,14 +321,8 @@ impl<'de> Visitor<'de> for Dims<'_> {
         }
         Ok(Some(dims))
     }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
-        while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
-        Ok(None)
-    }
     scalars_give!(None);
+    map_gives!(None);
 }
 
 /// `data_offsets`: an array's length and its first two items as whole
@@ -444,24 +339,18 @@ impl<'de> de::Deserialize<'de> for Pair {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Pair, A::Error> {
                 let (mut n, mut first, mut second) = (0usize, None, None);
-                while let Some(Whole(d)) = a.next_element::<Whole>()? {
+                while let Some(d) = a.next_element::<JsonScalar>()? {
                     match n {
-                        0 => first = d,
-                        1 => second = d,
+                        0 => first = d.as_u64(),
+                        1 => second = d.as_u64(),
                         _ => {}
                     }
                     n += 1;
                 }
                 Ok(Pair(Some((n, first, second))))
             }
-            fn visit_str<E>(self, _: &str) -> Result<Pair, E> {
-                Ok(Pair(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Pair, A::Error> {
-                while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
-                Ok(Pair(None))
-            }
             scalars_give!(Pair(None));
+            map_gives!(Pair(None));
         }
         d.deserialize_any(V)
     }

@@ -15,7 +15,7 @@
 //!
 //! A file is read once, or twice when a `global_step` comes after the
 //! `log_history` it filters (transformers writes keys sorted, step first).
-//! Stands on serde_json's streaming deserializer only.
+//! Stands on serde_json's streaming deserializer and `format::json`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -25,7 +25,7 @@ use std::path::Path;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-use super::SkipJson;
+use super::json::{map_gives, scalars_give, seq_gives, JsonScalar};
 
 /// Longest JSON string (key or value) read, in bytes of the file.
 pub const MAX_STRING: usize = 1 << 20;
@@ -56,13 +56,13 @@ impl TrainerState {
     /// not a JSON object, or past the limits above.
     pub fn read(path: &Path) -> Option<TrainerState> {
         let first = pass(path, None)?;
-        let upto = first.global_step().unwrap_or(u64::MAX);
+        let upto = first.global_step.unwrap_or(u64::MAX);
         let pass = match first.history_upto {
             // Filtered by a step that a later `global_step` changed.
             Some(used) if used != upto => pass(path, Some(upto))?,
             _ => first,
         };
-        let global_step = pass.global_step();
+        let global_step = pass.global_step;
         // log_history's values over the top level's; at most MAX_METRICS
         // names in all, log_history's first.
         let mut metrics: Map<String, Value> = pass
@@ -130,8 +130,8 @@ fn pass(path: &Path, fixed_upto: Option<u64>) -> Option<Pass> {
 #[derive(Default)]
 struct Pass {
     fixed_upto: Option<u64>,
-    /// The last top-level `global_step`.
-    global_step: Option<Scalar>,
+    /// The last top-level `global_step`, when a whole number of 0 or more.
+    global_step: Option<u64>,
     top: BTreeMap<String, Number>,
     /// From the last `log_history` array.
     history: BTreeMap<String, Number>,
@@ -139,67 +139,10 @@ struct Pass {
     history_upto: Option<u64>,
 }
 
-impl Pass {
-    fn global_step(&self) -> Option<u64> {
-        match &self.global_step {
-            Some(Scalar::Num(n)) => n.as_u64(),
-            _ => None,
-        }
-    }
-}
-
 /// Keeps `v` under `k` in `m` unless `m` is full and lacks `k`.
 fn keep(m: &mut BTreeMap<String, Number>, k: String, v: Number) {
     if m.len() < MAX_METRICS || m.contains_key(&k) {
         m.insert(k, v);
-    }
-}
-
-/// A value as far as metrics care: a number, or anything else (drained).
-#[derive(Clone)]
-enum Scalar {
-    Num(Number),
-    Other,
-}
-
-impl<'de> de::Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ScalarVisitor)
-    }
-}
-
-struct ScalarVisitor;
-
-impl<'de> Visitor<'de> for ScalarVisitor {
-    type Value = Scalar;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
-        Ok(Scalar::Num(v.into()))
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
-        Ok(Scalar::Num(v.into()))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Scalar, E> {
-        Ok(Number::from_f64(v).map_or(Scalar::Other, Scalar::Num))
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_unit<E>(self) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
-        while a.next_element::<SkipJson>()?.is_some() {}
-        Ok(Scalar::Other)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
-        while a.next_entry::<SkipJson, SkipJson>()?.is_some() {}
-        Ok(Scalar::Other)
     }
 }
 
@@ -222,7 +165,7 @@ impl<'de> Visitor<'de> for Top<'_> {
         let p = self.0;
         while let Some(k) = a.next_key::<String>()? {
             if k == "log_history" {
-                let upto = p.fixed_upto.or_else(|| p.global_step()).unwrap_or(u64::MAX);
+                let upto = p.fixed_upto.or(p.global_step).unwrap_or(u64::MAX);
                 p.history.clear();
                 p.history_upto = Some(upto);
                 a.next_value_seed(History {
@@ -231,14 +174,14 @@ impl<'de> Visitor<'de> for Top<'_> {
                 })?;
                 continue;
             }
-            let v: Scalar = a.next_value()?;
+            let v: JsonScalar = a.next_value()?;
             if k == "global_step" {
-                p.global_step = Some(v.clone());
+                p.global_step = v.as_u64();
             }
             if is_metric(&k) {
                 match v {
-                    Scalar::Num(n) => keep(&mut p.top, k, n),
-                    Scalar::Other => {
+                    JsonScalar::Num(n) => keep(&mut p.top, k, n),
+                    _ => {
                         p.top.remove(&k);
                     }
                 }
@@ -269,8 +212,7 @@ impl<'de> Visitor<'de> for History<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
         while let Some(entry) = a.next_element::<Entry>()? {
-            let after = matches!(&entry.step, Some(Scalar::Num(n)) if n.as_u64().is_some_and(|s| s > self.upto));
-            if !entry.is_object || after {
+            if !entry.is_object || entry.step.is_some_and(|s| s > self.upto) {
                 continue;
             }
             for (k, v) in entry.metrics {
@@ -281,27 +223,8 @@ impl<'de> Visitor<'de> for History<'_> {
         }
         Ok(())
     }
-    fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<(), A::Error> {
-        ScalarVisitor.visit_map(a).map(drop)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
+    scalars_give!(());
+    map_gives!(());
 }
 
 /// One `log_history` entry: its last `step`, and its metric names with the
@@ -309,7 +232,8 @@ impl<'de> Visitor<'de> for History<'_> {
 #[derive(Default)]
 struct Entry {
     is_object: bool,
-    step: Option<Scalar>,
+    /// The last `step`, when a whole number of 0 or more.
+    step: Option<u64>,
     metrics: BTreeMap<String, Option<Number>>,
 }
 
@@ -332,13 +256,13 @@ impl<'de> Visitor<'de> for EntryVisitor {
             ..Entry::default()
         };
         while let Some(k) = a.next_key::<String>()? {
-            let v: Scalar = a.next_value()?;
+            let v: JsonScalar = a.next_value()?;
             if k == "step" {
-                e.step = Some(v);
+                e.step = v.as_u64();
             } else if is_metric(&k) && k != "global_step" {
                 let v = match v {
-                    Scalar::Num(n) => Some(n),
-                    Scalar::Other => None,
+                    JsonScalar::Num(n) => Some(n),
+                    _ => None,
                 };
                 if e.metrics.len() < MAX_METRICS || e.metrics.contains_key(&k) {
                     e.metrics.insert(k, v);
@@ -347,27 +271,8 @@ impl<'de> Visitor<'de> for EntryVisitor {
         }
         Ok(e)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<Entry, A::Error> {
-        ScalarVisitor.visit_seq(a).map(|_| Entry::default())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
-    fn visit_unit<E>(self) -> Result<Entry, E> {
-        Ok(Entry::default())
-    }
+    scalars_give!(Entry::default());
+    seq_gives!(Entry::default());
 }
 
 /// A reader that fails once a JSON string passes [`MAX_STRING`] bytes or
