@@ -123,13 +123,27 @@ pub fn push(
     // any moment, before this push moves its ref: their objects do not
     // count as on the remote (they are sent again, in packs of other
     // names), whatever else the indexes say.
+    // Only the objects no other pack holds are set apart (not a copy of
+    // the whole index: it is in memory twice already).
     let pending = read_pending(remote)?;
-    let held: HashSet<(Kind, [u8; 32])> = ix
+    let mut stale: HashSet<(Kind, [u8; 32])> = ix
         .contents
         .iter()
-        .filter(|(p, _)| !pending.contains_key(*p))
+        .filter(|(p, _)| pending.contains_key(*p))
         .flat_map(|(_, es)| es.iter().map(|e| (e.kind, e.id)))
         .collect();
+    if !stale.is_empty() {
+        for (_, es) in ix
+            .contents
+            .iter()
+            .filter(|(p, _)| !pending.contains_key(*p))
+        {
+            for e in es {
+                stale.remove(&(e.kind, e.id));
+            }
+        }
+    }
+    let held = |k_id: &(Kind, [u8; 32])| ix.entries.contains_key(k_id) && !stale.contains(k_id);
     let reach = repo.reachable(
         &[head],
         WalkOptions {
@@ -147,7 +161,7 @@ pub fn push(
     for s in repo.shallow()? {
         if reach.commits.contains(&s) {
             for p in repo.commit_object(&s)?.parents {
-                if !held.contains(&(Kind::Commit, *p.as_bytes())) {
+                if !held(&(Kind::Commit, *p.as_bytes())) {
                     return Err(RemoteError::Refused {
                         reason: format!(
                             "this shallow clone lacks the history before commit {}, and the remote does not have it either; push from a full clone",
@@ -195,7 +209,7 @@ pub fn push(
     todo.extend(trees.iter().map(|t| (Kind::Tree, *t.as_bytes())));
     todo.extend(reach.commits.iter().map(|c| (Kind::Commit, *c.as_bytes())));
     let total = todo.len() as u64;
-    todo.retain(|k_id| !held.contains(k_id));
+    todo.retain(|k_id| !held(k_id));
     report.objects_present = total - todo.len() as u64;
     for (k, id) in &todo {
         if *k == Kind::Commit {
