@@ -334,7 +334,7 @@ pub fn encode(
             repeats_reach(syms, &mut scratch.probe, per)
         }
     {
-        if let Some(z) = zstd_compress(syms, opts.zstd_level, scratch) {
+        if let Some(z) = zstd_compress(syms, opts.zstd_level, true, scratch) {
             if (z as f64) < best.0.min(smallest) * (1.0 - opts.zstd_min_gain as f64) {
                 best = (z as f64, BlockMode::Zstd);
                 zbytes = true;
@@ -461,8 +461,9 @@ pub struct EncodeScratch {
     pub huffman: huffman::EncodeScratch,
     /// The repeat probe's hash table (the strings seen).
     probe: Vec<u64>,
-    /// A zstd compression context and its level, and its last output.
-    zstd: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    /// A zstd compression context, its level and whether it codes
+    /// literals (see [`zstd_compress`]), and its last output.
+    zstd: Option<(i32, bool, zstd::bulk::Compressor<'static>)>,
     pub(super) zstd_out: Vec<u8>,
     /// The sparse coder's lists and its last payload.
     sparse: sparse::EncodeScratch,
@@ -499,11 +500,31 @@ fn up_screen(syms: &[u8], d: usize, h: &[u32; 256]) -> bool {
 }
 
 /// The zstd frame of `syms` at `level` in `scratch.zstd_out`; its length,
-/// or None if zstd failed (then the block takes another mode).
-pub(super) fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch) -> Option<usize> {
-    if let Some((l, c)) = scratch.zstd.as_mut().filter(|(l, _)| *l != level) {
+/// or None if zstd failed (then the block takes another mode). Without
+/// `literals`, the bytes zstd finds no match for are stored as they are,
+/// not Huffman-coded: the same frame for any zstd decoder, sooner where
+/// coding them could not pay (see `literals_pay` in the codec).
+pub(super) fn zstd_compress(
+    syms: &[u8],
+    level: i32,
+    literals: bool,
+    scratch: &mut EncodeScratch,
+) -> Option<usize> {
+    use zstd::zstd_safe::{CParameter, ParamSwitch};
+    if let Some((l, lit, c)) = scratch
+        .zstd
+        .as_mut()
+        .filter(|(l, lit, _)| (*l, *lit) != (level, literals))
+    {
         c.set_compression_level(level).ok()?;
-        *l = level;
+        let mode = if literals {
+            ParamSwitch::Auto
+        } else {
+            ParamSwitch::Disable
+        };
+        c.set_parameter(CParameter::LiteralCompressionMode(mode))
+            .ok()?;
+        (*l, *lit) = (level, literals);
     }
     if scratch.zstd.is_none() {
         let mut c = zstd::bulk::Compressor::new(level).ok()?;
@@ -511,9 +532,13 @@ pub(super) fn zstd_compress(syms: &[u8], level: i32, scratch: &mut EncodeScratch
         c.include_checksum(false).ok()?;
         c.include_contentsize(false).ok()?;
         c.include_dictid(false).ok()?;
-        scratch.zstd = Some((level, c));
+        if !literals {
+            c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Disable))
+                .ok()?;
+        }
+        scratch.zstd = Some((level, literals, c));
     }
-    let (_, c) = scratch.zstd.as_mut()?;
+    let (_, _, c) = scratch.zstd.as_mut()?;
     scratch.zstd_out.clear();
     scratch
         .zstd_out

@@ -130,6 +130,17 @@ pub(crate) fn sampled_rest(s: &[u8]) -> [u32; 256] {
 /// bin: `0 log2 0` is 0), summed in four chains.
 pub fn entropy_bits(h: &[u32; 256]) -> f64 {
     let n: u64 = h.iter().map(|&c| c as u64).sum();
+    entropy_bits_of(h, n)
+}
+
+/// [`entropy_bits`] of a histogram whose counts the caller knows sum to
+/// `n` (a stream of `n` symbols), without summing them again.
+pub(crate) fn entropy_bits_of(h: &[u32; 256], n: u64) -> f64 {
+    debug_assert_eq!(
+        n,
+        h.iter().map(|&c| c as u64).sum::<u64>(),
+        "n is the counts' sum"
+    );
     if n == 0 {
         return 0.0;
     }

@@ -819,6 +819,145 @@ fn rng_states_group_by_words_and_beat_zstd() {
     assert_eq!(FrameInfo::parse(&f).unwrap().group_width, 1);
 }
 
+/// A whole-zstd frame of random words stores zstd's literals as they
+/// are (no Huffman table): the frame is the one zstd gives with literal
+/// compression off, in a delta frame (the search's histograms known) and
+/// a full one alike; bytes of few values keep theirs coded.
+#[test]
+fn random_words_leave_zstd_literals_uncoded() {
+    let mut next = random_u32s(29);
+    let words = |next: &mut dyn FnMut() -> u32, mask: u32| -> Vec<u8> {
+        (0..632)
+            .flat_map(|_| (u64::from(next() & mask)).to_le_bytes())
+            .collect()
+    };
+    let zstd_of = |streams: &[u8], literals: bool| {
+        let mut scratch = block::EncodeScratch::default();
+        let z = block::zstd_compress(streams, SMALL_ZSTD_LEVEL, literals, &mut scratch).unwrap();
+        scratch.zstd_out[..z].to_vec()
+    };
+    for (mask, coded) in [(u32::MAX, false), (0x0f0f_0f0f, true)] {
+        let (old, raw) = (words(&mut next, mask), words(&mut next, mask));
+        for base in [Some(old.as_slice()), None] {
+            let f = rt(&raw, base, DType::U8, &Options::default());
+            let info = FrameInfo::parse(&f).unwrap();
+            assert!(info.whole_zstd && info.group_width == 8 && !info.needs_base());
+            let streams = grouped_streams(&raw, None, DType::U64).concat();
+            let z = &f[info.header_len..];
+            // Without the delta search's histograms (a full frame) the
+            // literals are coded as before.
+            let expect_coded = coded || base.is_none();
+            assert_eq!(
+                z,
+                zstd_of(&streams, expect_coded),
+                "mask {mask:x} base {}",
+                base.is_some()
+            );
+        }
+    }
+}
+
+/// `literals_pay`: a table pays for literals of few values, not for
+/// uniform bytes of one 632-word chunk, nor where no stream holds
+/// literals (runs of one byte).
+#[test]
+fn literals_pay_only_for_a_table_worth_its_cost() {
+    let mut next = random_u32s(31);
+    let hist_of = |bytes: &[u8]| histogram(bytes);
+    let noise: Vec<u8> = (0..632).map(|_| next() as u8).collect();
+    let few: Vec<u8> = (0..632).map(|_| (next() % 16) as u8).collect();
+    let zeros = vec![0u8; 632];
+    let mut sparse = zeros.clone();
+    sparse[5] = 9;
+    let z = hist_of(&zeros);
+    assert!(!literals_pay(
+        &[hist_of(&noise), hist_of(&noise), z, hist_of(&sparse)],
+        632
+    ));
+    assert!(literals_pay(&[hist_of(&few), z], 632));
+    assert!(!literals_pay(&[z, hist_of(&sparse)], 632));
+    // Mostly zeros, the rest of few values: the rest pays.
+    let mostly_zero: Vec<u8> = few.iter().map(|&b| if b < 10 { 0 } else { b }).collect();
+    assert!(literals_pay(&[hist_of(&mostly_zero), z], 632));
+    assert!(!literals_pay(&[], 632));
+    // 64 Ki bytes of a skewed alphabet of all 256 values pay.
+    let skewed: Vec<u8> = (0..65536)
+        .map(|_| (next() % 256).min(next() % 256) as u8)
+        .collect();
+    assert!(literals_pay(&[hist_of(&skewed)], 65536));
+}
+
+/// A reused zstd context that switches its literal coding off and on
+/// gives the frames fresh contexts give.
+#[test]
+fn zstd_context_switches_literal_coding_as_a_fresh_one() {
+    let mut next = random_u32s(37);
+    let data: Vec<u8> = (0..4096).map(|_| (next() % 40) as u8).collect();
+    let fresh = |literals: bool| {
+        let mut s = block::EncodeScratch::default();
+        let z = block::zstd_compress(&data, 3, literals, &mut s).unwrap();
+        s.zstd_out[..z].to_vec()
+    };
+    let (on, off) = (fresh(true), fresh(false));
+    assert_ne!(on, off);
+    let mut s = block::EncodeScratch::default();
+    for (literals, level, want) in [
+        (true, 3, &on),
+        (false, 3, &off),
+        (true, 1, &fresh(true)),
+        (false, 3, &off),
+        (true, 3, &on),
+    ] {
+        if level != 3 {
+            let z = block::zstd_compress(&data, level, literals, &mut s).unwrap();
+            assert_eq!(
+                zstd::bulk::decompress(&s.zstd_out[..z], 4096).unwrap(),
+                data
+            );
+            continue;
+        }
+        let z = block::zstd_compress(&data, level, literals, &mut s).unwrap();
+        assert_eq!(&s.zstd_out[..z], want.as_slice(), "literals {literals}");
+    }
+}
+
+/// `group_width`'s counts, merged from the 8-byte words' streams, are
+/// the histograms and entropies of the chosen width's streams.
+#[test]
+fn group_width_counts_are_the_chosen_streams() {
+    let mut next = random_u32s(41);
+    let mut cases: Vec<(DType, Vec<u8>)> = Vec::new();
+    for mask in [u32::MAX, 0xffff, 0x00ff_00ff, 0x0300_0003] {
+        let b: Vec<u8> = (0..700)
+            .flat_map(|_| (next() & mask).to_le_bytes())
+            .collect();
+        cases.extend([
+            (DType::U8, b.clone()),
+            (DType::I16, b.clone()),
+            (DType::I32, b),
+        ]);
+    }
+    let mut widths = std::collections::BTreeSet::new();
+    for (dtype, raw) in cases {
+        let (w, counted) = group_width(&raw, dtype, true);
+        let counted = counted.expect("every byte counted");
+        widths.insert(w);
+        let as_words = match w {
+            1 => DType::U8,
+            2 => DType::U16,
+            4 => DType::I32,
+            _ => DType::I64,
+        };
+        let streams = grouped_streams(&raw, None, as_words);
+        assert_eq!(counted.len(), w);
+        for (c, s) in counted.iter().zip(&streams) {
+            assert_eq!(c.hist, histogram(s));
+            assert!((c.bits - entropy_bits(&c.hist)).abs() < 1e-9);
+        }
+    }
+    assert!(widths.len() >= 3, "widths chosen: {widths:?}");
+}
+
 /// Integers that moved by little since the base (counters, indices of a
 /// data loader, as `i64` and as the `u8` bytes of 64-bit words) take the
 /// whole element's difference: its estimate is skipped only where the
