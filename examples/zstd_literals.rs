@@ -44,7 +44,9 @@ fn main() {
             ("uniform 16", 16, 0.0),
         ] {
             // Value i with weight exp(-8 skew i / 256).
-            let w: Vec<f64> = (0..k).map(|i| (-8.0 * skew * i as f64 / 256.0).exp()).collect();
+            let w: Vec<f64> = (0..k)
+                .map(|i| (-8.0 * skew * i as f64 / 256.0).exp())
+                .collect();
             let total: f64 = w.iter().sum();
             let cdf: Vec<f64> = w
                 .iter()

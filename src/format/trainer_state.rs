@@ -22,10 +22,10 @@ use std::fmt;
 use std::io::Read;
 use std::path::Path;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
-use super::json::{map_gives, scalars_give, seq_gives, JsonScalar};
+use super::json::{map_gives, scalars_give, seq_gives, JsonScalar, SkipJson};
 
 /// Longest JSON string (key or value) read, in bytes of the file.
 pub const MAX_STRING: usize = 1 << 20;
@@ -89,7 +89,10 @@ pub fn is_whole_json(path: &Path) -> bool {
         return false;
     };
     let mut de = serde_json::Deserializer::from_reader(reader(f));
-    <IgnoredAny as de::Deserialize>::deserialize(&mut de).is_ok() && de.end().is_ok()
+    // Skipped as the reader skips, checked and nested at most as deep:
+    // serde's `IgnoredAny` let serde_json skip any depth, keeping a byte
+    // a level (100 MiB of `[`, 103 MB).
+    <SkipJson as de::Deserialize>::deserialize(&mut de).is_ok() && de.end().is_ok()
 }
 
 /// Whether a top-level or `log_history` key is a metric worth keeping with
@@ -582,6 +585,18 @@ mod tests {
         }
         std::fs::write(&p, format!("\"{}\"", "a".repeat(MAX_STRING + 1))).unwrap();
         assert!(!is_whole_json(&p));
+        // Nesting the reader refuses (past serde_json's 128 levels) is not
+        // whole either: skipping it kept a byte a level, unbounded.
+        for depth in [100, 200] {
+            let (open, close) = ("[".repeat(depth), "]".repeat(depth));
+            std::fs::write(&p, format!("{{\"global_step\": 3, \"x\": {open}{close}}}")).unwrap();
+            assert_eq!(is_whole_json(&p), depth == 100, "{depth} levels");
+            assert_eq!(
+                TrainerState::read(&p).is_some(),
+                depth == 100,
+                "{depth} levels, read"
+            );
+        }
         assert!(!is_whole_json(&dir.path().join("missing")));
         assert!(!is_whole_json(dir.path()));
     }
