@@ -30,12 +30,17 @@ const MAX_NAME_LEN: usize = 1024;
 
 /// Parses a `torch.save` zip archive.
 ///
-/// A sound zip that is not a torch archive (no `<archive>/data.pkl`) is one
+/// A sound zip that is not a torch archive (no `<archive>/data.pkl`), or
+/// whose entries take more memory than the zip reader's budget, is one
 /// opaque segment. A torch archive whose `data.pkl` is compressed or too
 /// large to read, or whose `byteorder` is `big`, keeps every storage
 /// opaque.
 pub fn parse_torch_zip<R: Read + Seek>(r: &mut R, len: u64) -> Result<Layout, FormatError> {
-    let archive = zip::read_archive(r, len)?;
+    // Entries past the reader's budget: the file is kept whole, opaque.
+    let archive = match zip::read_archive(r, len) {
+        Err(FormatError::TooLarge { .. }) => return Ok(Layout::opaque(len)),
+        archive => archive?,
+    };
     let Some(prefix) = archive
         .entries
         .first()
@@ -155,7 +160,10 @@ pub fn optimizer_param_names<R: Read + Seek>(
     r: &mut R,
     len: u64,
 ) -> Result<Option<BTreeMap<u64, String>>, FormatError> {
-    let archive = zip::read_archive(r, len)?;
+    let archive = match zip::read_archive(r, len) {
+        Err(FormatError::TooLarge { .. }) => return Ok(None),
+        archive => archive?,
+    };
     let Some(pkl) = archive
         .entries
         .iter()

@@ -23,8 +23,18 @@ const ZIP64_LOCATOR_LEN: u64 = 20;
 const ZIP64_EOCD_LEN: u64 = 56;
 const CENTRAL_LEN: usize = 46;
 const LOCAL_LEN: u64 = 30;
-/// The largest central directory held in memory (about two million entries).
-const MAX_CENTRAL_DIR: u64 = 256 << 20;
+/// What the entries read from a central directory may take in memory
+/// (each entry's struct, its name and [`NAME_OVERHEAD`]), counted as they
+/// are read: about three million entries of torch's names. Past it the archive is [`FormatError::TooLarge`]
+/// (a torch file is then stored opaque, as for a pickle over its budget).
+const ENTRIES_BUDGET: u64 = 256 << 20;
+
+/// What the allocator takes beside a name's bytes.
+const NAME_OVERHEAD: u64 = 16;
+
+/// Central directory bytes read at a time (an entry longer than this is
+/// read whole: at most 46 + 3 * 65535 bytes).
+const CD_WINDOW: u64 = 1 << 20;
 
 /// Compression method of a STORED entry.
 pub const STORED: u16 = 0;
@@ -271,6 +281,17 @@ pub fn archive_start<R: Read + Seek>(r: &mut R, end: u64) -> Result<u64, FormatE
 
 /// Reads the central directory and every local header.
 pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, FormatError> {
+    read_archive_within(r, len, ENTRIES_BUDGET, CD_WINDOW)
+}
+
+/// [`read_archive`] with the entries' memory `budget` and the central
+/// directory read `window` bytes at a time.
+fn read_archive_within<R: Read + Seek>(
+    r: &mut R,
+    len: u64,
+    budget: u64,
+    window: u64,
+) -> Result<Archive, FormatError> {
     let end = find_end(r, len)?;
     if end.entries > end.cd_size / CENTRAL_LEN as u64 {
         return Err(FormatError::corrupt(
@@ -281,21 +302,32 @@ pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, Form
             ),
         ));
     }
-    let cd = read_at(
-        r,
-        len,
-        end.cd_offset,
-        end.cd_size,
-        MAX_CENTRAL_DIR,
-        "zip central directory",
-    )?;
+    let too_large = |size: u64| FormatError::TooLarge {
+        what: "zip entries",
+        size,
+        limit: budget,
+    };
+    // Every entry takes its struct at least: a count past the budget is
+    // refused before anything is read.
+    let entry_cost = std::mem::size_of::<Entry>() as u64;
+    let mut used = end.entries.saturating_mul(entry_cost);
+    if used > budget {
+        return Err(too_large(used));
+    }
+    let mut cd = Window {
+        offset: end.cd_offset,
+        size: end.cd_size,
+        window,
+        at: 0,
+        buf: Vec::new(),
+    };
     let mut entries = Vec::with_capacity(end.entries as usize);
-    let mut pos = 0usize;
+    let mut pos = 0u64;
     for _ in 0..end.entries {
-        let at = end.cd_offset + pos as u64;
+        let at = end.cd_offset + pos;
         let bad = |reason: &str| FormatError::corrupt(at, format!("central directory: {reason}"));
         let h = cd
-            .get(pos..pos + CENTRAL_LEN)
+            .get(r, len, pos, CENTRAL_LEN as u64)?
             .ok_or_else(|| bad("entry runs past its end"))?;
         if le32(h, 0) != CENTRAL_SIG {
             return Err(bad("bad entry signature"));
@@ -305,17 +337,21 @@ pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, Form
             le16(h, 30) as usize,
             le16(h, 32) as usize,
         );
-        let var = cd
-            .get(pos + CENTRAL_LEN..pos + CENTRAL_LEN + n + x + c)
-            .ok_or_else(|| bad("entry runs past its end"))?;
-        let name_bytes = &var[..n];
-        let extra = &var[n..n + x];
         let mut size = u64::from(le32(h, 24));
         let mut csize = u64::from(le32(h, 20));
         let mut header_offset = u64::from(le32(h, 42));
+        let (method, flags, crc) = (le16(h, 10), le16(h, 8), le32(h, 16));
+        let var = cd
+            .get(r, len, pos + CENTRAL_LEN as u64, (n + x + c) as u64)?
+            .ok_or_else(|| bad("entry runs past its end"))?;
+        let name_bytes = &var[..n];
+        let extra = &var[n..n + x];
         apply_zip64(extra, &mut size, &mut csize, Some(&mut header_offset)).map_err(&bad)?;
         let name = String::from_utf8_lossy(name_bytes).into_owned();
-        let method = le16(h, 10);
+        used += name.len() as u64 + NAME_OVERHEAD;
+        if used > budget {
+            return Err(too_large(used));
+        }
         if method == STORED && csize != size {
             return Err(bad(
                 "STORED entry with different compressed and plain sizes",
@@ -329,20 +365,20 @@ pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, Form
             Entry {
                 name,
                 method,
-                flags: le16(h, 8),
+                flags,
                 header_offset,
                 data_offset: 0,
                 compressed_size: csize,
                 size,
-                crc: le32(h, 16),
+                crc,
             },
         )?;
         entries.push(entry);
-        pos += CENTRAL_LEN + n + x + c;
+        pos += (CENTRAL_LEN + n + x + c) as u64;
     }
-    if pos as u64 != end.cd_size {
+    if pos != end.cd_size {
         return Err(FormatError::corrupt(
-            end.cd_offset + pos as u64,
+            end.cd_offset + pos,
             "central directory has bytes after its last entry",
         ));
     }
@@ -358,6 +394,45 @@ pub fn read_archive<R: Read + Seek>(r: &mut R, len: u64) -> Result<Archive, Form
         }
     }
     Ok(Archive { entries })
+}
+
+/// The central directory (`size` bytes at `offset`), read a window at a
+/// time: `buf` holds its bytes from `at` on.
+struct Window {
+    offset: u64,
+    size: u64,
+    window: u64,
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl Window {
+    /// The directory's bytes `pos..pos + n`, or None past its end.
+    fn get<R: Read + Seek>(
+        &mut self,
+        r: &mut R,
+        len: u64,
+        pos: u64,
+        n: u64,
+    ) -> Result<Option<&[u8]>, FormatError> {
+        if pos.checked_add(n).is_none_or(|e| e > self.size) {
+            return Ok(None);
+        }
+        if pos < self.at || pos + n > self.at + self.buf.len() as u64 {
+            let take = n.max(self.window).min(self.size - pos);
+            self.buf = read_at(
+                r,
+                len,
+                self.offset + pos,
+                take,
+                take,
+                "zip central directory",
+            )?;
+            self.at = pos;
+        }
+        let from = (pos - self.at) as usize;
+        Ok(Some(&self.buf[from..from + n as usize]))
+    }
 }
 
 /// Replaces 0xFFFFFFFF fields by their values from a zip64 extra field
@@ -477,4 +552,160 @@ fn descriptor_matches(mut d: &[u8], e: &Entry) -> bool {
     let small = u64::from(le32(d, 4)) == e.compressed_size && u64::from(le32(d, 8)) == e.size;
     let big = d.len() >= 20 && le64(d, 4) == e.compressed_size && le64(d, 12) == e.size;
     small || big
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    /// A zip of stored entries (no zip64), as `torch.save` lays them out:
+    /// local headers with their data, the central directory, the end
+    /// record.
+    fn zip_of(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
+        let mut f = Vec::new();
+        let mut central = Vec::new();
+        for (name, data) in entries {
+            let offset = f.len() as u32;
+            let sizes = [data.len() as u32; 2].map(u32::to_le_bytes).concat();
+            f.extend_from_slice(&LOCAL_SIG.to_le_bytes());
+            f.extend_from_slice(&[20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+            f.extend_from_slice(&sizes);
+            f.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            f.extend_from_slice(&[0, 0]);
+            f.extend_from_slice(name.as_bytes());
+            f.extend_from_slice(data);
+            central.extend_from_slice(&CENTRAL_SIG.to_le_bytes());
+            central.extend_from_slice(&[20, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+            central.extend_from_slice(&sizes);
+            central.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            central.extend_from_slice(&[0; 12]);
+            central.extend_from_slice(&offset.to_le_bytes());
+            central.extend_from_slice(name.as_bytes());
+        }
+        let cd_offset = f.len() as u32;
+        f.extend_from_slice(&central);
+        f.extend_from_slice(&EOCD_SIG.to_le_bytes());
+        f.extend_from_slice(&[0, 0, 0, 0]);
+        f.extend_from_slice(&[(entries.len() as u16).to_le_bytes(); 2].concat());
+        f.extend_from_slice(&(central.len() as u32).to_le_bytes());
+        f.extend_from_slice(&cd_offset.to_le_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f
+    }
+
+    fn entries(count: usize, name_len: usize) -> Vec<(String, Vec<u8>)> {
+        (0..count)
+            .map(|i| (format!("archive/data/{i:0name_len$}"), vec![i as u8; i % 5]))
+            .collect()
+    }
+
+    #[test]
+    fn the_central_directory_reads_the_same_through_any_window() {
+        let want = entries(300, 4);
+        let f = zip_of(&want);
+        let len = f.len() as u64;
+        for window in [1, 45, 46, 47, 64, 1000, CD_WINDOW] {
+            let a = read_archive_within(&mut Cursor::new(&f), len, ENTRIES_BUDGET, window).unwrap();
+            let got: Vec<_> = a.entries.iter().map(|e| (e.name.clone(), e.size)).collect();
+            let expect: Vec<_> = want
+                .iter()
+                .map(|(n, d)| (n.clone(), d.len() as u64))
+                .collect();
+            assert_eq!(got, expect, "window {window}");
+            for (e, (_, d)) in a.entries.iter().zip(&want) {
+                let at = e.data_offset as usize;
+                assert_eq!(&f[at..at + d.len()], d.as_slice());
+            }
+        }
+        // One entry more than the directory holds runs past its end,
+        // whatever the window.
+        let mut more = f.clone();
+        let eocd = more.len() - 22;
+        more[eocd + 8..eocd + 12].copy_from_slice(&[[45u8, 1]; 2].concat());
+        for window in [7, 46, CD_WINDOW] {
+            match read_archive_within(&mut Cursor::new(&more), len, ENTRIES_BUDGET, window) {
+                Err(FormatError::Corrupt { reason, .. }) => {
+                    assert!(reason.contains("runs past its end"), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    /// A zip of more entries than the budget holds is refused as too large
+    /// before its directory is read (by count) or while it is (by names).
+    #[test]
+    fn zip_entries_past_the_budget_are_too_large() {
+        let cost = std::mem::size_of::<Entry>() as u64;
+        let many = zip_of(&entries(100, 4));
+        let len = many.len() as u64;
+        let read = |f: &[u8], budget: u64| {
+            read_archive_within(&mut Cursor::new(f), len, budget, CD_WINDOW)
+        };
+        let names = 100 * (17 + NAME_OVERHEAD);
+        assert!(read(&many, 100 * cost + names).is_ok());
+        // By count: 100 structs do not fit in 99.
+        match read(&many, 99 * cost) {
+            Err(FormatError::TooLarge { size, limit, .. }) => {
+                assert_eq!((size, limit), (100 * cost, 99 * cost))
+            }
+            other => panic!("{other:?}"),
+        }
+        // By names: 100 structs fit, their 17-byte names do not.
+        assert!(matches!(
+            read(&many, 100 * cost + names - 1),
+            Err(FormatError::TooLarge { .. })
+        ));
+        // A damaged directory within the budget is still corrupt.
+        let mut bad = many.clone();
+        let cd = le32(&many, many.len() - 22 + 16) as usize;
+        bad[cd] ^= 1;
+        assert!(matches!(
+            read(&bad, ENTRIES_BUDGET),
+            Err(FormatError::Corrupt { .. })
+        ));
+    }
+
+    /// A torch file whose zip64 end record claims 5 million entries (a
+    /// 230 MB directory, here a hole in a sparse file) is stored opaque,
+    /// its directory never read: it was read whole into memory, then
+    /// refused as corrupt, the commit failing.
+    #[test]
+    fn a_torch_zip_of_more_entries_than_the_budget_is_opaque() {
+        use std::io::Write;
+        let entries = 5_000_000u64;
+        assert!(entries * std::mem::size_of::<Entry>() as u64 > ENTRIES_BUDGET);
+        let cd_offset = LOCAL_LEN;
+        let cd_size = entries * CENTRAL_LEN as u64;
+        let rec_pos = cd_offset + cd_size;
+        let mut tail = ZIP64_EOCD_SIG.to_le_bytes().to_vec();
+        tail.extend_from_slice(&44u64.to_le_bytes());
+        tail.extend_from_slice(&[45, 0, 45, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        for v in [entries, entries, cd_size, cd_offset] {
+            tail.extend_from_slice(&v.to_le_bytes());
+        }
+        tail.extend_from_slice(&ZIP64_LOCATOR_SIG.to_le_bytes());
+        tail.extend_from_slice(&0u32.to_le_bytes());
+        tail.extend_from_slice(&rec_pos.to_le_bytes());
+        tail.extend_from_slice(&1u32.to_le_bytes());
+        tail.extend_from_slice(&EOCD_SIG.to_le_bytes());
+        tail.extend_from_slice(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+        tail.extend_from_slice(&[0xff; 8]);
+        tail.extend_from_slice(&[0, 0]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("optimizer.pt");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&LOCAL_SIG.to_le_bytes()).unwrap();
+        f.seek(std::io::SeekFrom::Start(rec_pos)).unwrap();
+        f.write_all(&tail).unwrap();
+        let len = rec_pos + tail.len() as u64;
+        let mut f = std::fs::File::open(&path).unwrap();
+        assert!(matches!(
+            read_archive(&mut f, len),
+            Err(FormatError::TooLarge { .. })
+        ));
+        let layout = super::super::parse("optimizer.pt", &mut f, len).unwrap();
+        assert_eq!(layout, super::super::Layout::opaque(len));
+    }
 }
