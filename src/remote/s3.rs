@@ -5,13 +5,20 @@
 //! to update: `S3ConditionalPut::ETagMatch`), which S3, R2, MinIO and moto
 //! apply atomically. `object_store` is async: each call runs on a private
 //! current-thread tokio runtime, so the rest of ckvc stays synchronous.
+//!
+//! A request is given [`Timeouts::request`] (30 s) and retried; one that
+//! carries a body of more than [`BULK_ABOVE`] bytes goes through a second
+//! client without that limit and is given 30 s plus a second for each
+//! [`Timeouts::rate`] bytes (128 KiB) of its body instead, so a pack goes
+//! up and comes down over a slow link and a stalled transfer still ends.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
 use object_store::path::Path as OsPath;
+use object_store::ClientConfigKey;
 use object_store::{
     GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
     UpdateVersion,
@@ -31,6 +38,34 @@ const MAX_FILE: u64 = super::pack::MAX_PACK_BYTES;
 /// A body's buffer is allocated for at most this many bytes before they
 /// arrive (it grows as they do).
 const BODY_PREALLOC: u64 = 64 << 20;
+
+/// Requests whose body (sent or asked for) is larger than this go through
+/// the bulk client, timed by their size (see [`Timeouts`]).
+const BULK_ABOVE: u64 = 1 << 20;
+
+/// How long requests may take. The object store's own timeout ends every
+/// request after `request`, and its retries try again: a 16-32 MiB body
+/// needs 0.5-1.1 MB/s to get there in time, and an office uplink has
+/// less. Bulk requests instead get `request` plus a second for each
+/// `rate` bytes of their body, ending the transfer (not retried) when
+/// that runs out.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    request: Duration,
+    rate: u64,
+}
+
+impl Timeouts {
+    const DEFAULT: Timeouts = Timeouts {
+        request: Duration::from_secs(30),
+        rate: 128 << 10,
+    };
+
+    /// The time a bulk request moving `bytes` is given.
+    fn allow(&self, bytes: u64) -> Duration {
+        self.request + Duration::from_secs_f64(bytes as f64 / self.rate as f64)
+    }
+}
 
 /// S3 settings beyond the URL. Unset fields come from the standard AWS
 /// environment variables (`AWS_ENDPOINT_URL`/`AWS_ENDPOINT`, `AWS_REGION`,
@@ -57,6 +92,10 @@ type Fetched = (Vec<u8>, Option<String>);
 /// A remote under `s3://bucket/prefix`.
 pub struct S3Remote {
     store: Arc<dyn ObjectStore>,
+    /// The same store through a client without a request timeout, for
+    /// bodies above [`BULK_ABOVE`] (each timed by [`S3Remote::within`]).
+    bulk: Arc<dyn ObjectStore>,
+    timeouts: Timeouts,
     rt: tokio::runtime::Runtime,
     bucket: String,
     prefix: String,
@@ -70,6 +109,15 @@ impl std::fmt::Debug for S3Remote {
 
 impl S3Remote {
     pub fn new(bucket: &str, prefix: &str, opts: &S3Options) -> Result<S3Remote, RemoteError> {
+        Self::with_timeouts(bucket, prefix, opts, Timeouts::DEFAULT)
+    }
+
+    fn with_timeouts(
+        bucket: &str,
+        prefix: &str,
+        opts: &S3Options,
+        timeouts: Timeouts,
+    ) -> Result<S3Remote, RemoteError> {
         let url = format!("s3://{bucket}/{prefix}");
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(bucket)
@@ -114,10 +162,23 @@ impl S3Remote {
         if let Some(s) = &opts.secret_access_key {
             b = b.with_secret_access_key(s.clone());
         }
-        let store = b.build().map_err(|e| RemoteError::BadUrl {
-            url: url.clone(),
-            reason: e.to_string(),
-        })?;
+        let timeout = |d: Duration| {
+            (
+                AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                format!("{}ms", d.as_millis()),
+            )
+        };
+        let build = |b: AmazonS3Builder, (k, v): (AmazonS3ConfigKey, String)| {
+            b.with_config(k, v)
+                .build()
+                .map_err(|e| RemoteError::BadUrl {
+                    url: url.clone(),
+                    reason: e.to_string(),
+                })
+        };
+        let store = build(b.clone(), timeout(timeouts.request))?;
+        // The bulk client's own limit is beyond any `within` gives.
+        let bulk = build(b, timeout(timeouts.allow(MAX_FILE) * 2))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -127,6 +188,8 @@ impl S3Remote {
             })?;
         Ok(S3Remote {
             store: Arc::new(store),
+            bulk: Arc::new(bulk),
+            timeouts,
             rt,
             bucket: bucket.into(),
             prefix: prefix.trim_end_matches('/').into(),
@@ -143,6 +206,46 @@ impl S3Remote {
             key.to_string()
         } else {
             format!("{}/{key}", self.prefix)
+        }
+    }
+
+    /// The client for a request moving `bytes`: the bulk one above
+    /// [`BULK_ABOVE`].
+    fn client(&self, bytes: u64) -> &Arc<dyn ObjectStore> {
+        if bytes > BULK_ABOVE {
+            &self.bulk
+        } else {
+            &self.store
+        }
+    }
+
+    /// `f`, a request of the bulk client moving `bytes`, ended with an
+    /// error when it takes longer than [`Timeouts::allow`] gives it; a
+    /// request of the small client (`bulk` false) as it is, ended (and
+    /// retried) by the client's own timeout.
+    async fn within<T>(
+        &self,
+        key: &str,
+        bulk: bool,
+        bytes: u64,
+        f: impl std::future::Future<Output = Result<T, RemoteError>>,
+    ) -> Result<T, RemoteError> {
+        if !bulk {
+            return f.await;
+        }
+        let allowed = self.timeouts.allow(bytes);
+        match tokio::time::timeout(allowed, f).await {
+            Ok(r) => r,
+            Err(_) => Err(RemoteError::Backend {
+                what: format!("s3://{}/{}", self.bucket, self.full(key)),
+                reason: format!(
+                    "no answer within {:.0} s (a transfer of {bytes} bytes is given {} s \
+                     and a second for each {} KiB)",
+                    allowed.as_secs_f64(),
+                    self.timeouts.request.as_secs(),
+                    self.timeouts.rate >> 10
+                ),
+            }),
         }
     }
 
@@ -175,16 +278,34 @@ impl S3Remote {
     fn fetch(&self, key: &str, max: u64) -> Result<Option<Fetched>, RemoteError> {
         let path = self.path(key)?;
         self.rt.block_on(async {
-            match self.store.get(&path).await {
-                Ok(r) => {
-                    let etag = r.meta.e_tag.clone();
-                    let bytes = self.body(key, r, max).await?;
-                    Ok(Some((bytes, etag)))
+            let head = async {
+                match self.client(max).get(&path).await {
+                    Ok(r) => Ok(Some(r)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.err(key, e)),
                 }
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(self.err(key, e)),
-            }
+            };
+            let bulk = max > BULK_ABOVE;
+            let Some(r) = self.within(key, bulk, 0, head).await? else {
+                return Ok(None);
+            };
+            let etag = r.meta.e_tag.clone();
+            let bytes = self.timed_body(key, bulk, r, max).await?;
+            Ok(Some((bytes, etag)))
         })
+    }
+
+    /// [`S3Remote::body`], timed by the length the server declared (it is
+    /// refused above `max` before anything is read).
+    async fn timed_body(
+        &self,
+        key: &str,
+        bulk: bool,
+        r: object_store::GetResult,
+        max: u64,
+    ) -> Result<Vec<u8>, RemoteError> {
+        let want = r.range.end.saturating_sub(r.range.start).min(max);
+        self.within(key, bulk, want, self.body(key, r, max)).await
     }
 
     /// The body of a GET, in bounded memory whatever the server says: the
@@ -260,12 +381,19 @@ impl Remote for S3Remote {
                 };
             }
             let opts = GetOptions::new().with_range(Some(start..end));
-            match self.store.get_opts(&path, opts).await {
+            let head = async {
+                match self.client(len).get_opts(&path, opts).await {
+                    Ok(r) => Ok(Some(r)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.err(key, e)),
+                }
+            };
+            let bulk = len > BULK_ABOVE;
+            match self.within(key, bulk, 0, head).await? {
                 // A server that sends another length is not trusted.
-                Ok(r) if r.range != (start..end) => Err(super::short_file(key, r.range.end, end)),
-                Ok(r) => self.body(key, r, len).await.map(Some),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(self.err(key, e)),
+                Some(r) if r.range != (start..end) => Err(super::short_file(key, r.range.end, end)),
+                Some(r) => self.timed_body(key, bulk, r, len).await.map(Some),
+                None => Ok(None),
             }
         })
     }
@@ -291,34 +419,55 @@ impl Remote for S3Remote {
 
     fn put(&self, key: &str, data: Vec<u8>) -> Result<(), RemoteError> {
         let path = self.path(key)?;
+        let len = data.len() as u64;
         self.rt.block_on(async {
             if data.len() <= MULTIPART_ABOVE {
-                return self
-                    .store
-                    .put(&path, PutPayload::from(data))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| self.err(key, e));
+                let put = async {
+                    self.client(len)
+                        .put(&path, PutPayload::from(data))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| self.err(key, e))
+                };
+                return self.within(key, len > BULK_ABOVE, len, put).await;
             }
-            let mut up = self
-                .store
-                .put_multipart(&path)
-                .await
-                .map_err(|e| self.err(key, e))?;
+            let start = async {
+                self.bulk
+                    .put_multipart(&path)
+                    .await
+                    .map_err(|e| self.err(key, e))
+            };
+            let mut up = self.within(key, true, 0, start).await?;
             for part in data.chunks(PART_BYTES) {
-                if let Err(e) = up.put_part(PutPayload::from(part.to_vec())).await {
-                    let _ = up.abort().await;
-                    return Err(self.err(key, e));
+                let sent = async {
+                    up.put_part(PutPayload::from(part.to_vec()))
+                        .await
+                        .map_err(|e| self.err(key, e))
+                };
+                if let Err(e) = self.within(key, true, part.len() as u64, sent).await {
+                    let _ = self
+                        .within(key, true, 0, async { Ok(up.abort().await) })
+                        .await;
+                    return Err(e);
                 }
             }
-            match up.complete().await {
-                Ok(_) => Ok(()),
-                Err(e) => {
+            let done = async { Ok(up.complete().await) };
+            match self.within(key, true, 0, done).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => {
                     // An upload left open keeps its parts stored (and
                     // billed) until the bucket's lifecycle rules, if any,
                     // remove them.
-                    let _ = up.abort().await;
+                    let _ = self
+                        .within(key, true, 0, async { Ok(up.abort().await) })
+                        .await;
                     Err(self.err(key, e))
+                }
+                Err(e) => {
+                    let _ = self
+                        .within(key, true, 0, async { Ok(up.abort().await) })
+                        .await;
+                    Err(e)
                 }
             }
         })
@@ -556,5 +705,134 @@ mod tests {
         assert!(matches!(e, RemoteError::TooLarge { .. }), "{e}");
         let sent = sent.load(Ordering::Relaxed);
         assert!(sent < 16 << 20, "{} MiB read", sent >> 20);
+    }
+
+    /// An S3 server on a slow link: it reads a request's body and sends
+    /// a GET's body `rate` bytes a second (64 KiB at a time), or with
+    /// `stall` reads nothing of a body and never answers. A PUT gets 200,
+    /// a ranged GET the range (zeros), anything else 404.
+    fn slow_server(rate: u64, stall: bool) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let pause = Duration::from_secs_f64((64 << 10) as f64 / rate as f64);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut c) = conn else { return };
+                std::thread::spawn(move || loop {
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => head.push(b[0]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                    let header = |name: &str| {
+                        head.lines()
+                            .find_map(|l| l.strip_prefix(name))
+                            .map(|v| v.trim().to_string())
+                    };
+                    let mut body = header("content-length:")
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if stall && body > 0 {
+                        std::thread::sleep(Duration::from_secs(60));
+                        return;
+                    }
+                    let mut buf = vec![0u8; 64 << 10];
+                    while body > 0 {
+                        let n = body.min(buf.len());
+                        if c.read_exact(&mut buf[..n]).is_err() {
+                            return;
+                        }
+                        body -= n;
+                        std::thread::sleep(pause);
+                    }
+                    let range = header("range: bytes=").and_then(|r| {
+                        let (a, b) = r.split_once('-')?;
+                        Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+                    });
+                    let answer = if head.starts_with("put ") {
+                        "HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\n\r\n".to_string()
+                    } else if let Some((a, b)) = range {
+                        format!(
+                            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}\r\n\
+                             Content-Length: {}\r\nETag: \"e\"\r\n\
+                             Last-Modified: Sun, 29 Nov 2026 18:00:00 GMT\r\n\r\n",
+                            b + 1,
+                            b + 1 - a
+                        )
+                    } else {
+                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
+                    };
+                    if c.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                    if let Some((a, b)) = range {
+                        let mut left = (b + 1 - a) as usize;
+                        while left > 0 {
+                            let n = left.min(buf.len());
+                            if c.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                            left -= n;
+                            std::thread::sleep(pause);
+                        }
+                    }
+                });
+            }
+        });
+        endpoint
+    }
+
+    fn slow_remote(endpoint: String, timeouts: Timeouts) -> S3Remote {
+        let opts = S3Options {
+            endpoint: Some(endpoint),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+        };
+        S3Remote::with_timeouts("bucket", "p", &opts, timeouts).unwrap()
+    }
+
+    /// A pack sent or fetched slower than the request timeout allows
+    /// (here 1 s for 1.25-2 MiB at 512 KiB/s; in use 30 s for a 32 MiB
+    /// pack on a link under 1.1 MB/s) still gets through: every PUT used
+    /// to be ended after the timeout, and retried until it failed (a GET
+    /// went on from where it was ended, up to its retries).
+    #[test]
+    fn a_pack_slower_than_the_request_timeout_gets_through() {
+        let endpoint = slow_server(512 << 10, false);
+        let timeouts = Timeouts {
+            request: Duration::from_secs(1),
+            rate: 256 << 10,
+        };
+        let r = slow_remote(endpoint, timeouts);
+        r.put("packs/a.pack", vec![1u8; 2 << 20]).unwrap();
+        let len = (5 << 20) / 4;
+        let got = r.get_range("packs/a.pack", 0, len).unwrap().unwrap();
+        assert_eq!(got.len() as u64, len);
+        // As every PUT did: a body of the small client (1 MiB) takes 2 s
+        // on that link, is ended after 1 s and retried until it fails.
+        let e = r.put("packs/b.pack", vec![1u8; 1 << 20]).unwrap_err();
+        assert!(e.to_string().contains("timed out"), "{e}");
+    }
+
+    /// A server that takes a pack's request and never reads its body
+    /// ends the push after the time the pack's size is given, not never.
+    #[test]
+    fn a_stalled_upload_ends_when_its_time_runs_out() {
+        let endpoint = slow_server(1 << 20, true);
+        let timeouts = Timeouts {
+            request: Duration::from_secs(1),
+            rate: 4 << 20,
+        };
+        let r = slow_remote(endpoint, timeouts);
+        let t = std::time::Instant::now();
+        let e = r.put("packs/a.pack", vec![1u8; 8 << 20]).unwrap_err();
+        let took = t.elapsed();
+        assert!(e.to_string().contains("no answer within 3 s"), "{e}");
+        assert!(took < Duration::from_secs(10), "{took:?}");
     }
 }
