@@ -14,7 +14,9 @@
 use std::f64::consts::LN_2;
 
 use super::context::{self, CtxModel};
-use super::stats::{self, entropy_bits, histogram, sampled_histogram, sampled_rest};
+use super::stats::{
+    self, entropy_bits, entropy_bits_of, histogram, sampled_histogram, sampled_rest,
+};
 use super::{huffman, leb, packed, rans, sparse, DecodeError, Options};
 
 /// How one block is stored. The discriminant is the on-disk mode byte.
@@ -398,17 +400,23 @@ pub fn floor_bytes(syms: &[u8]) -> f64 {
 
 /// [`floor_bytes`] of `n` symbols of histogram `h`.
 pub fn floor_bytes_of(h: &[u32; 256], n: usize) -> f64 {
-    if h.iter().filter(|&&c| c > 0).count() <= 1 {
+    let (lo, hi) = hist_range(h);
+    // One symbol, or none.
+    if lo == hi || h[lo as usize] == 0 {
         return n.min(1) as f64;
     }
-    let packed = packed::Shape::of(h).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
-    let (lo, hi) = hist_range(h);
+    // `packed::Shape::of`, from the range found already.
+    let diffs = (lo..=hi)
+        .filter(|&v| h[v as usize] > 0)
+        .fold(0, |a, v| a | (v ^ lo));
+    let packed =
+        packed::Shape::of_bounds(lo, hi, diffs).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
     let range = (hi - lo) as usize + 1;
     // After `lo hi`: Huffman's half a byte a symbol and three sizes;
     // rANS's byte a symbol, or a bit with a gamma-coded table (format
     // version 9), and a state (its states hold some of the symbols' bits).
     let header = 2 + (range.div_ceil(2) + 12).min(range.div_ceil(8) + 4);
-    let coded = entropy_bits(h) / 8.0 + header as f64;
+    let coded = entropy_bits_of(h, n as u64) / 8.0 + header as f64;
     (n as f64).min(packed).min(coded)
 }
 
