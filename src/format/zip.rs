@@ -307,13 +307,11 @@ fn read_archive_within<R: Read + Seek>(
         size,
         limit: budget,
     };
-    // Every entry takes its struct at least: a count past the budget is
-    // refused before anything is read.
+    // Every entry takes its struct at least: past the budget by count or
+    // as names are read, entries are no longer kept, but still read and
+    // checked, so a damaged directory stays corrupt (memory: a window).
     let entry_cost = std::mem::size_of::<Entry>() as u64;
     let mut used = end.entries.saturating_mul(entry_cost);
-    if used > budget {
-        return Err(too_large(used));
-    }
     let mut cd = Window {
         offset: end.cd_offset,
         size: end.cd_size,
@@ -321,7 +319,11 @@ fn read_archive_within<R: Read + Seek>(
         at: 0,
         buf: Vec::new(),
     };
-    let mut entries = Vec::with_capacity(end.entries as usize);
+    let mut entries = Vec::with_capacity(if used > budget {
+        0
+    } else {
+        end.entries as usize
+    });
     let mut pos = 0u64;
     for _ in 0..end.entries {
         let at = end.cd_offset + pos;
@@ -348,10 +350,7 @@ fn read_archive_within<R: Read + Seek>(
         let extra = &var[n..n + x];
         apply_zip64(extra, &mut size, &mut csize, Some(&mut header_offset)).map_err(&bad)?;
         let name = String::from_utf8_lossy(name_bytes).into_owned();
-        used += name.len() as u64 + NAME_OVERHEAD;
-        if used > budget {
-            return Err(too_large(used));
-        }
+        used = used.saturating_add(name.len() as u64 + NAME_OVERHEAD);
         if method == STORED && csize != size {
             return Err(bad(
                 "STORED entry with different compressed and plain sizes",
@@ -373,7 +372,9 @@ fn read_archive_within<R: Read + Seek>(
                 crc,
             },
         )?;
-        entries.push(entry);
+        if used <= budget {
+            entries.push(entry);
+        }
         pos += (CENTRAL_LEN + n + x + c) as u64;
     }
     if pos != end.cd_size {
@@ -381,6 +382,9 @@ fn read_archive_within<R: Read + Seek>(
             end.cd_offset + pos,
             "central directory has bytes after its last entry",
         ));
+    }
+    if used > budget {
+        return Err(too_large(used));
     }
     // Entries may not share bytes: a layout cannot cut one byte range twice.
     let mut by_offset: Vec<&Entry> = entries.iter().collect();
@@ -645,10 +649,11 @@ mod tests {
         };
         let names = 100 * (17 + NAME_OVERHEAD);
         assert!(read(&many, 100 * cost + names).is_ok());
-        // By count: 100 structs do not fit in 99.
+        // By count: 100 structs do not fit in 99 (the size said is what
+        // they all take, read through).
         match read(&many, 99 * cost) {
             Err(FormatError::TooLarge { size, limit, .. }) => {
-                assert_eq!((size, limit), (100 * cost, 99 * cost))
+                assert_eq!((size, limit), (100 * cost + names, 99 * cost))
             }
             other => panic!("{other:?}"),
         }
@@ -667,12 +672,43 @@ mod tests {
         ));
     }
 
-    /// A torch file whose zip64 end record claims 5 million entries (a
-    /// 230 MB directory, here a hole in a sparse file) is stored opaque,
-    /// its directory never read: it was read whole into memory, then
-    /// refused as corrupt, the commit failing.
+    /// A directory damaged past the budget is corrupt, not a file kept
+    /// opaque: the entries over the budget are checked as they are read,
+    /// only not kept. By count (the first entry bad) and by names (the
+    /// 60th bad, 100 structs fitting) the damage was TooLarge, stored
+    /// opaque without an error.
     #[test]
-    fn a_torch_zip_of_more_entries_than_the_budget_is_opaque() {
+    fn a_damaged_zip_past_the_budget_is_still_corrupt() {
+        let cost = std::mem::size_of::<Entry>() as u64;
+        let f = zip_of(&entries(100, 4));
+        let len = f.len() as u64;
+        let cd = le32(&f, f.len() - 22 + 16) as usize;
+        let entry_len = CENTRAL_LEN + "archive/data/0000".len();
+        for (bad_entry, budget) in [(0, 99 * cost), (59, 100 * cost + 10)] {
+            let mut bad = f.clone();
+            bad[cd + bad_entry * entry_len] ^= 1;
+            for window in [46, CD_WINDOW] {
+                match read_archive_within(&mut Cursor::new(&bad), len, budget, window) {
+                    Err(FormatError::Corrupt { reason, .. }) => {
+                        assert!(reason.contains("bad entry signature"), "{reason}")
+                    }
+                    other => panic!("entry {bad_entry}, window {window}: {other:?}"),
+                }
+            }
+            // Undamaged, the same directory is too large.
+            assert!(matches!(
+                read_archive_within(&mut Cursor::new(&f), len, budget, CD_WINDOW),
+                Err(FormatError::TooLarge { .. })
+            ));
+        }
+    }
+
+    /// A torch file whose zip64 end record claims 5 million entries (a
+    /// 230 MB directory, here a hole in a sparse file) is corrupt from its
+    /// first entry, found reading a window of the directory: it was read
+    /// whole into memory first.
+    #[test]
+    fn a_torch_zip_claiming_more_entries_than_the_budget_is_read_a_window_at_a_time() {
         use std::io::Write;
         let entries = 5_000_000u64;
         assert!(entries * std::mem::size_of::<Entry>() as u64 > ENTRIES_BUDGET);
@@ -701,11 +737,16 @@ mod tests {
         f.write_all(&tail).unwrap();
         let len = rec_pos + tail.len() as u64;
         let mut f = std::fs::File::open(&path).unwrap();
+        match read_archive(&mut f, len) {
+            Err(FormatError::Corrupt { offset, reason }) => {
+                assert_eq!(offset, cd_offset);
+                assert!(reason.contains("bad entry signature"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(matches!(
-            read_archive(&mut f, len),
-            Err(FormatError::TooLarge { .. })
+            super::super::parse("optimizer.pt", &mut f, len),
+            Err(FormatError::Corrupt { .. })
         ));
-        let layout = super::super::parse("optimizer.pt", &mut f, len).unwrap();
-        assert_eq!(layout, super::super::Layout::opaque(len));
     }
 }
