@@ -923,6 +923,32 @@ fn literals_pay_only_for_a_table_worth_its_cost() {
     assert!(pay(&[&skewed]));
 }
 
+proptest! {
+    /// `run_repeats` (32 bytes at a time where they are all the byte)
+    /// counts what a byte-by-byte walk counts: the repeats in runs of
+    /// `LITERAL_RUN` or more.
+    #[test]
+    fn run_repeats_counts_as_a_byte_walk(
+        runs in proptest::collection::vec((0u8..3, 1usize..80), 0..40),
+    ) {
+        let s: Vec<u8> = runs.iter().flat_map(|&(b, n)| std::iter::repeat_n(b, n)).collect();
+        for d in 0u8..3 {
+            let (mut want, mut run) = (0u32, 0usize);
+            for &b in s.iter().chain([&u8::MAX]) {
+                if b == d {
+                    run += 1;
+                } else {
+                    if run >= LITERAL_RUN {
+                        want += run as u32 - 1;
+                    }
+                    run = 0;
+                }
+            }
+            prop_assert_eq!(run_repeats(&s, d), want);
+        }
+    }
+}
+
 /// A reused zstd context that switches its literal coding off and on
 /// gives the frames fresh contexts give.
 #[test]
