@@ -524,15 +524,21 @@ pub(super) fn zstd_compress(
         .as_mut()
         .filter(|(l, lit, _)| (*l, *lit) != (level, literals))
     {
-        c.set_compression_level(level).ok()?;
         let mode = if literals {
             ParamSwitch::Auto
         } else {
             ParamSwitch::Disable
         };
-        c.set_parameter(CParameter::LiteralCompressionMode(mode))
-            .ok()?;
-        (*l, *lit) = (level, literals);
+        if c.set_compression_level(level).is_ok()
+            && c.set_parameter(CParameter::LiteralCompressionMode(mode))
+                .is_ok()
+        {
+            (*l, *lit) = (level, literals);
+        } else {
+            // Settings half changed: a fresh context below, never one
+            // whose key says otherwise.
+            scratch.zstd = None;
+        }
     }
     if scratch.zstd.is_none() {
         let mut c = zstd::bulk::Compressor::new(level).ok()?;
