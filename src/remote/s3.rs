@@ -549,47 +549,76 @@ impl Remote for S3Remote {
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+
+    /// A server on 127.0.0.1 that hands each connection to `conn`, in a
+    /// thread of its own; its endpoint.
+    fn serve(conn: impl Fn(TcpStream) + Send + Sync + 'static) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let conn = Arc::new(conn);
+        std::thread::spawn(move || {
+            for c in listener.incoming() {
+                let Ok(c) = c else { return };
+                let conn = conn.clone();
+                std::thread::spawn(move || conn(c));
+            }
+        });
+        endpoint
+    }
+
+    /// The head of the next request on `c` (up to its blank line, a byte
+    /// at a time so its body stays in the stream), lowercased; None when
+    /// the client is gone.
+    fn read_head(c: &mut TcpStream) -> Option<String> {
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match c.read(&mut b) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => head.push(b[0]),
+            }
+        }
+        Some(String::from_utf8_lossy(&head).to_ascii_lowercase())
+    }
+
+    /// The value of header `name` (lowercase, with its colon) in `head`.
+    fn header(head: &str, name: &str) -> Option<String> {
+        head.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    }
+
+    /// A request's body length, from its head.
+    fn content_length(head: &str) -> u64 {
+        header(head, "content-length:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
 
     /// A hostile S3 server on 127.0.0.1: every request gets `head` (status
     /// line and headers) and then zeros, up to `body` bytes per response.
     /// Returns its endpoint and the body bytes it managed to send.
     fn hostile_server(head: &'static str, body: u64) -> (String, Arc<AtomicU64>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let sent = Arc::new(AtomicU64::new(0));
         let counter = sent.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut c) = conn else { return };
-                let counter = counter.clone();
-                std::thread::spawn(move || {
-                    let _ = c.set_write_timeout(Some(Duration::from_secs(2)));
-                    let mut req = Vec::new();
-                    let mut b = [0u8; 4096];
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => req.extend_from_slice(&b[..n]),
-                        }
-                    }
-                    if c.write_all(head.as_bytes()).is_err() {
-                        return;
-                    }
-                    let zeros = vec![0u8; 64 << 10];
-                    let mut left = body;
-                    while left > 0 {
-                        let n = left.min(zeros.len() as u64) as usize;
-                        if c.write_all(&zeros[..n]).is_err() {
-                            return;
-                        }
-                        counter.fetch_add(n as u64, Ordering::Relaxed);
-                        left -= n as u64;
-                    }
-                });
+        let endpoint = serve(move |mut c| {
+            let _ = c.set_write_timeout(Some(Duration::from_secs(2)));
+            if read_head(&mut c).is_none() || c.write_all(head.as_bytes()).is_err() {
+                return;
+            }
+            let zeros = vec![0u8; 64 << 10];
+            let mut left = body;
+            while left > 0 {
+                let n = left.min(zeros.len() as u64) as usize;
+                if c.write_all(&zeros[..n]).is_err() {
+                    return;
+                }
+                counter.fetch_add(n as u64, Ordering::Relaxed);
+                left -= n as u64;
             }
         });
         (endpoint, sent)
@@ -599,55 +628,37 @@ mod tests {
     /// complete it (403); returns its endpoint and how many aborts (a
     /// DELETE with the upload id) it got.
     fn refusing_completion_server() -> (String, Arc<AtomicU64>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let aborts = Arc::new(AtomicU64::new(0));
         let counter = aborts.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut c) = conn else { return };
-                let counter = counter.clone();
-                std::thread::spawn(move || loop {
-                    // One request: its head, then its body (Content-Length).
-                    let mut req = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !req.ends_with(b"\r\n\r\n") {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => req.push(b[0]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&req).to_ascii_lowercase();
-                    let len: u64 = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if std::io::copy(&mut (&mut c).take(len), &mut std::io::sink()).is_err() {
-                        return;
-                    }
-                    let line = head.lines().next().unwrap_or("").to_string();
-                    let (status, body) = if line.starts_with("post") && line.contains("?uploads") {
-                        ("200 OK", "<InitiateMultipartUploadResult><Bucket>bucket</Bucket><Key>p/k</Key><UploadId>u1</UploadId></InitiateMultipartUploadResult>")
-                    } else if line.starts_with("put") {
-                        ("200 OK", "")
-                    } else if line.starts_with("delete") && line.contains("uploadid=u1") {
-                        counter.fetch_add(1, Ordering::Relaxed);
-                        ("204 No Content", "")
-                    } else {
-                        (
-                            "403 Forbidden",
-                            "<Error><Code>AccessDenied</Code><Message>no</Message></Error>",
-                        )
-                    };
-                    let resp = format!(
-                        "HTTP/1.1 {status}\r\nETag: \"e\"\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if c.write_all(resp.as_bytes()).is_err() {
-                        return;
-                    }
-                });
+        let endpoint = serve(move |mut c| loop {
+            // One request: its head, then its body (Content-Length).
+            let Some(head) = read_head(&mut c) else {
+                return;
+            };
+            let len = content_length(&head);
+            if std::io::copy(&mut (&mut c).take(len), &mut std::io::sink()).is_err() {
+                return;
+            }
+            let line = head.lines().next().unwrap_or("").to_string();
+            let (status, body) = if line.starts_with("post") && line.contains("?uploads") {
+                ("200 OK", "<InitiateMultipartUploadResult><Bucket>bucket</Bucket><Key>p/k</Key><UploadId>u1</UploadId></InitiateMultipartUploadResult>")
+            } else if line.starts_with("put") {
+                ("200 OK", "")
+            } else if line.starts_with("delete") && line.contains("uploadid=u1") {
+                counter.fetch_add(1, Ordering::Relaxed);
+                ("204 No Content", "")
+            } else {
+                (
+                    "403 Forbidden",
+                    "<Error><Code>AccessDenied</Code><Message>no</Message></Error>",
+                )
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nETag: \"e\"\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if c.write_all(resp.as_bytes()).is_err() {
+                return;
             }
         });
         (endpoint, aborts)
@@ -665,13 +676,7 @@ mod tests {
     }
 
     fn remote_at(endpoint: String) -> S3Remote {
-        let opts = S3Options {
-            endpoint: Some(endpoint),
-            region: Some("us-east-1".into()),
-            access_key_id: Some("k".into()),
-            secret_access_key: Some("s".into()),
-        };
-        S3Remote::new("bucket", "p", &opts).unwrap()
+        slow_remote(endpoint, Timeouts::DEFAULT)
     }
 
     #[test]
@@ -712,80 +717,60 @@ mod tests {
     /// `stall` reads nothing of a body and never answers. A PUT gets 200,
     /// a ranged GET the range (zeros), anything else 404.
     fn slow_server(rate: u64, stall: bool) -> String {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let pause = Duration::from_secs_f64((64 << 10) as f64 / rate as f64);
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut c) = conn else { return };
-                std::thread::spawn(move || loop {
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => head.push(b[0]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                    let header = |name: &str| {
-                        head.lines()
-                            .find_map(|l| l.strip_prefix(name))
-                            .map(|v| v.trim().to_string())
-                    };
-                    let mut body = header("content-length:")
-                        .and_then(|v| v.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if stall && body > 0 {
-                        std::thread::sleep(Duration::from_secs(60));
-                        return;
-                    }
-                    let mut buf = vec![0u8; 64 << 10];
-                    while body > 0 {
-                        let n = body.min(buf.len());
-                        if c.read_exact(&mut buf[..n]).is_err() {
-                            return;
-                        }
-                        body -= n;
-                        std::thread::sleep(pause);
-                    }
-                    let range = header("range: bytes=").and_then(|r| {
-                        let (a, b) = r.split_once('-')?;
-                        Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
-                    });
-                    let answer = if head.starts_with("put ") {
-                        "HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\n\r\n".to_string()
-                    } else if let Some((a, b)) = range {
-                        format!(
-                            "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}\r\n\
+        serve(move |mut c| loop {
+            let Some(head) = read_head(&mut c) else {
+                return;
+            };
+            let mut body = content_length(&head) as usize;
+            if stall && body > 0 {
+                std::thread::sleep(Duration::from_secs(60));
+                return;
+            }
+            let mut buf = vec![0u8; 64 << 10];
+            while body > 0 {
+                let n = body.min(buf.len());
+                if c.read_exact(&mut buf[..n]).is_err() {
+                    return;
+                }
+                body -= n;
+                std::thread::sleep(pause);
+            }
+            let range = header(&head, "range: bytes=").and_then(|r| {
+                let (a, b) = r.split_once('-')?;
+                Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+            });
+            let answer = if head.starts_with("put ") {
+                "HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\n\r\n".to_string()
+            } else if let Some((a, b)) = range {
+                format!(
+                    "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {a}-{b}/{}\r\n\
                              Content-Length: {}\r\nETag: \"e\"\r\n\
                              Last-Modified: Sun, 29 Nov 2026 18:00:00 GMT\r\n\r\n",
-                            b + 1,
-                            b + 1 - a
-                        )
-                    } else {
-                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
-                    };
-                    if c.write_all(answer.as_bytes()).is_err() {
+                    b + 1,
+                    b + 1 - a
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_string()
+            };
+            if c.write_all(answer.as_bytes()).is_err() {
+                return;
+            }
+            if let Some((a, b)) = range {
+                let mut left = (b + 1 - a) as usize;
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    if c.write_all(&buf[..n]).is_err() {
                         return;
                     }
-                    if let Some((a, b)) = range {
-                        let mut left = (b + 1 - a) as usize;
-                        while left > 0 {
-                            let n = left.min(buf.len());
-                            if c.write_all(&buf[..n]).is_err() {
-                                return;
-                            }
-                            left -= n;
-                            std::thread::sleep(pause);
-                        }
-                    }
-                });
+                    left -= n;
+                    std::thread::sleep(pause);
+                }
             }
-        });
-        endpoint
+        })
     }
 
+    /// A remote on `endpoint` whose requests get `timeouts`.
     fn slow_remote(endpoint: String, timeouts: Timeouts) -> S3Remote {
         let opts = S3Options {
             endpoint: Some(endpoint),
