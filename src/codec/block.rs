@@ -405,12 +405,7 @@ pub fn floor_bytes_of(h: &[u32; 256], n: usize) -> f64 {
     if lo == hi || h[lo as usize] == 0 {
         return n.min(1) as f64;
     }
-    // `packed::Shape::of`, from the range found already.
-    let diffs = (lo..=hi)
-        .filter(|&v| h[v as usize] > 0)
-        .fold(0, |a, v| a | (v ^ lo));
-    let packed =
-        packed::Shape::of_bounds(lo, hi, diffs).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
+    let packed = packed::Shape::of_range(h, lo, hi).map_or(f64::MAX, |p| p.payload_bytes(n) as f64);
     let range = (hi - lo) as usize + 1;
     // After `lo hi`: Huffman's half a byte a symbol and three sizes;
     // rANS's byte a symbol, or a bit with a gamma-coded table (format

@@ -37,10 +37,16 @@ impl Shape {
     pub fn of(h: &[u32; 256]) -> Option<Shape> {
         let lo = h.iter().position(|&c| c > 0)?;
         let hi = 255 - h.iter().rev().position(|&c| c > 0)?;
+        Shape::of_range(h, lo as u8, hi as u8)
+    }
+
+    /// [`Shape::of`] for a histogram whose least and greatest symbols
+    /// are known to be `lo` and `hi`.
+    pub fn of_range(h: &[u32; 256], lo: u8, hi: u8) -> Option<Shape> {
         let diffs = (lo..=hi)
-            .filter(|&v| h[v] > 0)
-            .fold(0, |a, v| a | (v ^ lo) as u8);
-        Shape::of_bounds(lo as u8, hi as u8, diffs)
+            .filter(|&v| h[v as usize] > 0)
+            .fold(0, |a, v| a | (v ^ lo));
+        Shape::of_bounds(lo, hi, diffs)
     }
 
     /// The packing of symbols from `lo` to `hi` that differ from one
